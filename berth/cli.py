@@ -1,0 +1,299 @@
+"""The `berth` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from berth.client import (
+    ApiError,
+    SubmitOutcome,
+    api_get,
+    load_spec_file,
+    publish_submit,
+    wait_for_outcome,
+)
+from shared.messages import job_spec_schema
+
+TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
+
+
+def _stack_info(data_dir: str) -> dict[str, str]:
+    try:
+        return dict(json.loads((Path(data_dir) / "stack.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _urls(args: argparse.Namespace) -> tuple[str, str]:
+    """NATS and API URLs: flags, then BERTH_* variables, then a running `berth up`."""
+    info = _stack_info(args.data_dir)
+    nats_url = args.nats_url or os.environ.get("BERTH_NATS_URL") or info.get(
+        "nats_url", "nats://127.0.0.1:4222")
+    api_url = args.api_url or os.environ.get("BERTH_API_URL") or info.get(
+        "api_url", "http://127.0.0.1:8080")
+    return nats_url, api_url
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(job_spec_schema(), indent=2))
+    return 0
+
+
+async def _submit(nats_url: str, payload: bytes) -> SubmitOutcome:
+    import nats
+
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2)
+    except Exception as exc:
+        raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
+    try:
+        seq = await publish_submit(nc, payload)
+        return await wait_for_outcome(nc, seq)
+    finally:
+        await nc.close()
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    nats_url, api_url = _urls(args)
+    try:
+        payload = load_spec_file(args.file)
+    except (OSError, ValueError) as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 2
+    outcome = asyncio.run(_submit(nats_url, payload))
+    if not outcome.accepted:
+        print(f"rejected: {outcome.reason}", file=sys.stderr)
+        return 1
+    print(outcome.job_id)
+    if args.wait:
+        return _wait_and_show(api_url, str(outcome.job_id), args.timeout)
+    return 0
+
+
+def _format_job(job: dict[str, Any]) -> str:
+    lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
+    if job.get("error"):
+        lines.append(f"  error: {job['error']}")
+    for task in job["tasks"]:
+        line = f"  task {task['index']}: {task['state']}"
+        attempts = task["attempts"]
+        if attempts:
+            a = attempts[-1]
+            line += f"  attempt {a['attempt_id']} on {a['worker_id']}"
+            if a["exit_code"] is not None:
+                line += f", exit code {a['exit_code']}"
+            if a["error"]:
+                line += f", {a['error']}"
+        if task["pending_reason"]:
+            line += f"  ({task['pending_reason']})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            job = api_get(api_url, f"/api/jobs/{job_id}")
+        except ApiError as exc:
+            if "404" not in str(exc) or time.monotonic() > deadline:
+                print(f"berth: {exc}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+            continue
+        summary = " ".join(f"{n} {s}" for s, n in sorted(job["task_counts"].items()))
+        if summary != last:
+            print(f"  {job['state']}: {summary}", file=sys.stderr)
+            last = summary
+        if job["state"] in TERMINAL:
+            print(_format_job(job))
+            return 0 if job["state"] == "succeeded" else 1
+        if time.monotonic() > deadline:
+            print(f"berth: job {job_id} still {job['state']} after {timeout:.0f}s",
+                  file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _, api_url = _urls(args)
+    try:
+        if args.job is None:
+            for job in api_get(api_url, "/api/jobs"):
+                counts = " ".join(f"{n} {s}" for s, n in sorted(job["task_counts"].items()))
+                print(f"{job['job_id']:<16} {job['name']:<24} {job['state']:<14} {counts}")
+        else:
+            print(_format_job(api_get(api_url, f"/api/jobs/{args.job}")))
+    except ApiError as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    sys.argv = [f"berth run {args.service}", *args.rest]
+    if args.service == "worker":
+        from services.worker_agent.service import main as worker_main
+
+        worker_main(args.rest)
+        return 0
+    if args.rest:
+        print(f"berth run {args.service} takes no arguments (configure with BERTH_* variables)",
+              file=sys.stderr)
+        return 2
+    from services.dashboard_api.service import main as dashboard_main
+    from services.scheduler.service import main as scheduler_main
+    from services.submitter.service import main as submitter_main
+
+    {"scheduler": scheduler_main, "submitter": submitter_main,
+     "dashboard": dashboard_main}[args.service]()
+    return 0
+
+
+def _start(args: argparse.Namespace) -> Any:
+    from berth.stack import start_stack
+
+    data_dir = Path(args.data_dir).resolve()
+    print(f"starting berth in {data_dir} ...", file=sys.stderr)
+    stack = start_stack(
+        data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
+        worker_memory_mb=args.worker_memory_mb, api_port=args.port,
+        nats_port=args.nats_port, redis_port=args.redis_port,
+        prefer_redis_on_path=args.redis_server,
+    )
+    print(f"  NATS       {stack.nats.url}\n  Redis      {stack.redis.url}\n"
+          f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
+          f"  logs       {data_dir / 'logs'}", file=sys.stderr)
+    return stack
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    stack = _start(args)
+    print("berth is up; Ctrl-C stops every process it started.", file=sys.stderr)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        while not stopping:
+            for label, proc in stack.children.items():
+                if proc.poll() is not None:
+                    print(f"berth: {label} exited with code {proc.returncode}; stopping",
+                          file=sys.stderr)
+                    stopping = True
+            time.sleep(0.5)
+    finally:
+        print("stopping ...", file=sys.stderr)
+        stack.stop()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    stack = _start(args)
+    try:
+        demo = resources.files("berth").joinpath("examples", "demo.yaml")
+        with resources.as_file(demo) as path:
+            payload = load_spec_file(str(path))
+        print("submitting the demo job (3 replicas) ...", file=sys.stderr)
+        outcome = asyncio.run(_submit(stack.nats.url, payload))
+        if not outcome.accepted:
+            print(f"rejected: {outcome.reason}", file=sys.stderr)
+            return 1
+        print(f"job {outcome.job_id} accepted", file=sys.stderr)
+        code = _wait_and_show(stack.api_url, str(outcome.job_id), args.timeout)
+        try:
+            logs = api_get(stack.api_url, f"/api/jobs/{outcome.job_id}")
+            for task in logs["tasks"]:
+                import urllib.request
+
+                url = f"{stack.api_url}/api/jobs/{outcome.job_id}/tasks/{task['index']}/logs"
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    print(f"  task {task['index']} output: {resp.read().decode().strip()}")
+        except (ApiError, OSError) as exc:
+            print(f"berth: could not read logs: {exc}", file=sys.stderr)
+        return code
+    finally:
+        print("stopping ...", file=sys.stderr)
+        stack.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="berth",
+        description="berth: a cluster job scheduler. Start a local cluster with `berth up`, "
+        "submit with `berth submit job.yaml`, watch with `berth status`.",
+    )
+    parser.add_argument("--data-dir", default=os.environ.get("BERTH_DATA_DIR", ".berth"),
+                        help="where `berth up` keeps NATS/Redis data and logs (default: .berth)")
+    parser.add_argument("--nats-url", help="NATS URL (default: $BERTH_NATS_URL or `berth up`'s)")
+    parser.add_argument("--api-url", help="dashboard API URL (default: $BERTH_API_URL or "
+                        "`berth up`'s)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def stack_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--workers", type=int, default=2, help="local workers (default: 2)")
+        p.add_argument("--worker-cpu", type=float, default=2.0,
+                       help="cpu cores each local worker offers (default: 2)")
+        p.add_argument("--worker-memory-mb", type=int, default=2048,
+                       help="memory each local worker offers, MiB (default: 2048)")
+        p.add_argument("--port", type=int, default=None,
+                       help="dashboard port (default: a free port)")
+        p.add_argument("--nats-port", type=int, default=None, help="default: a free port")
+        p.add_argument("--redis-port", type=int, default=None, help="default: a free port")
+        p.add_argument("--redis-server", action="store_true",
+                       help="use redis-server from PATH instead of the bundled valkey-server")
+
+    p = sub.add_parser("up", help="start NATS, Redis, all services and local workers")
+    stack_options(p)
+    p.set_defaults(func=cmd_up)
+    p = sub.add_parser("demo", help="start berth, run a demo job to completion, stop")
+    stack_options(p)
+    p.add_argument("--timeout", type=float, default=120, help="seconds to wait (default: 120)")
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")
+    p.add_argument("file")
+    p.add_argument("--wait", action="store_true", help="wait until the job finishes")
+    p.add_argument("--timeout", type=float, default=3600, help="with --wait (default: 3600 s)")
+    p.set_defaults(func=cmd_submit)
+    p = sub.add_parser("status", help="show one job with its tasks, or list all jobs")
+    p.add_argument("job", nargs="?")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
+    p.set_defaults(func=cmd_schema)
+    p = sub.add_parser("run", help="run one service in the foreground",
+                       description="Run one berth service; configure it with BERTH_* variables "
+                       "(see docs/configuration.md). `berth run worker --help` for workers.")
+    p.add_argument("service", choices=["scheduler", "submitter", "dashboard", "worker"])
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        code = 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

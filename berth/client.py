@@ -1,0 +1,91 @@
+"""Submitting over NATS (exactly what a client in any language does) and reading the API."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
+
+from shared import subjects
+from shared.messages import JobSpec, JobSubmitted, SubmitRejected, encode, event_decoder
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    submit_seq: int
+    job_id: str | None
+    reason: str | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.job_id is not None
+
+
+async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None) -> int:
+    """Publishes raw submit bytes; returns the submit stream sequence (the PubAck's seq)."""
+    ack = await nc.jetstream().publish(
+        subjects.SUBMIT_JOB, payload, headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
+        stream=subjects.SUBMIT_STREAM,
+    )
+    return int(ack.seq)
+
+
+async def wait_for_outcome(nc: NATS, submit_seq: int, timeout: float = 30) -> SubmitOutcome:
+    """Waits for the submitter's verdict on submit `submit_seq`."""
+    sub = await nc.jetstream().subscribe(
+        subjects.submit_outcome(submit_seq), stream=subjects.EVENTS_STREAM,
+        ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
+    )
+    try:
+        msg = await sub.next_msg(timeout=timeout)
+    finally:
+        await sub.unsubscribe()
+    event = event_decoder.decode(msg.data)
+    if isinstance(event, JobSubmitted):
+        return SubmitOutcome(submit_seq, event.job_id, None)
+    if isinstance(event, SubmitRejected):
+        return SubmitOutcome(submit_seq, None, event.reason)
+    raise RuntimeError(f"unexpected event on {msg.subject}: {event!r}")
+
+
+async def submit_job(nc: NATS, spec: JobSpec, timeout: float = 30) -> SubmitOutcome:
+    return await wait_for_outcome(nc, await publish_submit(nc, encode(spec)), timeout)
+
+
+def load_spec_file(path: str) -> bytes:
+    """A job spec file (YAML or JSON) as the JSON bytes of a submit message. Validation is
+    the submitter's; this only converts the format."""
+    import yaml
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML or JSON: {exc}") from exc
+    return msgspec.json.encode(data)
+
+
+class ApiError(Exception):
+    pass
+
+
+def api_get(api_url: str, path: str, timeout: float = 10) -> Any:
+    try:
+        with urllib.request.urlopen(api_url.rstrip("/") + path, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail", "")
+        except Exception:
+            detail = ""
+        raise ApiError(f"{exc.code} {detail or exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ApiError(f"cannot reach the berth API at {api_url}: {exc}") from exc

@@ -1,0 +1,147 @@
+"""The embedded stack: NATS, a Redis-compatible server, the four services and local workers,
+each a child process; stopping the stack stops every one of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared import servers
+
+SERVICE_MODULES = {
+    "submitter": "services.submitter",
+    "scheduler": "services.scheduler",
+    "dashboard": "services.dashboard_api",
+    "worker": "services.worker_agent",
+}
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    nats: servers.ServerProcess
+    redis: servers.ServerProcess
+    api_port: int
+    env: dict[str, str]
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def start_service(self, name: str, *args: str, label: str | None = None,
+                      env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        label = label or name
+        log_path = self.data_dir / "logs" / f"{label}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", SERVICE_MODULES[name], *args],
+                env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.children[label] = proc
+        return proc
+
+    def start_worker(self, worker_id: str, cpu: float = 2, memory_mb: int = 2048,
+                     *extra: str) -> subprocess.Popen[bytes]:
+        return self.start_service("worker", "--id", worker_id, "--cpu", str(cpu),
+                                  "--memory-mb", str(memory_mb), *extra, label=worker_id)
+
+    def stop_child(self, label: str, timeout: float = 15) -> None:
+        proc = self.children.pop(label)
+        stop_process(proc, timeout)
+
+    def stop(self) -> None:
+        # Workers first (they stop their tasks), then the services, then the servers.
+        order = sorted(self.children, key=lambda k: k in SERVICE_MODULES)
+        for label in order:
+            if self.children[label].poll() is None:
+                self.children[label].send_signal(signal.SIGTERM)
+        for label in order:
+            stop_process(self.children.pop(label), 15)
+        self.redis.stop()
+        self.nats.stop()
+        (self.data_dir / "stack.json").unlink(missing_ok=True)
+
+    def write_info(self) -> None:
+        info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
+                "pid": os.getpid()}
+        (self.data_dir / "stack.json").write_text(json.dumps(info, indent=2))
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def start_servers(data_dir: Path, nats_port: int | None = None, redis_port: int | None = None,
+                  prefer_redis_on_path: bool = False) -> tuple[servers.ServerProcess,
+                                                               servers.ServerProcess]:
+    nats = servers.start_nats(data_dir, nats_port)
+    try:
+        redis = servers.start_redis(data_dir, redis_port, prefer_redis_on_path)
+    except Exception:
+        nats.stop()
+        raise
+    return nats, redis
+
+
+def start_stack(
+    data_dir: Path,
+    workers: int = 2,
+    worker_cpu: float = 2,
+    worker_memory_mb: int = 2048,
+    api_port: int | None = None,
+    nats_port: int | None = None,
+    redis_port: int | None = None,
+    prefer_redis_on_path: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> Stack:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path)
+    api_port = api_port or servers.free_port()
+    env = servers.service_env(nats.url, redis.url, data_dir, BERTH_API_PORT=str(api_port),
+                              **(extra_env or {}))
+    stack = Stack(data_dir, nats, redis, api_port, env)
+    try:
+        for name in ("submitter", "scheduler", "dashboard"):
+            stack.start_service(name)
+        for i in range(workers):
+            stack.start_worker(f"local-{i}", worker_cpu, worker_memory_mb)
+        wait_for_api(stack)
+    except BaseException:
+        stack.stop()
+        raise
+    stack.write_info()
+    return stack
+
+
+def wait_for_api(stack: Stack, timeout: float = 30) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for label, proc in stack.children.items():
+            if proc.poll() is not None:
+                raise servers.ServerError(
+                    f"{label} exited with code {proc.returncode}; see "
+                    f"{stack.data_dir / 'logs' / (label + '.log')}"
+                )
+        try:
+            with urllib.request.urlopen(stack.api_url + "/healthz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise servers.ServerError(f"the dashboard API did not answer on {stack.api_url}")

@@ -1,0 +1,3 @@
+from services.dashboard_api.service import main
+
+main()

@@ -1,0 +1,123 @@
+"""The JSON shapes the HTTP API returns, built from the folded state. States are given by
+their display names (`running`, `worker_failed`), as on the dashboard."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
+from shared.messages import JobSpec, Resources
+
+
+class AttemptOut(msgspec.Struct):
+    attempt_id: int
+    worker_id: str
+    state: str
+    assigned_at: float
+    started_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    error: str
+    worker_failure: bool
+    exited: bool
+
+
+class TaskOut(msgspec.Struct):
+    index: int
+    state: str
+    current_attempt: int | None
+    failure_count: int
+    preemption_count: int
+    exit_code: int | None
+    error: str
+    pending_reason: str
+    attempts: list[AttemptOut]
+    refused_reports: list[str]
+
+
+class JobSummary(msgspec.Struct):
+    job_id: str
+    name: str
+    user: str
+    state: str
+    replicas: int
+    task_counts: dict[str, int]
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    error: str
+
+
+class JobDetail(JobSummary):
+    spec: JobSpec
+    tasks: list[TaskOut]
+
+
+class WorkerOut(msgspec.Struct):
+    worker_id: str
+    incarnation: str
+    host: str
+    healthy: bool
+    resources: Resources
+    cpu_free: float
+    memory_free_mb: int
+    attributes: dict[str, str]
+    registered_at: float
+    last_heartbeat: float | None
+    running_attempts: list[str]
+
+
+class SubmitOutcome(msgspec.Struct):
+    submit_seq: int
+    accepted: bool
+    job_id: str | None = None
+    reason: str | None = None
+
+
+def attempt_out(a: AttemptView) -> AttemptOut:
+    return AttemptOut(
+        attempt_id=a.attempt_id, worker_id=a.worker_id, state=a.state.display,
+        assigned_at=a.assigned_at, started_at=a.started_at, finished_at=a.finished_at,
+        exit_code=a.exit_code, error=a.error, worker_failure=a.worker_failure, exited=a.exited,
+    )
+
+
+def task_out(t: TaskView) -> TaskOut:
+    current = t.current_attempt
+    return TaskOut(
+        index=t.index, state=t.state.display,
+        current_attempt=current.attempt_id if current else None,
+        failure_count=t.failure_count, preemption_count=t.preemption_count,
+        exit_code=t.exit_code, error=t.error, pending_reason=t.pending_reason,
+        attempts=[attempt_out(a) for a in t.attempts], refused_reports=list(t.refused_reports),
+    )
+
+
+def _summary_fields(job: JobView) -> dict[str, object]:
+    return dict(
+        job_id=job.job_id, name=job.spec.name, user=job.spec.user, state=job.state.display,
+        replicas=job.spec.replicas, task_counts=job.task_counts(),
+        submitted_at=job.submitted_at, started_at=job.started_at,
+        finished_at=job.finished_at, error=job.error,
+    )
+
+
+def job_summary(job: JobView) -> JobSummary:
+    return JobSummary(**_summary_fields(job))  # type: ignore[arg-type]
+
+
+def job_detail(job: JobView) -> JobDetail:
+    return JobDetail(
+        **_summary_fields(job),  # type: ignore[arg-type]
+        spec=job.spec, tasks=[task_out(t) for t in job.tasks],
+    )
+
+
+def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> WorkerOut:
+    return WorkerOut(
+        worker_id=w.worker_id, incarnation=w.incarnation, host=w.host, healthy=healthy,
+        resources=w.resources, cpu_free=w.cpu_free_milli / 1000,
+        memory_free_mb=w.memory_free_mb, attributes=w.attributes,
+        registered_at=w.registered_at, last_heartbeat=last_heartbeat,
+        running_attempts=sorted(w.live_attempts),
+    )

@@ -1,0 +1,1 @@
+"""The only writer of placement: one fenced leader, any number of standbys."""

@@ -1,0 +1,404 @@
+"""The scheduler process: wins the leader lease, folds the events stream into ClusterState,
+places pending tasks each tick with one fenced Lua commit, and talks to workers.
+
+Side effects are level-triggered where they can be: a worker's heartbeat lists the attempts
+it runs, and the leader re-sends a lost assignment or kill from the difference."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from services.scheduler import placement
+from shared import nats_io, redis_io, service, subjects, telemetry
+from shared.config import Settings
+from shared.lifecycle import ClusterState, Effect, Kill, Release, TaskView, WorkerView
+from shared.messages import (
+    AnyEvent,
+    Command,
+    Heartbeat,
+    KillAttempt,
+    LeaderAnnouncement,
+    LeaderElected,
+    RunAttempt,
+    TaskAssigned,
+    WorkerDeclaredDead,
+    WorkerRegistered,
+    attempt_key,
+    encode,
+    heartbeat_decoder,
+)
+from shared.reservations import Reservation, ReservationConflict, ReservationStore, StaleEpochError
+from shared.states import TaskState
+
+log = logging.getLogger("berth.scheduler")
+tracer = telemetry.tracer("berth.scheduler")
+
+
+class LostLeadership(Exception):
+    pass
+
+
+class Leader:
+    """Everything one term of leadership holds; a new term starts from a fresh fold."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        nc: NATS,
+        store: ReservationStore,
+        scheduler_id: str,
+        epoch: int,
+    ) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.store = store
+        self.scheduler_id = scheduler_id
+        self.epoch = epoch
+        self.state = ClusterState()
+        self.wake = asyncio.Event()
+        self.last_heartbeat: dict[str, float] = {}
+        self.trace_headers: dict[str, dict[str, str]] = {}
+        self.refused_double_bookings = 0
+
+    # --- term ---------------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        await self.nc.publish(
+            "berth.leader",
+            encode(LeaderAnnouncement(epoch=self.epoch, scheduler_id=self.scheduler_id)),
+        )
+        elected_seq = await nats_io.publish_event(
+            self.js,
+            "berth.events.leader",
+            LeaderElected(scheduler_id=self.scheduler_id, epoch=self.epoch, ts=time.time()),
+            msg_id=f"leader:{self.epoch}",
+        )
+        events = nats_io.follow_events(self.js)
+        await self._replay(events, elected_seq)
+        await self._reconcile()
+        log.info(
+            "leading with epoch %d: %d jobs, %d workers, %d pending tasks",
+            self.epoch, len(self.state.jobs), len(self.state.workers), len(self.state.pending),
+        )
+        hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
+        tasks = [
+            asyncio.create_task(self._follow(events), name="follow"),
+            asyncio.create_task(self._keep_lease(), name="lease"),
+            asyncio.create_task(self._tick_loop(), name="tick"),
+            asyncio.create_task(self._watch_workers(), name="watch"),
+            asyncio.create_task(stop.wait(), name="stop"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t.get_name() != "stop":
+                    t.result()  # re-raise LostLeadership or a crash
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await hb_sub.unsubscribe()
+            await events.aclose()
+
+    async def _replay(self, events: AsyncIterator[nats_io.EventRecord], until: int) -> None:
+        """Folds the log up to our own LeaderElected; effects are not carried out here but
+        derived afterwards by _reconcile (the log is the truth, not what we would redo)."""
+        while self.state.last_seq < until:
+            record = await anext(events)
+            self._remember(record)
+            self.state.apply(record.seq, record.event)
+
+    async def _reconcile(self) -> None:
+        """Makes Redis and the workers agree with the folded state."""
+        now = time.monotonic()
+        live: dict[str, set[str]] = {}
+        for worker in self.state.workers.values():
+            if worker.alive:
+                await self.store.register_host(
+                    self.epoch, worker.worker_id, worker.resources.cpu_milli,
+                    worker.resources.memory_mb,
+                )
+                self.last_heartbeat[worker.worker_id] = now  # a new leader gives full grace
+            live[worker.worker_id] = set(worker.live_attempts)
+        stale: list[tuple[str, str]] = []
+        for host in await self.store.host_usage():
+            held = live.get(host.worker_id, set())
+            stale += [(host.worker_id, key) for key in host.allocations if key not in held]
+            missing = [k for k in held if k not in host.allocations]
+            if missing:
+                # Only possible if Redis lost data: re-reserve what the log says is running.
+                log.warning("re-reserving %d attempts on %s missing from Redis",
+                            len(missing), host.worker_id)
+                await self.store.reserve(self.epoch, [self._reservation(host.worker_id, k)
+                                                      for k in missing])
+        if stale:
+            log.info("releasing %d reservations with no live attempt", len(stale))
+            await self.store.release(self.epoch, stale)
+        for worker in self.state.workers.values():
+            for job_id, index, attempt_id in worker.live_attempts.values():
+                task = self.state.task(job_id, index)
+                assert task is not None
+                attempt = task.attempt(attempt_id)
+                assert attempt is not None
+                if attempt.kill_requested:
+                    await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
+                                               index, attempt_id, "job ended"))
+                elif attempt.state == TaskState.ASSIGNED:
+                    await self._send_run(worker, task, attempt_id)
+
+    def _reservation(self, worker_id: str, key: str) -> Reservation:
+        job_id = key.split("/")[0]
+        res = self.state.jobs[job_id].spec.resources
+        return Reservation(worker_id, key, res.cpu_milli, res.memory_mb)
+
+    # --- the event log ------------------------------------------------------------------
+
+    def _remember(self, record: nats_io.EventRecord) -> None:
+        event = record.event
+        if hasattr(event, "job_id") and "traceparent" in record.headers:
+            self.trace_headers.setdefault(event.job_id, record.headers)
+
+    async def _follow(self, events: AsyncIterator[nats_io.EventRecord]) -> None:
+        async for record in events:
+            self._remember(record)
+            effects = self.state.apply(record.seq, record.event)
+            await self._on_event(record.event)
+            await self._carry_out(effects)
+
+    async def _on_event(self, event: AnyEvent) -> None:
+        if isinstance(event, WorkerRegistered):
+            worker = self.state.workers[event.worker_id]
+            if worker.incarnation == event.incarnation:
+                await self.store.register_host(
+                    self.epoch, event.worker_id, event.resources.cpu_milli,
+                    event.resources.memory_mb,
+                )
+                self.last_heartbeat[event.worker_id] = time.monotonic()
+        self.wake.set()
+
+    async def _carry_out(self, effects: list[Effect]) -> None:
+        releases = [(e.worker_id, e.attempt_key) for e in effects if isinstance(e, Release)]
+        if releases:
+            await self._fenced(self.store.release(self.epoch, releases))
+        for effect in effects:
+            if isinstance(effect, Kill):
+                await self._send_kill(effect)
+
+    async def _fenced(self, call: Any) -> Any:
+        try:
+            return await call
+        except StaleEpochError as exc:
+            raise LostLeadership(str(exc)) from exc
+
+    # --- leadership ---------------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        ttl_ms = int(self.settings.lease_ttl * 1000)
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl / 3)
+            epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
+            if epoch != self.epoch:
+                raise LostLeadership(f"lease now at epoch {epoch or 'held by another'}")
+
+    # --- scheduling ---------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.settings.tick_interval)
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            await self.tick()
+
+    def _live_workers(self) -> list[WorkerView]:
+        return [w for w in self.state.workers.values() if w.alive]
+
+    async def tick(self) -> None:
+        if not self.state.pending:
+            return
+        requests = []
+        for job_id, index in self.state.pending:
+            res = self.state.jobs[job_id].spec.resources
+            requests.append(placement.TaskRequest(job_id, index, res.cpu_milli, res.memory_mb))
+        hosts = [
+            placement.HostCapacity(w.worker_id, w.cpu_free_milli, w.memory_free_mb)
+            for w in self._live_workers()
+        ]
+        with tracer.start_as_current_span("schedule.tick") as span:
+            result = placement.place(requests, hosts)
+            span.set_attribute("berth.pending", len(requests))
+            span.set_attribute("berth.placed", len(result.assignments))
+            span.set_attribute("berth.epoch", self.epoch)
+            for (job_id, index), reason in result.pending_reasons.items():
+                task = self.state.task(job_id, index)
+                if task is not None:
+                    task.pending_reason = reason
+            if not result.assignments:
+                return
+            reservations = []
+            events: list[TaskAssigned] = []
+            now = time.time()
+            for request, worker_id in result.assignments:
+                task = self.state.task(request.job_id, request.task_index)
+                assert task is not None
+                attempt_id = max((a.attempt_id for a in task.attempts), default=-1) + 1
+                worker = self.state.workers[worker_id]
+                reservations.append(Reservation(
+                    worker_id, attempt_key(request.job_id, request.task_index, attempt_id),
+                    request.cpu_milli, request.memory_mb,
+                ))
+                events.append(TaskAssigned(
+                    job_id=request.job_id, task_index=request.task_index, attempt_id=attempt_id,
+                    worker_id=worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
+                ))
+            try:
+                await self._fenced(self.store.reserve(self.epoch, reservations))
+            except ReservationConflict as exc:
+                # Redis refuses what our view allowed: never write it; resync and retry.
+                self.refused_double_bookings += 1
+                span.set_attribute("berth.conflict", str(exc))
+                log.error("reservation refused (%s); re-reconciling with Redis", exc)
+                await self._reconcile()
+                return
+            for event in events:
+                self.state.apply(0, event)
+            await asyncio.gather(*(self._dispatch(event) for event in events))
+
+    async def _dispatch(self, event: TaskAssigned) -> None:
+        parent = telemetry.extract(self.trace_headers.get(event.job_id))
+        with tracer.start_as_current_span(
+            "dispatch", context=parent,
+            attributes={"berth.job_id": event.job_id, "berth.task_index": event.task_index,
+                        "berth.worker_id": event.worker_id, "berth.epoch": event.epoch},
+        ):
+            key = attempt_key(event.job_id, event.task_index, event.attempt_id)
+            await nats_io.publish_event(
+                self.js, subjects.task_events(event.job_id), event,
+                msg_id=f"assign:{event.epoch}:{key}",
+            )
+            task = self.state.task(event.job_id, event.task_index)
+            assert task is not None
+            await self._send_run(self.state.workers[event.worker_id], task, event.attempt_id)
+
+    # --- worker commands ----------------------------------------------------------------
+
+    async def _send(self, worker_id: str, command: Command) -> None:
+        headers = telemetry.inject({})
+        await self.nc.publish(subjects.worker_commands(worker_id), encode(command), headers=headers)
+
+    async def _send_run(self, worker: WorkerView, task: TaskView, attempt_id: int) -> None:
+        spec = self.state.jobs[task.job_id].spec
+        env = {
+            **spec.env,
+            "BERTH_JOB_ID": task.job_id,
+            "BERTH_TASK_INDEX": str(task.index),
+            "BERTH_ATTEMPT_ID": str(attempt_id),
+            "BERTH_NUM_TASKS": str(spec.replicas),
+        }
+        await self._send(worker.worker_id, RunAttempt(
+            epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
+            task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,
+            resources=spec.resources,
+        ))
+
+    async def _send_kill(self, kill: Kill) -> None:
+        await self._send(kill.worker_id, KillAttempt(
+            epoch=self.epoch, incarnation=kill.incarnation, job_id=kill.job_id,
+            task_index=kill.task_index, attempt_id=kill.attempt_id, reason=kill.reason,
+        ))
+
+    # --- heartbeats ---------------------------------------------------------------------
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            hb = heartbeat_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
+            return
+        worker = self.state.workers.get(hb.worker_id)
+        if worker is None or not worker.alive or worker.incarnation != hb.incarnation:
+            return
+        self.last_heartbeat[hb.worker_id] = time.monotonic()
+        await self._reconcile_worker(worker, hb)
+
+    async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
+        running = set(hb.attempts)
+        for key in running:
+            ref = worker.live_attempts.get(key)
+            task = self.state.task(ref[0], ref[1]) if ref else None
+            attempt = task.attempt(ref[2]) if ref and task else None
+            if attempt is None or attempt.kill_requested:
+                job_id, index, attempt_id = key.rsplit("/", 2)
+                await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
+                                           int(index), int(attempt_id), "not a live attempt"))
+        grace = 2 * self.settings.heartbeat_interval
+        for key, (job_id, index, attempt_id) in list(worker.live_attempts.items()):
+            if key in running:
+                continue
+            task = self.state.task(job_id, index)
+            attempt = task.attempt(attempt_id) if task else None
+            if task and attempt and attempt.state == TaskState.ASSIGNED and time.time() - attempt.assigned_at > grace:
+                log.info("re-sending lost assignment %s to %s", key, worker.worker_id)
+                await self._send_run(worker, task, attempt_id)
+
+    async def _watch_workers(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval)
+            now = time.monotonic()
+            for worker in self._live_workers():
+                seen = self.last_heartbeat.setdefault(worker.worker_id, now)
+                silent = now - seen
+                if silent > self.settings.worker_dead_after:
+                    log.warning("worker %s silent for %.1fs: declaring it dead",
+                                worker.worker_id, silent)
+                    await nats_io.publish_event(
+                        self.js, subjects.worker_events(worker.worker_id),
+                        WorkerDeclaredDead(worker_id=worker.worker_id,
+                                           incarnation=worker.incarnation,
+                                           reason=f"no heartbeat for {silent:.1f}s",
+                                           ts=time.time()),
+                        msg_id=f"dead:{worker.worker_id}:{worker.incarnation}",
+                    )
+                    self.last_heartbeat[worker.worker_id] = now
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    scheduler_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    nc = await nats_io.connect(settings.nats_url, f"berth-scheduler-{scheduler_id}")
+    await nats_io.ensure_streams(nc.jetstream())
+    redis = redis_io.connect(settings.redis_url)
+    store = ReservationStore(redis)
+    ttl_ms = int(settings.lease_ttl * 1000)
+    log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
+    try:
+        while not stop.is_set():
+            epoch = await store.acquire_lease(scheduler_id, ttl_ms)
+            if not epoch:
+                await service.wait_or_stop(stop, settings.lease_ttl / 3)
+                continue
+            try:
+                await Leader(settings, nc, store, scheduler_id, epoch).serve(stop)
+            except LostLeadership as exc:
+                log.warning("lost leadership: %s; standing by", exc)
+    finally:
+        await nc.drain()
+        await redis.aclose()
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    service.run("scheduler", lambda stop: run(settings, stop))

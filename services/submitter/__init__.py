@@ -1,0 +1,1 @@
+"""The only entrance: validates submit messages, assigns job ids, emits JobSubmitted."""

@@ -1,0 +1,3 @@
+from services.submitter.service import main
+
+main()

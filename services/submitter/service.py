@@ -1,0 +1,79 @@
+"""The submitter process: a durable pull consumer on the submit stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from services.submitter.intake import intake
+from shared import nats_io, service, subjects, telemetry
+from shared.config import Settings
+from shared.messages import JobSubmitted
+
+log = logging.getLogger("berth.submitter")
+tracer = telemetry.tracer("berth.submitter")
+
+
+async def handle(js: JetStreamContext, msg: Msg, max_bytes: int) -> None:
+    seq = msg.metadata.sequence.stream
+    with tracer.start_as_current_span(
+        "submit", context=telemetry.extract(msg.headers), attributes={"berth.submit_seq": seq}
+    ) as span:
+        outcome = intake(msg.data, seq, _stored_ns(msg), max_bytes)
+        if isinstance(outcome, JobSubmitted):
+            span.set_attribute("berth.job_id", outcome.job_id)
+            log.info("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name, seq)
+        else:
+            span.set_attribute("berth.rejected", outcome.reason)
+            log.info("submit %d rejected: %s", seq, outcome.reason)
+        # The dedup id is the submit sequence: a redelivered submit is the same outcome.
+        await nats_io.publish_event(
+            js, subjects.submit_outcome(seq), outcome, msg_id=f"submit-outcome:{seq}"
+        )
+    await msg.ack()
+
+
+def _stored_ns(msg: Msg) -> int:
+    stamp = msg.metadata.timestamp
+    return int(stamp.timestamp() * 1e9) if stamp else 0
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    nc = await nats_io.connect(settings.nats_url, "berth-submitter")
+    js = nc.jetstream()
+    await nats_io.ensure_streams(js)
+    sub = await js.pull_subscribe(
+        subjects.SUBMIT_ALL,
+        durable=subjects.SUBMITTER_DURABLE,
+        stream=subjects.SUBMIT_STREAM,
+        config=ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, deliver_policy=DeliverPolicy.ALL
+        ),
+    )
+    log.info("serving %s", subjects.SUBMIT_JOB)
+    try:
+        while not stop.is_set():
+            try:
+                batch = await sub.fetch(batch=64, timeout=0.5)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in batch:
+                try:
+                    await handle(js, msg, settings.max_submit_bytes)
+                except Exception:
+                    # Input never gets here (intake cannot raise); this is NATS trouble.
+                    # Leave the message unacked: it is redelivered and handled again.
+                    log.exception("could not record the outcome of a submit; will retry")
+                    await msg.nak(delay=1.0)
+    finally:
+        await nc.drain()
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    service.run("submitter", lambda stop: run(settings, stop))

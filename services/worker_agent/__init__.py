@@ -1,0 +1,1 @@
+"""One per host: registers, heartbeats, runs assigned attempts as real processes, reports."""

@@ -1,0 +1,3 @@
+from services.worker_agent.service import main
+
+main()

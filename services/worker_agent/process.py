@@ -1,0 +1,72 @@
+"""One attempt's process: started in its own process group (so a kill reaches every child),
+its output streamed out in chunks, stopped with SIGTERM then SIGKILL after a grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable
+
+OutputSink = Callable[[str, bytes], Awaitable[None]]
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"terminated by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"terminated by signal {-returncode}"
+    return f"exited with code {returncode}" if returncode else ""
+
+
+class AttemptProcess:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, sink: OutputSink) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.sink = sink
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        """Raises OSError (e.g. FileNotFoundError) when the command cannot be started."""
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    async def wait(self) -> int:
+        assert self.proc is not None and self.proc.stdout and self.proc.stderr
+        await asyncio.gather(
+            self._pump("stdout", self.proc.stdout), self._pump("stderr", self.proc.stderr)
+        )
+        return await self.proc.wait()
+
+    async def _pump(self, name: str, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            await self.sink(name, chunk)
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM to the process group, SIGKILL after `grace` seconds if still there."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
+        except TimeoutError:
+            signal_group(self.proc.pid, signal.SIGKILL)
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

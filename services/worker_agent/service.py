@@ -1,0 +1,297 @@
+"""The worker agent process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from services.worker_agent.process import AttemptProcess, describe_exit, signal_group
+from shared import nats_io, service, subjects, telemetry
+from shared.config import Settings
+from shared.messages import (
+    AttemptReported,
+    Heartbeat,
+    KillAttempt,
+    LeaderAnnouncement,
+    Resources,
+    RunAttempt,
+    WorkerRegistered,
+    WorkerStopped,
+    attempt_key,
+    command_decoder,
+    encode,
+)
+from shared.states import TaskState
+
+log = logging.getLogger("berth.worker")
+tracer = telemetry.tracer("berth.worker")
+MAX_REMEMBERED_ATTEMPTS = 10000
+
+
+@dataclass
+class RunningAttempt:
+    command: RunAttempt
+    process: AttemptProcess | None = None
+    kill_reason: str = ""
+    task: asyncio.Task[None] | None = None
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class WorkerAgent:
+    def __init__(
+        self,
+        settings: Settings,
+        nc: NATS,
+        worker_id: str,
+        resources: Resources,
+        attributes: dict[str, str],
+    ) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.worker_id = worker_id
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.resources = resources
+        self.attributes = attributes
+        self.max_epoch = 0
+        self.running: dict[str, RunningAttempt] = {}
+        # Attempts this incarnation has started, so a re-sent assignment never runs twice.
+        self.seen: dict[str, None] = {}
+        self.shutting_down = False
+        self.refused_commands = 0
+        self.home = Path(settings.data_dir) / "workers" / worker_id
+        self.pid_dir = self.home / "pids"
+
+    # --- life -------------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        self._kill_orphans()
+        cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
+                                          cb=self._on_command)
+        leader_sub = await self.nc.subscribe("berth.leader", cb=self._on_leader)
+        await nats_io.publish_event(
+            self.js,
+            subjects.worker_events(self.worker_id),
+            WorkerRegistered(
+                worker_id=self.worker_id, incarnation=self.incarnation, resources=self.resources,
+                attributes=self.attributes, host=socket.gethostname(), ts=time.time(),
+            ),
+            msg_id=f"register:{self.worker_id}:{self.incarnation}",
+        )
+        log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB",
+                 self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb)
+        while not stop.is_set():
+            await self._heartbeat()
+            await service.wait_or_stop(stop, self.settings.heartbeat_interval)
+        await cmd_sub.unsubscribe()
+        await leader_sub.unsubscribe()
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        self.shutting_down = True
+        if self.running:
+            log.info("stopping %d running attempts", len(self.running))
+        await asyncio.gather(*(self._stop_attempt(a) for a in list(self.running.values())))
+        tasks = [a.task for a in self.running.values() if a.task]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await nats_io.publish_event(
+            self.js, subjects.worker_events(self.worker_id),
+            WorkerStopped(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time()),
+            msg_id=f"stopped:{self.worker_id}:{self.incarnation}", attempts=20,
+        )
+
+    def _kill_orphans(self) -> None:
+        """Processes a previous incarnation of this worker left behind are killed: the
+        scheduler has already written their attempts off."""
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        for pid_file in self.pid_dir.iterdir():
+            with contextlib.suppress(ValueError, OSError):
+                pgid = int(pid_file.read_text())
+                log.warning("killing orphaned process group %d (%s)", pgid, pid_file.name)
+                signal_group(pgid, signal.SIGKILL)
+            pid_file.unlink(missing_ok=True)
+
+    async def _heartbeat(self) -> None:
+        hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
+                       attempts=list(self.running))
+        with contextlib.suppress(Exception):
+            await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
+
+    # --- commands ---------------------------------------------------------------------
+
+    async def _on_leader(self, msg: Msg) -> None:
+        with contextlib.suppress(msgspec.DecodeError):
+            ann = msgspec.json.decode(msg.data, type=LeaderAnnouncement)
+            self.max_epoch = max(self.max_epoch, ann.epoch)
+
+    async def _on_command(self, msg: Msg) -> None:
+        try:
+            command = command_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable command: %s", exc)
+            return
+        if command.incarnation != self.incarnation:
+            self.refused_commands += 1
+            log.warning("refusing command for incarnation %s (this is %s)",
+                        command.incarnation, self.incarnation)
+            return
+        if command.epoch < self.max_epoch:
+            self.refused_commands += 1
+            log.warning("refusing command of stale epoch %d (current %d)",
+                        command.epoch, self.max_epoch)
+            return
+        self.max_epoch = command.epoch
+        key = attempt_key(command.job_id, command.task_index, command.attempt_id)
+        if isinstance(command, RunAttempt):
+            if key in self.seen or self.shutting_down:
+                return
+            self.seen[key] = None
+            if len(self.seen) > MAX_REMEMBERED_ATTEMPTS:
+                del self.seen[next(iter(self.seen))]
+            running = RunningAttempt(command=command)
+            self.running[key] = running
+            ctx = telemetry.extract(dict(msg.headers or {}))
+            running.task = asyncio.create_task(self._run(key, running, ctx))
+        elif isinstance(command, KillAttempt):
+            attempt = self.running.get(key)
+            if attempt is not None and not attempt.killed.is_set():
+                attempt.kill_reason = command.reason or "killed by the scheduler"
+                log.info("killing %s: %s", key, attempt.kill_reason)
+                asyncio.create_task(self._stop_attempt(attempt))
+
+    async def _stop_attempt(self, attempt: RunningAttempt) -> None:
+        attempt.killed.set()
+        if attempt.process is not None:
+            await attempt.process.stop(self.settings.kill_grace)
+
+    # --- running one attempt ----------------------------------------------------------
+
+    async def _report(self, cmd: RunAttempt, state: TaskState, exit_code: int | None = None,
+                      error: str = "") -> None:
+        if self.shutting_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
+            return  # WorkerStopped accounts for every attempt this worker stops on shutdown
+        key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
+        report = AttemptReported(
+            job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
+            worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
+            ts=time.time(),
+        )
+        await nats_io.publish_event(self.js, subjects.attempt_reports(self.worker_id), report,
+                                    msg_id=f"report:{key}:{state.name}")
+
+    async def _run(self, key: str, attempt: RunningAttempt, ctx: object) -> None:
+        cmd = attempt.command
+        try:
+            with tracer.start_as_current_span(
+                "attempt", context=ctx,  # type: ignore[arg-type]
+                attributes={"berth.attempt": key, "berth.worker_id": self.worker_id},
+            ):
+                await self._run_attempt(key, attempt)
+        except Exception as exc:  # never let one attempt take the agent down
+            log.exception("attempt %s crashed the runner", key)
+            await self._report(cmd, TaskState.FAILED, error=f"worker error: {exc}")
+        finally:
+            self.running.pop(key, None)
+
+    async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
+        cmd = attempt.command
+        await self._report(cmd, TaskState.BUILDING)
+        workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **cmd.env, "BERTH_WORKER_ID": self.worker_id}
+        log_subject = subjects.attempt_logs(cmd.job_id, cmd.task_index, cmd.attempt_id)
+
+        async def sink(stream: str, chunk: bytes) -> None:
+            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
+
+        if attempt.killed.is_set():
+            await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
+            return
+        process = AttemptProcess(cmd.command, env, str(workdir), sink)
+        try:
+            await process.start()
+        except OSError as exc:
+            await self._report(cmd, TaskState.FAILED, exit_code=127,
+                               error=f"cannot start {cmd.command[0]!r}: {exc.strerror or exc}")
+            return
+        attempt.process = process
+        pid_file = self.pid_dir / key.replace("/", "_")
+        pid_file.write_text(str(process.pid))
+        if attempt.killed.is_set():  # a kill that arrived while the process was starting
+            asyncio.create_task(process.stop(self.settings.kill_grace))
+        try:
+            await self._report(cmd, TaskState.RUNNING)
+            code = await process.wait()
+        finally:
+            pid_file.unlink(missing_ok=True)
+        if attempt.killed.is_set():
+            await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason)
+        elif code == 0:
+            await self._report(cmd, TaskState.SUCCEEDED, exit_code=0)
+        else:
+            await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="berth run worker",
+        description="Run a berth worker agent: registers this host, runs assigned tasks.",
+    )
+    parser.add_argument("--id", default=socket.gethostname(),
+                        help="worker id, unique in the cluster (default: the host name)")
+    parser.add_argument("--cpu", type=float, default=float(os.cpu_count() or 1),
+                        help="cpu cores offered (default: all cores)")
+    parser.add_argument("--memory-mb", type=int, default=_total_memory_mb(),
+                        help="memory offered in MiB (default: all memory)")
+    parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
+                        help="a worker attribute, e.g. -a zone=us-east5-a (repeatable)")
+    args = parser.parse_args(argv)
+    attributes = {}
+    for item in args.attribute:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--attribute {item!r}: expected KEY=VALUE")
+        attributes[name] = value
+    args.attributes = attributes
+    try:
+        args.resources = msgspec.convert({"cpu": args.cpu, "memory_mb": args.memory_mb},
+                                         Resources)
+    except msgspec.ValidationError as exc:
+        parser.error(f"resources: {exc}")
+    return args
+
+
+def _total_memory_mb() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 1024
+
+
+async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> None:
+    nc = await nats_io.connect(settings.nats_url, f"berth-worker-{args.id}")
+    await nats_io.ensure_streams(nc.jetstream())
+    try:
+        await WorkerAgent(settings, nc, args.id, args.resources, args.attributes).serve(stop)
+    finally:
+        await nc.drain()
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = Settings.from_env()
+    args = parse_args(argv)
+    service.run("worker", lambda stop: run(settings, args, stop))

@@ -1,0 +1,58 @@
+"""Configuration from environment variables. Every variable, its default and its meaning
+is listed in `docs/configuration.md`; this is the only place that reads them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    nats_url: str
+    redis_url: str
+    data_dir: str
+    api_host: str
+    api_port: int
+    heartbeat_interval: float
+    worker_dead_after: float
+    lease_ttl: float
+    kill_grace: float
+    max_submit_bytes: int
+    tick_interval: float
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            nats_url=os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222"),
+            redis_url=os.environ.get("BERTH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            data_dir=os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth")),
+            api_host=os.environ.get("BERTH_API_HOST", "127.0.0.1"),
+            api_port=_env_int("BERTH_API_PORT", 8080),
+            heartbeat_interval=_env_float("BERTH_HEARTBEAT_INTERVAL", 1.0),
+            worker_dead_after=_env_float("BERTH_WORKER_DEAD_AFTER", 5.0),
+            lease_ttl=_env_float("BERTH_LEASE_TTL", 3.0),
+            kill_grace=_env_float("BERTH_KILL_GRACE", 5.0),
+            max_submit_bytes=_env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024),
+            tick_interval=_env_float("BERTH_TICK_INTERVAL", 0.5),
+        )

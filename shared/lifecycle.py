@@ -1,0 +1,383 @@
+"""The cluster state as a fold of the events stream.
+
+`ClusterState.apply(seq, event)` is deterministic and idempotent: the scheduler, the dashboard
+and the checker all fold the same log through it, so they cannot disagree, and a redelivered
+or duplicated event changes nothing. It returns the side effects the scheduler must carry
+out (release a reservation, kill a process); a pure projection ignores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from shared import task_rules
+from shared.messages import (
+    AnyEvent,
+    AttemptReported,
+    JobSpec,
+    JobSubmitted,
+    LeaderElected,
+    Resources,
+    SubmitRejected,
+    TaskAssigned,
+    WorkerDeclaredDead,
+    WorkerRegistered,
+    WorkerStopped,
+    attempt_key,
+)
+from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
+
+S = TaskState
+MAX_REFUSALS_KEPT = 20
+
+
+class AttemptView(msgspec.Struct, kw_only=True):
+    attempt_id: int
+    worker_id: str
+    incarnation: str
+    state: TaskState = S.ASSIGNED
+    assigned_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    error: str = ""
+    # The process is confirmed gone (worker report, or worker declared dead/stopped): only
+    # then are its resources released (DESIGN.md invariant 3).
+    exited: bool = False
+    kill_requested: bool = False
+    worker_failure: bool = False
+
+
+class TaskView(msgspec.Struct, kw_only=True):
+    job_id: str
+    index: int
+    state: TaskState = S.PENDING
+    attempts: list[AttemptView] = []
+    failure_count: int = 0
+    preemption_count: int = 0
+    exit_code: int | None = None
+    error: str = ""
+    pending_reason: str = ""
+    refused_reports: list[str] = []
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.index)
+
+    @property
+    def current_attempt(self) -> AttemptView | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def attempt(self, attempt_id: int) -> AttemptView | None:
+        return next((a for a in self.attempts if a.attempt_id == attempt_id), None)
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    job_id: str
+    spec: JobSpec
+    submit_seq: int
+    submitted_at: float
+    state: JobState = JobState.PENDING
+    tasks: list[TaskView] = []
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str = ""
+
+    def task_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for task in self.tasks:
+            counts[task.state.display] = counts.get(task.state.display, 0) + 1
+        return counts
+
+
+class WorkerView(msgspec.Struct, kw_only=True):
+    worker_id: str
+    incarnation: str
+    resources: Resources
+    attributes: dict[str, str] = {}
+    host: str = ""
+    registered_at: float = 0.0
+    alive: bool = True
+    cpu_used_milli: int = 0
+    memory_used_mb: int = 0
+    # attempt key -> (job_id, task_index, attempt_id) of attempts holding resources here
+    live_attempts: dict[str, tuple[str, int, int]] = {}
+
+    @property
+    def cpu_free_milli(self) -> int:
+        return self.resources.cpu_milli - self.cpu_used_milli
+
+    @property
+    def memory_free_mb(self) -> int:
+        return self.resources.memory_mb - self.memory_used_mb
+
+
+# --- effects for the scheduler ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    worker_id: str
+    attempt_key: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    worker_id: str
+    incarnation: str
+    job_id: str
+    task_index: int
+    attempt_id: int
+    reason: str
+
+
+Effect = Release | Kill
+
+
+class ClusterState:
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobView] = {}
+        self.workers: dict[str, WorkerView] = {}
+        self.rejections: dict[int, str] = {}
+        self.last_seq = 0
+        self.epoch = 0
+        # Tasks waiting for placement, in the order they became schedulable.
+        self.pending: dict[tuple[str, int], None] = {}
+
+    # --- entry point ----------------------------------------------------------------------
+
+    def apply(self, seq: int, event: AnyEvent) -> list[Effect]:
+        if seq and seq <= self.last_seq:
+            return []  # already folded: redelivery
+        if seq:
+            self.last_seq = seq
+        effects: list[Effect] = []
+        match event:
+            case JobSubmitted():
+                self._job_submitted(event)
+            case SubmitRejected():
+                self.rejections[event.submit_seq] = event.reason
+            case WorkerRegistered():
+                self._worker_registered(event, effects)
+            case WorkerStopped() | WorkerDeclaredDead():
+                worker = self.workers.get(event.worker_id)
+                if worker and worker.alive and worker.incarnation == event.incarnation:
+                    worker.alive = False
+                    why = "worker stopped" if isinstance(event, WorkerStopped) else "worker dead"
+                    self._fail_worker_attempts(worker, event.ts, why, effects)
+            case LeaderElected():
+                self.epoch = max(self.epoch, event.epoch)
+            case TaskAssigned():
+                if event.epoch >= self.epoch:  # a deposed leader's late assignment is void
+                    self._task_assigned(event, effects)
+            case AttemptReported():
+                self._attempt_reported(event, effects)
+        return effects
+
+    def task(self, job_id: str, index: int) -> TaskView | None:
+        job = self.jobs.get(job_id)
+        if job is None or not 0 <= index < len(job.tasks):
+            return None
+        return job.tasks[index]
+
+    # --- handlers -------------------------------------------------------------------------
+
+    def _job_submitted(self, event: JobSubmitted) -> None:
+        if event.job_id in self.jobs:
+            return
+        job = JobView(
+            job_id=event.job_id,
+            spec=event.spec,
+            submit_seq=event.submit_seq,
+            submitted_at=event.ts,
+            tasks=[TaskView(job_id=event.job_id, index=i) for i in range(event.spec.replicas)],
+        )
+        self.jobs[event.job_id] = job
+        for task in job.tasks:
+            self.pending[task.key] = None
+
+    def _worker_registered(self, event: WorkerRegistered, effects: list[Effect]) -> None:
+        old = self.workers.get(event.worker_id)
+        if old is not None and old.incarnation == event.incarnation:
+            return
+        if old is not None:
+            # A new incarnation means the old agent and every process it ran are gone.
+            self._fail_worker_attempts(old, event.ts, "worker restarted", effects)
+        self.workers[event.worker_id] = WorkerView(
+            worker_id=event.worker_id,
+            incarnation=event.incarnation,
+            resources=event.resources,
+            attributes=dict(event.attributes),
+            host=event.host,
+            registered_at=event.ts,
+        )
+
+    def _task_assigned(self, event: TaskAssigned, effects: list[Effect]) -> None:
+        task = self.task(event.job_id, event.task_index)
+        worker = self.workers.get(event.worker_id)
+        if task is None or worker is None:
+            return
+        if task.attempt(event.attempt_id) is not None:
+            return
+        job = self.jobs[event.job_id]
+        attempt = AttemptView(
+            attempt_id=event.attempt_id,
+            worker_id=event.worker_id,
+            incarnation=event.incarnation,
+            assigned_at=event.ts,
+        )
+        # A committed assignment is a fact whatever the task's state: the reservation exists
+        # and the command went out, so the attempt holds resources until it is confirmed gone.
+        task.attempts.append(attempt)
+        res = job.spec.resources
+        worker.cpu_used_milli += res.cpu_milli
+        worker.memory_used_mb += res.memory_mb
+        worker.live_attempts[attempt_key(event.job_id, event.task_index, event.attempt_id)] = (
+            event.job_id,
+            event.task_index,
+            event.attempt_id,
+        )
+        if not task_rules.can_transition(task.state, S.ASSIGNED):
+            # The task finished (e.g. was killed) before this assignment was folded.
+            attempt.kill_requested = True
+            effects.append(
+                Kill(worker.worker_id, worker.incarnation, job.job_id, task.index,
+                     attempt.attempt_id, f"task is {task.state.display}")
+            )
+            return
+        task.state = S.ASSIGNED
+        task.pending_reason = ""
+        self.pending.pop(task.key, None)
+        self._update_job(job, event.ts, effects)
+
+    def _attempt_reported(self, event: AttemptReported, effects: list[Effect]) -> None:
+        task = self.task(event.job_id, event.task_index)
+        if task is None:
+            return
+        attempt = task.attempt(event.attempt_id)
+        if attempt is None or attempt.worker_id != event.worker_id:
+            self._refuse(task, f"Unknown attempt: {event.attempt_id} from {event.worker_id}")
+            return
+        if event.state == S.PENDING:
+            return  # never regress an ASSIGNED task (the seed)
+        if attempt.exited:
+            return  # the process is already accounted for; a late or duplicate report
+        # Facts about the process always land on its own attempt, current or not.
+        if event.state == S.RUNNING and attempt.started_at is None:
+            attempt.started_at = event.ts
+        if attempt.state in ATTEMPT_LIVE and event.state != attempt.state:
+            attempt.state = event.state
+        if event.state in (S.SUCCEEDED, S.FAILED, S.KILLED):
+            attempt.exit_code = event.exit_code
+            attempt.error = event.error
+            attempt.finished_at = event.ts
+            self._attempt_exited(attempt, event.job_id, event.task_index, effects)
+
+        current = task.current_attempt
+        assert current is not None
+        if attempt is not current:
+            self._refuse(task, f"Stale attempt: attempt {attempt.attempt_id} != current {current.attempt_id}")
+            return
+        if not task_rules.can_transition(task.state, event.state):
+            return  # e.g. the task was KILLED and this is the process confirming its exit
+        job = self.jobs[event.job_id]
+        task.state = event.state
+        if event.state in (S.SUCCEEDED, S.FAILED):
+            task.exit_code = event.exit_code
+            task.error = event.error
+        if event.state == S.FAILED:
+            task.failure_count += 1
+            decision = task_rules.retry_decision(
+                S.FAILED, task.failure_count, job.spec.max_retries_failure
+            )
+            if decision == task_rules.RetryDecision.SHOULD_RETRY:
+                self._requeue(task)
+        self._update_job(job, event.ts, effects)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _refuse(self, task: TaskView, why: str) -> None:
+        task.refused_reports.append(why)
+        del task.refused_reports[:-MAX_REFUSALS_KEPT]
+
+    def _requeue(self, task: TaskView) -> None:
+        task.state = S.PENDING
+        self.pending[task.key] = None
+
+    def _attempt_exited(
+        self, attempt: AttemptView, job_id: str, task_index: int, effects: list[Effect]
+    ) -> None:
+        attempt.exited = True
+        worker = self.workers.get(attempt.worker_id)
+        key = attempt_key(job_id, task_index, attempt.attempt_id)
+        if worker is not None and worker.live_attempts.pop(key, None) is not None:
+            res = self.jobs[job_id].spec.resources
+            worker.cpu_used_milli -= res.cpu_milli
+            worker.memory_used_mb -= res.memory_mb
+        effects.append(Release(attempt.worker_id, key))
+
+    def _fail_worker_attempts(
+        self, worker: WorkerView, ts: float, why: str, effects: list[Effect]
+    ) -> None:
+        touched: dict[str, JobView] = {}
+        for job_id, index, attempt_id in list(worker.live_attempts.values()):
+            task = self.task(job_id, index)
+            if task is None:
+                continue
+            attempt = task.attempt(attempt_id)
+            if attempt is None or attempt.incarnation != worker.incarnation:
+                continue
+            attempt.state = S.WORKER_FAILED
+            attempt.worker_failure = True
+            attempt.error = why
+            attempt.finished_at = ts
+            self._attempt_exited(attempt, job_id, index, effects)
+            job = self.jobs[job_id]
+            if attempt is task.current_attempt and task_rules.can_transition(
+                task.state, S.WORKER_FAILED
+            ):
+                task.state = S.WORKER_FAILED
+                task.error = why
+                task.preemption_count += 1
+                decision = task_rules.retry_decision(
+                    S.WORKER_FAILED, task.preemption_count, job.spec.max_retries_preemption
+                )
+                if decision == task_rules.RetryDecision.SHOULD_RETRY:
+                    self._requeue(task)
+            touched[job_id] = job
+        for job in touched.values():
+            self._update_job(job, ts, effects)
+
+    def _update_job(self, job: JobView, ts: float, effects: list[Effect]) -> None:
+        if job.state in JOB_TERMINAL:
+            return
+        new_state = task_rules.derive_job_state(
+            (t.state for t in job.tasks), job.spec.max_task_failures
+        )
+        if new_state == job.state:
+            return
+        job.state = new_state
+        if new_state == JobState.RUNNING and job.started_at is None:
+            job.started_at = ts
+        if new_state in JOB_TERMINAL:
+            job.finished_at = ts
+            if new_state in (JobState.FAILED, JobState.UNSCHEDULABLE):
+                job.error = job.error or f"job {new_state.display}"
+                self._kill_remaining(job, f"job {new_state.display}", effects)
+
+    def _kill_remaining(self, job: JobView, reason: str, effects: list[Effect]) -> None:
+        for task in job.tasks:
+            if not task_rules.can_transition(task.state, S.KILLED):
+                continue
+            task.state = S.KILLED
+            task.error = reason
+            self.pending.pop(task.key, None)
+            attempt = task.current_attempt
+            if attempt is not None and not attempt.exited:
+                attempt.kill_requested = True
+                effects.append(
+                    Kill(attempt.worker_id, attempt.incarnation, job.job_id, task.index,
+                         attempt.attempt_id, reason)
+                )

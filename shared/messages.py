@@ -1,0 +1,215 @@
+"""Every message berth puts on the wire, as msgspec Structs (JSON, with a `v` schema version).
+
+The submit message (`JobSpec`) is the public contract: `berth schema` prints its JSON Schema
+so a client in any language can submit without our Python code.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from shared.states import TaskState
+
+SCHEMA_VERSION = 1
+
+Name = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+        description="1-63 characters: letters, digits, '-' and '_', starting with a letter or digit.",
+    ),
+]
+NonNegInt = Annotated[int, Meta(ge=0)]
+
+
+class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What one task needs (in a job spec) or what one worker offers (at registration)."""
+
+    cpu: Annotated[float, Meta(gt=0, le=4096, description="CPU cores, fractions allowed.")] = 1.0
+    memory_mb: Annotated[int, Meta(gt=0, le=16 * 1024 * 1024, description="Memory in MiB.")] = 256
+
+    @property
+    def cpu_milli(self) -> int:
+        """Redis and the placement arithmetic count whole millicores, never floats."""
+        return round(self.cpu * 1000)
+
+
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The submit message: publish it as JSON to `berth.submit.job`."""
+
+    v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="Schema version.")] = 1
+    name: Name
+    command: Annotated[
+        list[Annotated[str, Meta(max_length=65536)]],
+        Meta(min_length=1, max_length=4096, description="argv of the process each task runs."),
+    ]
+    replicas: Annotated[int, Meta(ge=1, le=10000, description="Number of tasks.")] = 1
+    env: dict[Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    resources: Resources = Resources()
+    max_retries_failure: Annotated[
+        int, Meta(ge=0, le=1000, description="Retries after a non-zero exit (FAILED).")
+    ] = 0
+    max_retries_preemption: Annotated[
+        int, Meta(ge=0, le=100000, description="Retries after a worker failure.")
+    ] = 100
+    max_task_failures: Annotated[
+        int, Meta(ge=0, description="FAILED tasks the job tolerates before it fails.")
+    ] = 0
+    user: Annotated[str, Meta(max_length=128)] = ""
+
+
+# --- events: the append-only log every service folds --------------------------------------
+
+
+class Event(msgspec.Struct, tag_field="type", kw_only=True):
+    v: int = SCHEMA_VERSION
+    ts: float = 0.0
+
+
+class JobSubmitted(Event, tag="job_submitted"):
+    job_id: str
+    submit_seq: int
+    spec: JobSpec
+
+
+class SubmitRejected(Event, tag="submit_rejected"):
+    submit_seq: int
+    reason: str
+
+
+class WorkerRegistered(Event, tag="worker_registered"):
+    worker_id: str
+    incarnation: str
+    resources: Resources
+    attributes: dict[str, str] = {}
+    host: str = ""
+
+
+class WorkerStopped(Event, tag="worker_stopped"):
+    """A worker shut down cleanly after stopping every process it ran."""
+
+    worker_id: str
+    incarnation: str
+
+
+class WorkerDeclaredDead(Event, tag="worker_declared_dead"):
+    """The scheduler heard no heartbeat from this worker incarnation for too long."""
+
+    worker_id: str
+    incarnation: str
+    reason: str = ""
+
+
+class LeaderElected(Event, tag="leader_elected"):
+    """A scheduler took the lease. Assignments of older epochs that land after this are void."""
+
+    scheduler_id: str
+    epoch: int
+
+
+class TaskAssigned(Event, tag="task_assigned"):
+    job_id: str
+    task_index: int
+    attempt_id: int
+    worker_id: str
+    incarnation: str
+    epoch: int
+
+
+class AttemptReported(Event, tag="attempt_reported"):
+    """A worker's report of one attempt's transition: the only way a worker changes state."""
+
+    job_id: str
+    task_index: int
+    attempt_id: int
+    worker_id: str
+    state: TaskState
+    exit_code: int | None = None
+    error: str = ""
+
+
+AnyEvent = (
+    JobSubmitted
+    | SubmitRejected
+    | WorkerRegistered
+    | WorkerStopped
+    | WorkerDeclaredDead
+    | LeaderElected
+    | TaskAssigned
+    | AttemptReported
+)
+
+
+# --- worker commands (core NATS, per-worker subject) ------------------------------------
+
+
+class Command(msgspec.Struct, tag_field="type", kw_only=True):
+    v: int = SCHEMA_VERSION
+    epoch: int
+    incarnation: str
+
+
+class RunAttempt(Command, tag="run"):
+    job_id: str
+    task_index: int
+    attempt_id: int
+    command: list[str]
+    env: dict[str, str]
+    resources: Resources
+
+
+class KillAttempt(Command, tag="kill"):
+    job_id: str
+    task_index: int
+    attempt_id: int
+    reason: str = ""
+
+
+AnyCommand = RunAttempt | KillAttempt
+
+
+class LeaderAnnouncement(msgspec.Struct, kw_only=True):
+    """Broadcast on election so workers refuse commands of older epochs at once."""
+
+    v: int = SCHEMA_VERSION
+    epoch: int
+    scheduler_id: str
+
+
+class Heartbeat(msgspec.Struct, kw_only=True):
+    """Sent by each worker every heartbeat interval; lists the attempts it is running so the
+    scheduler can reconcile (re-send lost assignments and kills)."""
+
+    v: int = SCHEMA_VERSION
+    worker_id: str
+    incarnation: str
+    ts: float
+    attempts: list[str] = []
+
+
+# --- codecs --------------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
+command_decoder = msgspec.json.Decoder(AnyCommand)  # type: ignore[arg-type]
+heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
+job_spec_decoder = msgspec.json.Decoder(JobSpec)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def job_spec_schema() -> dict[str, Any]:
+    """JSON Schema of the submit message, for clients in any language."""
+    schema: dict[str, Any] = msgspec.json.schema(JobSpec)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "berth submit message (publish to berth.submit.job)"
+    return schema
+
+
+def attempt_key(job_id: str, task_index: int, attempt_id: int) -> str:
+    return f"{job_id}/{task_index}/{attempt_id}"

@@ -1,0 +1,62 @@
+"""Task and job states, with the proto values of the Iris task-state reference."""
+
+from __future__ import annotations
+
+import enum
+
+
+class TaskState(enum.IntEnum):
+    UNSPECIFIED = 0
+    PENDING = 1
+    BUILDING = 2
+    RUNNING = 3
+    SUCCEEDED = 4
+    FAILED = 5
+    KILLED = 6
+    WORKER_FAILED = 7
+    UNSCHEDULABLE = 8
+    ASSIGNED = 9
+
+    @property
+    def display(self) -> str:
+        """The dashboard's name for the state (the seed's `stateToName`)."""
+        return self.name.lower()
+
+
+class JobState(enum.IntEnum):
+    """Job states reuse the task proto values: a job's state is derived from its tasks."""
+
+    PENDING = 1
+    RUNNING = 3
+    SUCCEEDED = 4
+    FAILED = 5
+    KILLED = 6
+    UNSCHEDULABLE = 8
+
+    @property
+    def display(self) -> str:
+        return self.name.lower()
+
+
+# States a worker may report for an attempt; everything else is decided by the scheduler.
+WORKER_REPORTABLE = frozenset(
+    {TaskState.BUILDING, TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED}
+)
+
+# Attempt-level terminal states: the attempt's process is gone (or never started).
+ATTEMPT_TERMINAL = frozenset(
+    {
+        TaskState.SUCCEEDED,
+        TaskState.FAILED,
+        TaskState.KILLED,
+        TaskState.WORKER_FAILED,
+        TaskState.UNSCHEDULABLE,
+    }
+)
+
+# An attempt in one of these states holds resources on its worker.
+ATTEMPT_LIVE = frozenset({TaskState.ASSIGNED, TaskState.BUILDING, TaskState.RUNNING})
+
+JOB_TERMINAL = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.UNSCHEDULABLE}
+)

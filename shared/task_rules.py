@@ -1,0 +1,93 @@
+"""The task state machine of the Iris task-state reference, as plain functions over plain data.
+
+The scheduler and the dashboard both fold the event log through `shared.lifecycle`, which
+asks these functions every question about what a state change means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+from shared.states import JobState, TaskState
+
+S = TaskState
+
+# Task-level transitions. The worker's PENDING is never applied (the seed: it would regress an
+# ASSIGNED task); a task may skip BUILDING or RUNNING when a report arrives late or a process
+# is quicker than a report.
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    S.PENDING: frozenset({S.ASSIGNED, S.KILLED, S.UNSCHEDULABLE}),
+    S.ASSIGNED: frozenset({S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
+    S.BUILDING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
+    # FAILED and WORKER_FAILED return to PENDING only through a retry (see retry_decision).
+    S.FAILED: frozenset({S.PENDING}),
+    S.WORKER_FAILED: frozenset({S.PENDING}),
+    S.SUCCEEDED: frozenset(),
+    S.KILLED: frozenset(),
+    S.UNSCHEDULABLE: frozenset(),
+}
+
+
+def can_transition(current: TaskState, new: TaskState) -> bool:
+    return new in TRANSITIONS.get(current, frozenset())
+
+
+class RetryDecision(Enum):
+    SHOULD_RETRY = "should_retry"
+    EXCEEDED_RETRY_LIMIT = "exceeded_retry_limit"
+    NOT_RETRIABLE = "not_retriable"
+
+
+def retry_decision(state: TaskState, counter_after: int, limit: int) -> RetryDecision:
+    """`counter_after` is the failure (or preemption) count including this one:
+    counter <= limit retries, counter > limit is terminal."""
+    if state not in (S.FAILED, S.WORKER_FAILED):
+        return RetryDecision.NOT_RETRIABLE
+    return RetryDecision.SHOULD_RETRY if counter_after <= limit else RetryDecision.EXCEEDED_RETRY_LIMIT
+
+
+def is_finished(
+    state: TaskState,
+    failure_count: int,
+    max_retries_failure: int,
+    preemption_count: int,
+    max_retries_preemption: int,
+) -> bool:
+    """The seed's terminal-state summary."""
+    if state in (S.SUCCEEDED, S.KILLED, S.UNSCHEDULABLE):
+        return True
+    if state == S.FAILED:
+        return failure_count > max_retries_failure
+    if state == S.WORKER_FAILED:
+        return preemption_count > max_retries_preemption
+    return False
+
+
+def derive_job_state(task_states: Iterable[TaskState], max_task_failures: int) -> JobState:
+    """Job state from task states, in the seed's order. Tasks in FAILED/WORKER_FAILED are
+    here only when finished (a retried task is back in PENDING).
+
+    One refinement of the seed, which would leave such a job PENDING forever: when every task
+    is finished and none of rules 1-4 holds, the job is SUCCEEDED if only tolerated FAILED
+    tasks remain, and FAILED if a task exhausted its preemption budget."""
+    counts: dict[TaskState, int] = {}
+    total = 0
+    for state in task_states:
+        counts[state] = counts.get(state, 0) + 1
+        total += 1
+    if total and counts.get(S.SUCCEEDED, 0) == total:
+        return JobState.SUCCEEDED
+    if counts.get(S.FAILED, 0) > max_task_failures:
+        return JobState.FAILED
+    if counts.get(S.UNSCHEDULABLE, 0):
+        return JobState.UNSCHEDULABLE
+    if counts.get(S.KILLED, 0):
+        return JobState.KILLED
+    unfinished = sum(counts.get(s, 0) for s in (S.PENDING, S.ASSIGNED, S.BUILDING, S.RUNNING))
+    if total and not unfinished:
+        return JobState.FAILED if counts.get(S.WORKER_FAILED, 0) else JobState.SUCCEEDED
+    if any(counts.get(s, 0) for s in (S.ASSIGNED, S.BUILDING, S.RUNNING)):
+        return JobState.RUNNING
+    return JobState.PENDING
