@@ -30,6 +30,7 @@ class Stack:
     api_port: int
     env: dict[str, str]
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    owns_servers: bool = True
 
     @property
     def api_url(self) -> str:
@@ -66,8 +67,9 @@ class Stack:
                 self.children[label].send_signal(signal.SIGTERM)
         for label in order:
             stop_process(self.children.pop(label), 15)
-        self.redis.stop()
-        self.nats.stop()
+        if self.owns_servers:
+            self.redis.stop()
+            self.nats.stop()
         (self.data_dir / "stack.json").unlink(missing_ok=True)
 
     def write_info(self) -> None:
@@ -111,10 +113,26 @@ def start_stack(
 ) -> Stack:
     data_dir.mkdir(parents=True, exist_ok=True)
     nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path)
+    return start_services(data_dir, nats, redis, workers, worker_cpu, worker_memory_mb,
+                          api_port, extra_env, owns_servers=True)
+
+
+def start_services(
+    data_dir: Path,
+    nats: servers.ServerProcess,
+    redis: servers.ServerProcess,
+    workers: int = 2,
+    worker_cpu: float = 2,
+    worker_memory_mb: int = 2048,
+    api_port: int | None = None,
+    extra_env: dict[str, str] | None = None,
+    owns_servers: bool = False,
+) -> Stack:
+    """The four services and `workers` local workers against servers already running."""
     api_port = api_port or servers.free_port()
     env = servers.service_env(nats.url, redis.url, data_dir, BERTH_API_PORT=str(api_port),
                               **(extra_env or {}))
-    stack = Stack(data_dir, nats, redis, api_port, env)
+    stack = Stack(data_dir, nats, redis, api_port, env, owns_servers=owns_servers)
     try:
         for name in ("submitter", "scheduler", "dashboard"):
             stack.start_service(name)

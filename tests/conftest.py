@@ -1,0 +1,142 @@
+"""Real servers for the tests: one nats-server (JetStream) and one Redis-compatible server
+per session, on free loopback ports (testcontainers instead when BERTH_TEST_DOCKER=1 and a
+Docker engine answers). Each test that needs services gets them as real processes, and
+starts from empty streams and an empty Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+import redis as sync_redis
+from nats.aio.client import Client as NATS
+
+from berth.stack import Stack, start_services
+from shared import nats_io, servers
+
+
+def _docker_servers(stack: Any) -> tuple[servers.ServerProcess, servers.ServerProcess] | None:
+    if os.environ.get("BERTH_TEST_DOCKER") != "1":
+        return None
+    try:
+        from testcontainers.core.container import DockerContainer  # type: ignore[import-not-found]
+        from testcontainers.redis import RedisContainer  # type: ignore[import-not-found]
+    except ImportError:
+        pytest.skip("BERTH_TEST_DOCKER=1 needs `pip install testcontainers[redis]`")
+    nats_c = DockerContainer("nats:2.10").with_command("-js").with_exposed_ports(4222)
+    redis_c = RedisContainer("redis:7")
+    stack.enter_context(nats_c)
+    stack.enter_context(redis_c)
+    n_port = int(nats_c.get_exposed_port(4222))
+    r_port = int(redis_c.get_exposed_port(6379))
+
+    class _External(servers.ServerProcess):
+        def stop(self, timeout: float = 10) -> None:
+            pass
+
+    return (_External("nats", f"nats://127.0.0.1:{n_port}", n_port, None),  # type: ignore[arg-type]
+            _External("redis", f"redis://127.0.0.1:{r_port}/0", r_port, None))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def real_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        tuple[servers.ServerProcess, servers.ServerProcess]]:
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        docker = _docker_servers(stack)
+        if docker:
+            yield docker
+            return
+        data = tmp_path_factory.mktemp("servers")
+        nats_server = servers.start_nats(data)
+        redis_server = servers.start_redis(data)
+        try:
+            yield nats_server, redis_server
+        finally:
+            redis_server.stop()
+            nats_server.stop()
+
+
+@pytest.fixture
+async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.ServerProcess]
+                        ) -> tuple[servers.ServerProcess, servers.ServerProcess]:
+    """The session's servers with every berth stream deleted and Redis flushed."""
+    nats_server, redis_server = real_servers
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    for config in nats_io.STREAMS:
+        try:
+            await js.delete_stream(config.name)
+        except nats.js.errors.NotFoundError:
+            pass
+    await nats_io.ensure_streams(js)
+    await nc.close()
+    sync_redis.Redis.from_url(redis_server.url).flushall()
+    return real_servers
+
+
+@pytest.fixture
+async def nc(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess]
+             ) -> AsyncIterator[NATS]:
+    client = await nats.connect(clean_servers[0].url)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def make_stack(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess],
+               tmp_path: Path) -> Iterator[Callable[..., Stack]]:
+    """Starts the four services and N workers as real processes; stops them after the test."""
+    started: list[Stack] = []
+
+    def make(workers: int = 2, **kwargs: Any) -> Stack:
+        env = {"BERTH_HEARTBEAT_INTERVAL": "0.5", "BERTH_WORKER_DEAD_AFTER": "3",
+               "BERTH_KILL_GRACE": "2", **kwargs.pop("extra_env", {})}
+        stack = start_services(tmp_path / "berth", *clean_servers, workers=workers,
+                               extra_env=env, **kwargs)
+        started.append(stack)
+        return stack
+
+    yield make
+    for stack in started:
+        stack.stop()
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 30,
+                     what: str = "condition") -> Any:
+    """Polls `predicate` (without blocking the event loop between polls) until truthy."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def get_json(stack: Stack, path: str) -> Any:
+    resp = httpx.get(stack.api_url + path, timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+async def wait_for_job(stack: Stack, job_id: str, states: set[str], timeout: float = 30
+                       ) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        resp = httpx.get(f"{stack.api_url}/api/jobs/{job_id}", timeout=10)
+        if resp.status_code == 404:
+            return None
+        job: dict[str, Any] = resp.json()
+        return job if job["state"] in states else None
+
+    result: dict[str, Any] = await wait_until(check, timeout, f"job {job_id} to reach {states}")
+    return result

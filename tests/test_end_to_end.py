@@ -1,0 +1,144 @@
+"""The whole system, every part real: nats-server, a Redis-compatible server, the four
+services and worker agents as processes, HTTP to the dashboard API."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from nats.aio.client import Client as NATS
+
+from berth.client import publish_submit, submit_job, wait_for_outcome
+from berth.stack import Stack
+from shared.messages import JobSpec, Resources
+from tests.conftest import get_json, wait_for_job, wait_until
+
+
+async def test_three_replicas_succeed_on_two_workers(make_stack, nc: NATS) -> None:
+    stack: Stack = make_stack(workers=2)
+    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
+    spec = JobSpec(
+        name="three", replicas=3, resources=Resources(cpu=0.5, memory_mb=64),
+        command=["python3", "-c", "import os; print('task', os.environ['BERTH_TASK_INDEX'])"],
+    )
+    outcome = await submit_job(nc, spec)
+    assert outcome.accepted, outcome.reason
+    job = await wait_for_job(stack, str(outcome.job_id), {"succeeded", "failed"})
+    assert job["state"] == "succeeded"
+    assert job["task_counts"] == {"succeeded": 3}
+    assert [t["state"] for t in job["tasks"]] == ["succeeded"] * 3
+    workers_used = {t["attempts"][-1]["worker_id"] for t in job["tasks"]}
+    assert workers_used == {"local-0", "local-1"}, "replicas spread over both workers"
+    for task in job["tasks"]:
+        assert task["attempts"][-1]["exit_code"] == 0
+        logs = await wait_until(
+            lambda t=task: get_text(stack, f"/api/jobs/{job['job_id']}/tasks/{t['index']}/logs"),
+            what="task output",
+        )
+        assert logs.strip() == f"task {task['index']}"
+    listed = get_json(stack, "/api/jobs")
+    assert [j["job_id"] for j in listed] == [job["job_id"]]
+    # Every reservation was released once the workers confirmed the exits.
+    workers = get_json(stack, "/api/workers")
+    assert all(w["cpu_free"] == 2.0 and w["running_attempts"] == [] for w in workers)
+
+
+def get_text(stack: Stack, path: str) -> str:
+    import httpx
+
+    return httpx.get(stack.api_url + path, timeout=10).text
+
+
+async def test_exit_code_3_ends_failed_with_the_code(make_stack, nc: NATS) -> None:
+    stack: Stack = make_stack(workers=1)
+    spec = JobSpec(name="exit3", command=["python3", "-c", "import sys; sys.exit(3)"],
+                   resources=Resources(cpu=0.5, memory_mb=64))
+    outcome = await submit_job(nc, spec)
+    job = await wait_for_job(stack, str(outcome.job_id), {"succeeded", "failed"})
+    assert job["state"] == "failed"
+    task = job["tasks"][0]
+    assert task["state"] == "failed"
+    assert task["exit_code"] == 3
+    assert task["attempts"][0]["exit_code"] == 3
+    assert "exited with code 3" in task["error"]
+
+
+async def test_missing_executable_fails_with_a_clear_error(make_stack, nc: NATS) -> None:
+    stack: Stack = make_stack(workers=1)
+    spec = JobSpec(name="nosuch", command=["/nonexistent/berth-test-binary"],
+                   resources=Resources(cpu=0.5, memory_mb=64))
+    outcome = await submit_job(nc, spec)
+    job = await wait_for_job(stack, str(outcome.job_id), {"succeeded", "failed"})
+    assert job["state"] == "failed"
+    assert "cannot start '/nonexistent/berth-test-binary'" in job["tasks"][0]["error"]
+
+
+BAD_SUBMITS = [
+    pytest.param(b'{"name": "x", "command": ["true"', "malformed JSON", id="malformed-json"),
+    pytest.param(b'{"name": "x"}', "missing required field `command`", id="missing-command"),
+    pytest.param(b'{"name": "x", "command": ["true"], "resources": {"cpu": -1}}',
+                 "at `$.resources.cpu`", id="negative-cpu"),
+    pytest.param(b'{"name": "x", "command": ["true"], "replicas": 0}',
+                 "at `$.replicas`", id="zero-replicas"),
+    pytest.param(b'{"name": "x", "command": ["true"], "replica": 2}',
+                 "unknown field `replica`", id="unknown-field"),
+    pytest.param(b"[1, 2]", "Expected `object`", id="not-an-object"),
+    pytest.param(json.dumps({"name": "big", "command": ["echo", "x" * 300_000]}).encode(),
+                 "the limit is 262144 bytes", id="oversized"),
+]
+
+
+@pytest.mark.parametrize(("payload", "expected"), BAD_SUBMITS)
+async def test_bad_submit_is_rejected_and_the_next_job_runs(
+    make_stack, nc: NATS, payload: bytes, expected: str
+) -> None:
+    stack: Stack = make_stack(workers=1)
+    seq = await publish_submit(nc, payload)
+    outcome = await wait_for_outcome(nc, seq)
+    assert not outcome.accepted
+    assert expected in str(outcome.reason)
+    # The rejection is also visible over HTTP, by submit sequence.
+    seen = await wait_until(lambda: get_submit(stack, seq), what="rejection in the API")
+    assert seen["accepted"] is False and expected in seen["reason"]
+    # The submitter keeps serving: a valid job right after is accepted and runs.
+    good = await submit_job(nc, JobSpec(name="after", command=["true"],
+                                        resources=Resources(cpu=0.5, memory_mb=64)))
+    assert good.accepted
+    job = await wait_for_job(stack, str(good.job_id), {"succeeded", "failed"})
+    assert job["state"] == "succeeded"
+    assert stack.children["submitter"].poll() is None
+
+
+def get_submit(stack: Stack, seq: int) -> dict[str, object] | None:
+    import httpx
+
+    resp = httpx.get(f"{stack.api_url}/api/submits/{seq}", timeout=10)
+    return resp.json() if resp.status_code == 200 else None
+
+
+async def test_duplicate_submit_with_same_msg_id_makes_one_job(make_stack, nc: NATS) -> None:
+    stack: Stack = make_stack(workers=1)
+    payload = msgspec.json.encode(JobSpec(name="once", command=["true"],
+                                          resources=Resources(cpu=0.5, memory_mb=64)))
+    first = await publish_submit(nc, payload, msg_id="client-request-42")
+    second = await publish_submit(nc, payload, msg_id="client-request-42")
+    assert first == second, "JetStream dedups on Nats-Msg-Id"
+    outcome = await wait_for_outcome(nc, first)
+    await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
+    assert len(get_json(stack, "/api/jobs")) == 1
+
+
+async def test_api_answers_404_for_unknown_ids(make_stack) -> None:
+    import httpx
+
+    stack: Stack = make_stack(workers=0)
+    for path in ("/api/jobs/nope", "/api/jobs/nope/tasks/0/logs", "/api/submits/999"):
+        resp = httpx.get(stack.api_url + path, timeout=10)
+        assert resp.status_code == 404, path
+        assert "detail" in resp.json()
+    resp = httpx.get(stack.api_url + "/api/jobs?state=bogus", timeout=10)
+    assert resp.status_code == 400
+    assert "state" in resp.text
+    assert httpx.get(stack.api_url + "/healthz", timeout=10).json()["status"] == "ok"
+    assert httpx.get(stack.api_url + "/schema/openapi.json", timeout=10).status_code == 200
