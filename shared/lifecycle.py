@@ -8,6 +8,7 @@ out (release a reservation, kill a process); a pure projection ignores them.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import msgspec
@@ -68,6 +69,7 @@ class TaskView(msgspec.Struct, kw_only=True):
 
     @property
     def current_attempt(self) -> AttemptView | None:
+        """The newest attempt; `attempts` is kept sorted by attempt id."""
         return self.attempts[-1] if self.attempts else None
 
     def attempt(self, attempt_id: int) -> AttemptView | None:
@@ -230,7 +232,7 @@ class ClusterState:
         )
         # A committed assignment is a fact whatever the task's state: the reservation exists
         # and the command went out, so the attempt holds resources until it is confirmed gone.
-        task.attempts.append(attempt)
+        bisect.insort(task.attempts, attempt, key=lambda a: a.attempt_id)
         res = job.spec.resources
         worker.cpu_used_milli += res.cpu_milli
         worker.memory_used_mb += res.memory_mb
@@ -239,8 +241,10 @@ class ClusterState:
             event.task_index,
             event.attempt_id,
         )
-        if not task_rules.can_transition(task.state, S.ASSIGNED):
-            # The task finished (e.g. was killed) before this assignment was folded.
+        if attempt is not task.current_attempt or not task_rules.can_transition(
+            task.state, S.ASSIGNED
+        ):
+            # Superseded, or the task finished (e.g. was killed) before this was folded.
             attempt.kill_requested = True
             effects.append(
                 Kill(worker.worker_id, worker.incarnation, job.job_id, task.index,
@@ -278,7 +282,8 @@ class ClusterState:
         current = task.current_attempt
         assert current is not None
         if attempt is not current:
-            self._refuse(task, f"Stale attempt: attempt {attempt.attempt_id} != current {current.attempt_id}")
+            self._refuse(task, f"Stale attempt: attempt {attempt.attempt_id} "
+                               f"!= current {current.attempt_id}")
             return
         if not task_rules.can_transition(task.state, event.state):
             return  # e.g. the task was KILLED and this is the process confirming its exit

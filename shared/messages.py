@@ -19,7 +19,7 @@ Name = Annotated[
     str,
     Meta(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
-        description="1-63 characters: letters, digits, '-' and '_', starting with a letter or digit.",
+        description="1-63 letters, digits, '-' and '_', starting with a letter or digit.",
     ),
 ]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -193,8 +193,8 @@ class Heartbeat(msgspec.Struct, kw_only=True):
 # --- codecs --------------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
-event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
-command_decoder = msgspec.json.Decoder(AnyCommand)  # type: ignore[arg-type]
+event_decoder = msgspec.json.Decoder(AnyEvent)
+command_decoder = msgspec.json.Decoder(AnyCommand)
 heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 job_spec_decoder = msgspec.json.Decoder(JobSpec)
 
@@ -213,3 +213,9 @@ def job_spec_schema() -> dict[str, Any]:
 
 def attempt_key(job_id: str, task_index: int, attempt_id: int) -> str:
     return f"{job_id}/{task_index}/{attempt_id}"
+
+
+def parse_attempt_key(key: str) -> tuple[str, int, int]:
+    """The inverse of attempt_key (job ids never contain '/')."""
+    job_id, index, attempt_id = key.rsplit("/", 2)
+    return job_id, int(index), int(attempt_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -122,7 +122,7 @@ async def follow_events(
     start_seq: int = 1,
     filter_subject: str = subjects.EVENTS_ALL,
     on_bad: Callable[[int, Exception], None] | None = None,
-) -> AsyncIterator[EventRecord]:
+) -> AsyncGenerator[EventRecord]:
     """Yields every event from `start_seq` on, in stream order, forever (an ordered consumer:
     the client detects gaps and re-creates it, so nothing is skipped)."""
     sub = await js.subscribe(
@@ -172,3 +172,14 @@ async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[
                 return out
     finally:
         await sub.unsubscribe()
+
+
+async def close(nc: NATS, timeout: float = 5.0) -> None:
+    """Drains (flushing what is pending) but never hangs a shutdown on it."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except (TimeoutError, nats.errors.Error) as exc:
+        log.debug("drain did not finish (%s); closing", exc)
+    finally:
+        if not nc.is_closed:
+            await nc.close()

@@ -67,9 +67,8 @@ class ReservationStore:
 
     async def acquire_lease(self, scheduler_id: str, ttl_ms: int) -> int:
         """Returns this scheduler's epoch while it holds the lease, 0 while another does."""
-        return int(
-            await self._lease(keys=[redis_keys.LEADER, redis_keys.EPOCH], args=[scheduler_id, ttl_ms])
-        )
+        keys = [redis_keys.LEADER, redis_keys.EPOCH]
+        return int(await self._lease(keys=keys, args=[scheduler_id, ttl_ms]))
 
     async def register_host(self, epoch: int, worker_id: str, cpu_milli: int, mem_mb: int) -> None:
         keys = [redis_keys.EPOCH, redis_keys.host(worker_id), redis_keys.HOSTS]
@@ -95,9 +94,13 @@ class ReservationStore:
     async def host_usage(self) -> list[HostUsage]:
         """A read of every host's capacity and reservations (for reconciliation and checks)."""
         usage: list[HostUsage] = []
-        for worker_id in sorted(await self.client.smembers(redis_keys.HOSTS)):  # type: ignore[misc]
-            h = await self.client.hgetall(redis_keys.host(worker_id))  # type: ignore[misc]
-            allocs = await self.client.hgetall(redis_keys.host_allocations(worker_id))  # type: ignore[misc]
+        # The client decodes responses (redis_io.connect), so every value here is a str.
+        members: set[str] = await self.client.smembers(redis_keys.HOSTS)  # type: ignore[assignment]
+        for worker_id in sorted(members):
+            h: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
+                redis_keys.host(worker_id))
+            allocs: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
+                redis_keys.host_allocations(worker_id))
             parsed = {k: (int(v.split(",")[0]), int(v.split(",")[1])) for k, v in allocs.items()}
             usage.append(
                 HostUsage(

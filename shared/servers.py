@@ -95,7 +95,9 @@ def start_nats(data_dir: Path, port: int | None = None) -> ServerProcess:
     return ServerProcess("nats-server", f"nats://127.0.0.1:{port}", port, proc)
 
 
-def start_redis(data_dir: Path, port: int | None = None, prefer_path: bool = False) -> ServerProcess:
+def start_redis(
+    data_dir: Path, port: int | None = None, prefer_path: bool = False
+) -> ServerProcess:
     port = port or free_port()
     store = data_dir / "redis"
     store.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,9 @@ S = TaskState
 # is quicker than a report.
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     S.PENDING: frozenset({S.ASSIGNED, S.KILLED, S.UNSCHEDULABLE}),
-    S.ASSIGNED: frozenset({S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
+    S.ASSIGNED: frozenset(
+        {S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}
+    ),
     S.BUILDING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
     # FAILED and WORKER_FAILED return to PENDING only through a retry (see retry_decision).
@@ -45,7 +47,9 @@ def retry_decision(state: TaskState, counter_after: int, limit: int) -> RetryDec
     counter <= limit retries, counter > limit is terminal."""
     if state not in (S.FAILED, S.WORKER_FAILED):
         return RetryDecision.NOT_RETRIABLE
-    return RetryDecision.SHOULD_RETRY if counter_after <= limit else RetryDecision.EXCEEDED_RETRY_LIMIT
+    if counter_after <= limit:
+        return RetryDecision.SHOULD_RETRY
+    return RetryDecision.EXCEEDED_RETRY_LIMIT
 
 
 def is_finished(

@@ -6,6 +6,7 @@ starts from empty streams and an empty Redis."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -48,8 +49,6 @@ def _docker_servers(stack: Any) -> tuple[servers.ServerProcess, servers.ServerPr
 @pytest.fixture(scope="session")
 def real_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[servers.ServerProcess, servers.ServerProcess]]:
-    import contextlib
-
     with contextlib.ExitStack() as stack:
         docker = _docker_servers(stack)
         if docker:
@@ -73,10 +72,8 @@ async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.Serve
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     for config in nats_io.STREAMS:
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(config.name)
-        except nats.js.errors.NotFoundError:
-            pass
     await nats_io.ensure_streams(js)
     await nc.close()
     sync_redis.Redis.from_url(redis_server.url).flushall()

@@ -98,7 +98,8 @@ def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
 
     @get("/", media_type=MediaType.HTML, include_in_schema=False, sync_to_thread=False)
     def index() -> str:
-        return resources.files("services.dashboard_api").joinpath("static", "index.html").read_text()
+        page = resources.files("services.dashboard_api").joinpath("static", "index.html")
+        return page.read_text()
 
     return Litestar(
         route_handlers=[healthz, list_jobs, job_detail, list_workers, submit_outcome, task_logs,

@@ -45,7 +45,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         server.should_exit = True
         await serving
         await projection.stop()
-        await nc.drain()
+        await nats_io.close(nc)
 
 
 def main() -> None:

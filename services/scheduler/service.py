@@ -7,12 +7,13 @@ it runs, and the leader re-sends a lost assignment or kill from the difference."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -38,6 +39,7 @@ from shared.messages import (
     attempt_key,
     encode,
     heartbeat_decoder,
+    parse_attempt_key,
 )
 from shared.reservations import Reservation, ReservationConflict, ReservationStore, StaleEpochError
 from shared.states import TaskState
@@ -113,7 +115,7 @@ class Leader:
             await hb_sub.unsubscribe()
             await events.aclose()
 
-    async def _replay(self, events: AsyncIterator[nats_io.EventRecord], until: int) -> None:
+    async def _replay(self, events: AsyncGenerator[nats_io.EventRecord], until: int) -> None:
         """Folds the log up to our own LeaderElected; effects are not carried out here but
         derived afterwards by _reconcile (the log is the truth, not what we would redo)."""
         while self.state.last_seq < until:
@@ -160,7 +162,7 @@ class Leader:
                     await self._send_run(worker, task, attempt_id)
 
     def _reservation(self, worker_id: str, key: str) -> Reservation:
-        job_id = key.split("/")[0]
+        job_id = parse_attempt_key(key)[0]
         res = self.state.jobs[job_id].spec.resources
         return Reservation(worker_id, key, res.cpu_milli, res.memory_mb)
 
@@ -217,10 +219,8 @@ class Leader:
 
     async def _tick_loop(self) -> None:
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.settings.tick_interval)
-            except TimeoutError:
-                pass
             self.wake.clear()
             await self.tick()
 
@@ -338,20 +338,20 @@ class Leader:
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
         running = set(hb.attempts)
         for key in running:
-            ref = worker.live_attempts.get(key)
-            task = self.state.task(ref[0], ref[1]) if ref else None
-            attempt = task.attempt(ref[2]) if ref and task else None
-            if attempt is None or attempt.kill_requested:
-                job_id, index, attempt_id = key.rsplit("/", 2)
+            job_id, index, attempt_id = parse_attempt_key(key)
+            task = self.state.task(job_id, index) if key in worker.live_attempts else None
+            live = task.attempt(attempt_id) if task else None
+            if live is None or live.kill_requested:
                 await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
-                                           int(index), int(attempt_id), "not a live attempt"))
+                                           index, attempt_id, "not a live attempt"))
         grace = 2 * self.settings.heartbeat_interval
         for key, (job_id, index, attempt_id) in list(worker.live_attempts.items()):
             if key in running:
                 continue
             task = self.state.task(job_id, index)
             attempt = task.attempt(attempt_id) if task else None
-            if task and attempt and attempt.state == TaskState.ASSIGNED and time.time() - attempt.assigned_at > grace:
+            overdue = attempt is not None and time.time() - attempt.assigned_at > grace
+            if task and attempt and attempt.state == TaskState.ASSIGNED and overdue:
                 log.info("re-sending lost assignment %s to %s", key, worker.worker_id)
                 await self._send_run(worker, task, attempt_id)
 
@@ -395,7 +395,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             except LostLeadership as exc:
                 log.warning("lost leadership: %s; standing by", exc)
     finally:
-        await nc.drain()
+        await nats_io.close(nc)
         await redis.aclose()
 
 

@@ -71,7 +71,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                     log.exception("could not record the outcome of a submit; will retry")
                     await msg.nak(delay=1.0)
     finally:
-        await nc.drain()
+        await sub.unsubscribe()
+        await nats_io.close(nc)
 
 
 def main() -> None:

@@ -11,8 +11,10 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -73,6 +75,7 @@ class WorkerAgent:
         self.seen: dict[str, None] = {}
         self.shutting_down = False
         self.refused_commands = 0
+        self.background: set[asyncio.Task[None]] = set()
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
 
@@ -171,7 +174,12 @@ class WorkerAgent:
             if attempt is not None and not attempt.killed.is_set():
                 attempt.kill_reason = command.reason or "killed by the scheduler"
                 log.info("killing %s: %s", key, attempt.kill_reason)
-                asyncio.create_task(self._stop_attempt(attempt))
+                self._spawn(self._stop_attempt(attempt))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def _stop_attempt(self, attempt: RunningAttempt) -> None:
         attempt.killed.set()
@@ -232,7 +240,7 @@ class WorkerAgent:
         pid_file = self.pid_dir / key.replace("/", "_")
         pid_file.write_text(str(process.pid))
         if attempt.killed.is_set():  # a kill that arrived while the process was starting
-            asyncio.create_task(process.stop(self.settings.kill_grace))
+            self._spawn(process.stop(self.settings.kill_grace))
         try:
             await self._report(cmd, TaskState.RUNNING)
             code = await process.wait()
@@ -288,7 +296,7 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
     try:
         await WorkerAgent(settings, nc, args.id, args.resources, args.attributes).serve(stop)
     finally:
-        await nc.drain()
+        await nats_io.close(nc)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,86 @@
+"""The `berth` command as a user runs it: real processes, real servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from berth.stack import Stack
+from tests.conftest import wait_until
+
+BERTH = [sys.executable, "-m", "berth.cli"]
+
+
+def run_berth(*args: str, env: dict[str, str] | None = None, timeout: float = 120
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*BERTH, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_demo_runs_a_job_to_success_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    result = run_berth("--data-dir", str(tmp_path / "d"), "demo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(demo): succeeded" in result.stdout
+    assert result.stdout.count("hello from task") == 3
+    assert not (tmp_path / "d" / "stack.json").exists()
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "d")], capture_output=True,
+                               text=True)
+    assert leftovers.stdout.strip() == ""
+
+
+def test_schema_is_valid_json_schema_for_the_submit_message() -> None:
+    result = run_berth("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    job = schema["$defs"]["JobSpec"]
+    assert set(job["required"]) == {"name", "command"}
+    assert job["properties"]["replicas"]["minimum"] == 1
+
+
+def test_help_lists_every_command() -> None:
+    out = run_berth("--help").stdout
+    for command in ("up", "demo", "submit", "status", "schema", "run"):
+        assert command in out
+    assert "--cpu" in run_berth("run", "worker", "--help").stdout
+
+
+def test_submit_and_status_against_a_running_stack(make_stack, tmp_path: Path) -> None:
+    stack: Stack = make_stack(workers=1)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: cli\ncommand: [python3, -c, 'print(42)']\n"
+                    "resources: {cpu: 0.5, memory_mb: 64}\n")
+    env = {"BERTH_NATS_URL": stack.nats.url, "BERTH_API_URL": stack.api_url}
+    result = run_berth("submit", str(spec), "--wait", "--timeout", "60", env=env)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.splitlines()[0]
+    assert f"job {job_id} (cli): succeeded" in result.stdout
+    status = run_berth("status", job_id, env=env)
+    assert "task 0: succeeded" in status.stdout and "exit code 0" in status.stdout
+    assert job_id in run_berth("status", env=env).stdout
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ncommand: []\n")
+    result = run_berth("submit", str(bad), env=env)
+    assert result.returncode == 1
+    assert "rejected: invalid job spec: Expected `array` of length >= 1 - at `$.command`" in \
+        result.stderr
+    missing = run_berth("status", "j999-0000", env=env)
+    assert missing.returncode == 1 and "404" in missing.stderr
+
+
+@pytest.mark.parametrize("service", ["scheduler", "submitter", "dashboard"])
+async def test_services_stop_cleanly_on_sigterm(make_stack, service: str) -> None:
+    stack: Stack = make_stack(workers=0)
+    proc = stack.children[service]
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert await wait_until(lambda: proc.poll() is not None, 15, f"{service} to exit")
+    assert proc.returncode == 0
+    del stack.children[service]
