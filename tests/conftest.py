@@ -103,8 +103,14 @@ def make_stack(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess
         return stack
 
     yield make
+    crashed = []
     for stack in started:
+        for label, proc in stack.children.items():
+            if proc.poll() not in (None, 0):  # a service must never die during a test
+                log = (stack.data_dir / "logs" / f"{label}.log").read_text()[-2000:]
+                crashed.append(f"{label} exited with {proc.returncode}:\n{log}")
         stack.stop()
+    assert not crashed, "\n".join(crashed)
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float = 30,

@@ -4,6 +4,8 @@ services and worker agents as processes, HTTP to the dashboard API."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import msgspec
 import pytest
@@ -142,3 +144,34 @@ async def test_api_answers_404_for_unknown_ids(make_stack) -> None:
     assert "state" in resp.text
     assert httpx.get(stack.api_url + "/healthz", timeout=10).json()["status"] == "ok"
     assert httpx.get(stack.api_url + "/schema/openapi.json", timeout=10).status_code == 200
+
+
+async def test_stopped_worker_fails_over_to_another_worker(make_stack, nc: NATS,
+                                                           tmp_path) -> None:
+    stack: Stack = make_stack(workers=2)
+    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
+    pid_file = tmp_path / "attempt0.pid"
+    script = (
+        "import os, time, pathlib\n"
+        "if os.environ['BERTH_ATTEMPT_ID'] == '0':\n"
+        f"    pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+        "    time.sleep(60)\n"
+    )
+    outcome = await submit_job(nc, JobSpec(name="failover", command=["python3", "-c", script],
+                                           resources=Resources(cpu=0.5, memory_mb=64)))
+    job = await wait_for_job(stack, str(outcome.job_id), {"running"})
+    await wait_until(lambda: pid_file.exists() and pid_file.read_text(), what="attempt 0 pid")
+    first_worker = job["tasks"][0]["attempts"][0]["worker_id"]
+    pid = int(pid_file.read_text())
+
+    stack.children[first_worker].send_signal(signal.SIGTERM)
+    job = await wait_for_job(stack, str(outcome.job_id), {"succeeded", "failed"}, timeout=40)
+    assert job["state"] == "succeeded"
+    task = job["tasks"][0]
+    assert task["preemption_count"] == 1 and task["failure_count"] == 0
+    first, second = task["attempts"]
+    assert first["state"] == "worker_failed" and first["worker_failure"] is True
+    assert second["state"] == "succeeded" and second["worker_id"] != first_worker
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the worker really stopped attempt 0's process
+    assert stack.children[first_worker].wait(10) == 0

@@ -60,7 +60,12 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 batch = await sub.fetch(batch=64, timeout=0.5)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue  # nothing to do; nats-py raises either class for an idle fetch
+            except nats.errors.Error as exc:
+                # A disconnect or server hiccup: the client reconnects; keep serving.
+                log.warning("fetching submits failed (%s); retrying", exc)
+                await service.wait_or_stop(stop, 0.5)
                 continue
             for msg in batch:
                 try:

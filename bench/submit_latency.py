@@ -1,0 +1,79 @@
+"""Submit → SUCCEEDED latency of a 1-task job on the embedded stack (`berth up`).
+
+Starts a fresh stack in a temporary directory, submits N one-task jobs one after another
+(`true`, 0.1 cpu), and times each from the JetStream publish until the job's state, folded
+from the events stream exactly as the scheduler and dashboard fold it, is SUCCEEDED.
+
+    .venv/bin/python bench/submit_latency.py [--jobs 20] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+
+from berth.client import publish_submit
+from berth.stack import start_stack
+from shared import nats_io
+from shared.lifecycle import ClusterState
+from shared.messages import JobSpec, JobSubmitted, Resources, encode
+from shared.states import JobState
+
+
+async def measure(nats_url: str, jobs: int) -> list[float]:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    state = ClusterState()
+    events = nats_io.follow_events(js)
+    by_seq: dict[int, str] = {}
+    latencies: list[float] = []
+    spec = encode(JobSpec(name="lat", command=["true"], resources=Resources(cpu=0.1,
+                                                                            memory_mb=16)))
+    for _ in range(jobs):
+        started = time.perf_counter()
+        seq = await publish_submit(nc, spec)
+        job_id = None
+        while True:
+            record = await anext(events)
+            state.apply(record.seq, record.event)
+            if isinstance(record.event, JobSubmitted):
+                by_seq[record.event.submit_seq] = record.event.job_id
+            job_id = job_id or by_seq.get(seq)
+            if job_id and state.jobs[job_id].state == JobState.SUCCEEDED:
+                latencies.append(time.perf_counter() - started)
+                break
+    await events.aclose()
+    await nc.close()
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = start_stack(Path(tmp), workers=args.workers)
+        try:
+            time.sleep(2)  # let workers register
+            lat = asyncio.run(measure(stack.nats.url, args.jobs))
+        finally:
+            stack.stop()
+    ms = sorted(x * 1000 for x in lat)
+    print(json.dumps({
+        "benchmark": "submit_to_succeeded_1_task", "jobs": len(ms),
+        "median_ms": round(statistics.median(ms), 1), "min_ms": round(ms[0], 1),
+        "max_ms": round(ms[-1], 1),
+        "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()
