@@ -14,7 +14,6 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -107,7 +106,7 @@ class Leader:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if t.get_name() != "stop":
-                    t.result()  # re-raise LostLeadership or a crash
+                    t.result()  # re-raise LostLeadership, StaleEpochError or a crash
         finally:
             for t in tasks:
                 t.cancel()
@@ -125,15 +124,10 @@ class Leader:
 
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
-        now = time.monotonic()
         live: dict[str, set[str]] = {}
         for worker in self.state.workers.values():
             if worker.alive:
-                await self.store.register_host(
-                    self.epoch, worker.worker_id, worker.resources.cpu_milli,
-                    worker.resources.memory_mb,
-                )
-                self.last_heartbeat[worker.worker_id] = now  # a new leader gives full grace
+                await self._register_host(worker)
             live[worker.worker_id] = set(worker.live_attempts)
         stale: list[tuple[str, str]] = []
         for host in await self.store.host_usage():
@@ -184,26 +178,23 @@ class Leader:
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
-                await self.store.register_host(
-                    self.epoch, event.worker_id, event.resources.cpu_milli,
-                    event.resources.memory_mb,
-                )
-                self.last_heartbeat[event.worker_id] = time.monotonic()
+                await self._register_host(worker)
         self.wake.set()
+
+    async def _register_host(self, worker: WorkerView) -> None:
+        """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
+        leader or a new worker gets the full grace before it can be declared dead)."""
+        await self.store.register_host(self.epoch, worker.worker_id,
+                                       worker.resources.cpu_milli, worker.resources.memory_mb)
+        self.last_heartbeat[worker.worker_id] = time.monotonic()
 
     async def _carry_out(self, effects: list[Effect]) -> None:
         releases = [(e.worker_id, e.attempt_key) for e in effects if isinstance(e, Release)]
         if releases:
-            await self._fenced(self.store.release(self.epoch, releases))
+            await self.store.release(self.epoch, releases)
         for effect in effects:
             if isinstance(effect, Kill):
                 await self._send_kill(effect)
-
-    async def _fenced(self, call: Any) -> Any:
-        try:
-            return await call
-        except StaleEpochError as exc:
-            raise LostLeadership(str(exc)) from exc
 
     # --- leadership ---------------------------------------------------------------------
 
@@ -266,7 +257,7 @@ class Leader:
                     worker_id=worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
                 ))
             try:
-                await self._fenced(self.store.reserve(self.epoch, reservations))
+                await self.store.reserve(self.epoch, reservations)
             except ReservationConflict as exc:
                 # Redis refuses what our view allowed: never write it; resync and retry.
                 self.refused_double_bookings += 1
@@ -392,7 +383,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                 continue
             try:
                 await Leader(settings, nc, store, scheduler_id, epoch).serve(stop)
-            except LostLeadership as exc:
+            except (LostLeadership, StaleEpochError) as exc:
+                # Every Redis write is fenced: a refused epoch anywhere ends the term.
                 log.warning("lost leadership: %s; standing by", exc)
     finally:
         await nats_io.close(nc)
