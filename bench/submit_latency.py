@@ -23,7 +23,7 @@ from berth.client import publish_submit
 from berth.stack import start_stack
 from shared import nats_io
 from shared.lifecycle import ClusterState
-from shared.messages import JobSpec, JobSubmitted, Resources, encode
+from shared.messages import JobSpec, Resources, encode
 from shared.states import JobState
 
 
@@ -32,7 +32,6 @@ async def measure(nats_url: str, jobs: int) -> list[float]:
     js = nc.jetstream()
     state = ClusterState()
     events = nats_io.follow_events(js)
-    by_seq: dict[int, str] = {}
     latencies: list[float] = []
     spec = encode(JobSpec(name="lat", command=["true"], resources=Resources(cpu=0.1,
                                                                             memory_mb=16)))
@@ -43,9 +42,7 @@ async def measure(nats_url: str, jobs: int) -> list[float]:
         while True:
             record = await anext(events)
             state.apply(record.seq, record.event)
-            if isinstance(record.event, JobSubmitted):
-                by_seq[record.event.submit_seq] = record.event.job_id
-            job_id = job_id or by_seq.get(seq)
+            job_id = job_id or state.job_by_submit.get(seq)
             if job_id and state.jobs[job_id].state == JobState.SUCCEEDED:
                 latencies.append(time.perf_counter() - started)
                 break

@@ -143,6 +143,7 @@ class ClusterState:
         self.jobs: dict[str, JobView] = {}
         self.workers: dict[str, WorkerView] = {}
         self.rejections: dict[int, str] = {}
+        self.job_by_submit: dict[int, str] = {}  # submit sequence -> job id
         self.last_seq = 0
         self.epoch = 0
         # Tasks waiting for placement, in the order they became schedulable.
@@ -197,6 +198,7 @@ class ClusterState:
             tasks=[TaskView(job_id=event.job_id, index=i) for i in range(event.spec.replicas)],
         )
         self.jobs[event.job_id] = job
+        self.job_by_submit[event.submit_seq] = event.job_id
         for task in job.tasks:
             self.pending[task.key] = None
 

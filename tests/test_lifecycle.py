@@ -66,6 +66,7 @@ def test_fails_twice_then_succeeds_under_max_retries_failure_2() -> None:
     assert [e for e in effects if isinstance(e, Release)] == [
         Release("w1", f"j1/0/{i}") for i in range(3)]
     assert state.workers["w1"].cpu_used_milli == 0
+    assert state.job_by_submit == {1: "j1"}
 
 
 def test_stale_attempt_report_is_refused_but_its_exit_still_frees_resources() -> None:

@@ -69,9 +69,9 @@ def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
         """What became of submit stream message N: its job, or the reason it was rejected."""
         if submit_seq in state.rejections:
             return views.SubmitOutcome(submit_seq, False, reason=state.rejections[submit_seq])
-        for job in state.jobs.values():
-            if job.submit_seq == submit_seq:
-                return views.SubmitOutcome(submit_seq, True, job_id=job.job_id)
+        job_id = state.job_by_submit.get(submit_seq)
+        if job_id is not None:
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id)
         raise NotFoundException(f"no outcome yet for submit {submit_seq}")
 
     @get("/api/jobs/{job_id:str}/tasks/{index:int}/logs", media_type=MediaType.TEXT)
