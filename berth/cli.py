@@ -16,6 +16,7 @@ from typing import Any
 from berth.client import (
     ApiError,
     SubmitOutcome,
+    api_fetch,
     api_get,
     load_spec_file,
     publish_submit,
@@ -219,14 +220,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"job {outcome.job_id} accepted", file=sys.stderr)
         code = _wait_and_show(stack.api_url, str(outcome.job_id), args.timeout)
         try:
-            logs = api_get(stack.api_url, f"/api/jobs/{outcome.job_id}")
-            for task in logs["tasks"]:
-                import urllib.request
-
-                url = f"{stack.api_url}/api/jobs/{outcome.job_id}/tasks/{task['index']}/logs"
-                with urllib.request.urlopen(url, timeout=10) as resp:
-                    print(f"  task {task['index']} output: {resp.read().decode().strip()}")
-        except (ApiError, OSError) as exc:
+            job = api_get(stack.api_url, f"/api/jobs/{outcome.job_id}")
+            for task in job["tasks"]:
+                path = f"/api/jobs/{outcome.job_id}/tasks/{task['index']}/logs"
+                output = api_fetch(stack.api_url, path).decode(errors="replace").strip()
+                print(f"  task {task['index']} output: {output}")
+        except ApiError as exc:
             print(f"berth: could not read logs: {exc}", file=sys.stderr)
         return code
     finally:

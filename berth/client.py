@@ -78,9 +78,15 @@ class ApiError(Exception):
 
 
 def api_get(api_url: str, path: str, timeout: float = 10) -> Any:
+    return json.loads(api_fetch(api_url, path, timeout))
+
+
+def api_fetch(api_url: str, path: str, timeout: float = 10) -> bytes:
+    """The body of GET `path`; any failure is an ApiError saying what went wrong."""
     try:
         with urllib.request.urlopen(api_url.rstrip("/") + path, timeout=timeout) as resp:
-            return json.loads(resp.read())
+            body: bytes = resp.read()
+            return body
     except urllib.error.HTTPError as exc:
         try:
             detail = json.loads(exc.read()).get("detail", "")
