@@ -222,8 +222,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             job = api_get(stack.api_url, f"/api/jobs/{outcome.job_id}")
             for task in job["tasks"]:
-                path = f"/api/jobs/{outcome.job_id}/tasks/{task['index']}/logs"
-                output = api_fetch(stack.api_url, path).decode(errors="replace").strip()
+                logs = f"/api/jobs/{outcome.job_id}/tasks/{task['index']}/logs"
+                output = api_fetch(stack.api_url, logs).decode(errors="replace").strip()
                 print(f"  task {task['index']} output: {output}")
         except ApiError as exc:
             print(f"berth: could not read logs: {exc}", file=sys.stderr)
