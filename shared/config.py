@@ -40,6 +40,7 @@ class Settings:
     kill_grace: float
     max_submit_bytes: int
     tick_interval: float
+    pending_reason_interval: float
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -55,4 +56,5 @@ class Settings:
             kill_grace=_env_float("BERTH_KILL_GRACE", 5.0),
             max_submit_bytes=_env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024),
             tick_interval=_env_float("BERTH_TICK_INTERVAL", 0.5),
+            pending_reason_interval=_env_float("BERTH_PENDING_REASON_INTERVAL", 1.0),
         )

@@ -9,6 +9,7 @@ out (release a reservation, kill a process); a pure projection ignores them.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass
 
 import msgspec
@@ -17,12 +18,15 @@ from shared import task_rules
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    JobCancelRequested,
     JobSpec,
     JobSubmitted,
     LeaderElected,
+    PendingReasonsChanged,
     Resources,
     SubmitRejected,
     TaskAssigned,
+    TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
     WorkerStopped,
@@ -61,6 +65,9 @@ class TaskView(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     error: str = ""
     pending_reason: str = ""
+    # When the task last became PENDING (submission or retry): scheduling_timeout counts
+    # from here, so a retried task gets the full timeout again.
+    pending_since: float = 0.0
     refused_reports: list[str] = []
 
     @property
@@ -86,6 +93,7 @@ class JobView(msgspec.Struct, kw_only=True):
     started_at: float | None = None
     finished_at: float | None = None
     error: str = ""
+    children: list[str] = []
 
     def task_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -144,10 +152,14 @@ class ClusterState:
         self.workers: dict[str, WorkerView] = {}
         self.rejections: dict[int, str] = {}
         self.job_by_submit: dict[int, str] = {}  # submit sequence -> job id
+        self.cancel_by_submit: dict[int, str] = {}  # submit sequence -> cancelled job id
         self.last_seq = 0
         self.epoch = 0
         # Tasks waiting for placement, in the order they became schedulable.
         self.pending: dict[tuple[str, int], None] = {}
+        # Jobs to cancel (job id, reason, time), drained at the end of each apply: a cascade
+        # through generations of children is a loop, never a deep recursion.
+        self._cancellations: deque[tuple[str, str, float]] = deque()
 
     # --- entry point ----------------------------------------------------------------------
 
@@ -162,6 +174,11 @@ class ClusterState:
                 self._job_submitted(event)
             case SubmitRejected():
                 self.rejections[event.submit_seq] = event.reason
+            case JobCancelRequested():
+                self.cancel_by_submit[event.submit_seq] = event.job_id
+                who = f" by {event.user}" if event.user else ""
+                why = f": {event.reason}" if event.reason else ""
+                self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
             case WorkerStopped() | WorkerDeclaredDead():
@@ -175,8 +192,19 @@ class ClusterState:
             case TaskAssigned():
                 if event.epoch >= self.epoch:  # a deposed leader's late assignment is void
                     self._task_assigned(event, effects)
+            case TaskUnschedulable():
+                if event.epoch >= self.epoch:
+                    self._task_unschedulable(event, effects)
+            case PendingReasonsChanged():
+                for item in event.reasons:
+                    task = self.task(item.job_id, item.task_index)
+                    if task is not None and task.state == S.PENDING:
+                        task.pending_reason = item.reason
             case AttemptReported():
                 self._attempt_reported(event, effects)
+        while self._cancellations:
+            job_id, reason, ts = self._cancellations.popleft()
+            self._cancel(job_id, reason, ts, effects)
         return effects
 
     def task(self, job_id: str, index: int) -> TaskView | None:
@@ -195,12 +223,25 @@ class ClusterState:
             spec=event.spec,
             submit_seq=event.submit_seq,
             submitted_at=event.ts,
-            tasks=[TaskView(job_id=event.job_id, index=i) for i in range(event.spec.replicas)],
+            tasks=[TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
+                   for i in range(event.spec.replicas)],
         )
         self.jobs[event.job_id] = job
         self.job_by_submit[event.submit_seq] = event.job_id
         for task in job.tasks:
             self.pending[task.key] = None
+        parent_id = event.spec.parent
+        if parent_id is None:
+            return
+        parent = self.jobs.get(parent_id)
+        if parent is None:  # the submitter checks; only a recreated stream gets here
+            self._cancellations.append((job.job_id, f"parent job {parent_id} does not exist",
+                                        event.ts))
+            return
+        parent.children.append(job.job_id)
+        if parent.state in JOB_TERMINAL and parent.state != JobState.SUCCEEDED:
+            self._cancellations.append(
+                (job.job_id, f"parent job {parent_id} is {parent.state.display}", event.ts))
 
     def _worker_registered(self, event: WorkerRegistered, effects: list[Effect]) -> None:
         old = self.workers.get(event.worker_id)
@@ -258,6 +299,16 @@ class ClusterState:
         self.pending.pop(task.key, None)
         self._update_job(job, event.ts, effects)
 
+    def _task_unschedulable(self, event: TaskUnschedulable, effects: list[Effect]) -> None:
+        task = self.task(event.job_id, event.task_index)
+        if task is None or not task_rules.can_transition(task.state, S.UNSCHEDULABLE):
+            return  # placed or ended before the timeout was folded
+        task.state = S.UNSCHEDULABLE
+        task.error = event.reason
+        task.pending_reason = ""
+        self.pending.pop(task.key, None)
+        self._update_job(self.jobs[event.job_id], event.ts, effects)
+
     def _attempt_reported(self, event: AttemptReported, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
         if task is None:
@@ -271,14 +322,16 @@ class ClusterState:
         if attempt.exited:
             return  # the process is already accounted for; a late or duplicate report
         # Facts about the process always land on its own attempt, current or not.
-        if event.state == S.RUNNING and attempt.started_at is None:
-            attempt.started_at = event.ts
-        if attempt.state in ATTEMPT_LIVE and event.state != attempt.state:
+        attempt_path = task_rules.report_path(attempt.state, event.state)
+        if attempt_path:
+            if S.RUNNING in attempt_path and attempt.started_at is None:
+                attempt.started_at = event.ts
             attempt.state = event.state
         if event.state in (S.SUCCEEDED, S.FAILED, S.KILLED):
             attempt.exit_code = event.exit_code
             attempt.error = event.error
             attempt.finished_at = event.ts
+            # The process is gone whatever its state said: its resources are free.
             self._attempt_exited(attempt, event.job_id, event.task_index, effects)
 
         current = task.current_attempt
@@ -287,11 +340,14 @@ class ClusterState:
             self._refuse(task, f"Stale attempt: attempt {attempt.attempt_id} "
                                f"!= current {current.attempt_id}")
             return
-        if not task_rules.can_transition(task.state, event.state):
-            return  # e.g. the task was KILLED and this is the process confirming its exit
+        if not task_rules.report_path(task.state, event.state):
+            if task.state in ATTEMPT_LIVE:  # a finished task's state is simply final
+                self._refuse(task, f"Invalid transition: {task.state.display} -> "
+                                   f"{event.state.display} (attempt {attempt.attempt_id})")
+            return
         job = self.jobs[event.job_id]
         task.state = event.state
-        if event.state in (S.SUCCEEDED, S.FAILED):
+        if event.state in (S.SUCCEEDED, S.FAILED, S.KILLED):
             task.exit_code = event.exit_code
             task.error = event.error
         if event.state == S.FAILED:
@@ -300,7 +356,7 @@ class ClusterState:
                 S.FAILED, task.failure_count, job.spec.max_retries_failure
             )
             if decision == task_rules.RetryDecision.SHOULD_RETRY:
-                self._requeue(task)
+                self._requeue(task, event.ts)
         self._update_job(job, event.ts, effects)
 
     # --- helpers --------------------------------------------------------------------------
@@ -309,8 +365,9 @@ class ClusterState:
         task.refused_reports.append(why)
         del task.refused_reports[:-MAX_REFUSALS_KEPT]
 
-    def _requeue(self, task: TaskView) -> None:
+    def _requeue(self, task: TaskView, ts: float) -> None:
         task.state = S.PENDING
+        task.pending_since = ts
         self.pending[task.key] = None
 
     def _attempt_exited(
@@ -352,10 +409,20 @@ class ClusterState:
                     S.WORKER_FAILED, task.preemption_count, job.spec.max_retries_preemption
                 )
                 if decision == task_rules.RetryDecision.SHOULD_RETRY:
-                    self._requeue(task)
+                    self._requeue(task, ts)
             touched[job_id] = job
         for job in touched.values():
             self._update_job(job, ts, effects)
+
+    def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect]) -> None:
+        """Kills the job's unfinished tasks; the job becomes KILLED, which cancels its
+        children in turn (see _update_job). A finished job is left as it is."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state in JOB_TERMINAL:
+            return
+        job.error = reason
+        self._kill_remaining(job, reason, effects)
+        self._update_job(job, ts, effects)
 
     def _update_job(self, job: JobView, ts: float, effects: list[Effect]) -> None:
         if job.state in JOB_TERMINAL:
@@ -368,11 +435,25 @@ class ClusterState:
         job.state = new_state
         if new_state == JobState.RUNNING and job.started_at is None:
             job.started_at = ts
-        if new_state in JOB_TERMINAL:
-            job.finished_at = ts
-            if new_state in (JobState.FAILED, JobState.UNSCHEDULABLE):
-                job.error = job.error or f"job {new_state.display}"
-                self._kill_remaining(job, f"job {new_state.display}", effects)
+        if new_state not in JOB_TERMINAL:
+            return
+        job.finished_at = ts
+        if new_state == JobState.SUCCEEDED:
+            return
+        # Any other end (failed, unschedulable, a killed task) takes the whole job down:
+        # the surviving tasks are killed and the children cancelled, as in the seed.
+        job.error = job.error or self._first_error(job, new_state)
+        self._kill_remaining(job, f"job {new_state.display}", effects)
+        for child_id in job.children:
+            self._cancellations.append(
+                (child_id, f"parent job {job.job_id} {new_state.display}", ts))
+
+    @staticmethod
+    def _first_error(job: JobView, state: JobState) -> str:
+        cause = next((t for t in job.tasks if t.state.value == state.value and t.error), None)
+        if cause is None:
+            return f"job {state.display}"
+        return f"job {state.display}: task {cause.index}: {cause.error}"
 
     def _kill_remaining(self, job: JobView, reason: str, effects: list[Effect]) -> None:
         for task in job.tasks:
@@ -380,6 +461,7 @@ class ClusterState:
                 continue
             task.state = S.KILLED
             task.error = reason
+            task.pending_reason = ""
             self.pending.pop(task.key, None)
             attempt = task.current_attempt
             if attempt is not None and not attempt.exited:

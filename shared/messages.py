@@ -23,6 +23,11 @@ Name = Annotated[
     ),
 ]
 NonNegInt = Annotated[int, Meta(ge=0)]
+JobId = Annotated[
+    str,
+    Meta(pattern=r"^j[0-9]+-[0-9a-f]{4}$", description="A job id, as berth assigned it."),
+]
+Seconds = Annotated[float, Meta(gt=0, le=366 * 24 * 3600)]
 
 
 class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -59,6 +64,25 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         int, Meta(ge=0, description="FAILED tasks the job tolerates before it fails.")
     ] = 0
     user: Annotated[str, Meta(max_length=128)] = ""
+    parent: JobId | None = None
+    """A parent job: if it ends in any state but succeeded, this job is cancelled."""
+    scheduling_timeout: Annotated[
+        Seconds | None,
+        Meta(description="Seconds a task may wait for placement before it is unschedulable."),
+    ] = None
+    timeout: Annotated[
+        Seconds | None,
+        Meta(description="Seconds a task may run; then it is killed (SIGTERM, then SIGKILL)."),
+    ] = None
+
+
+class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The cancel message: publish it as JSON to `berth.submit.cancel`."""
+
+    v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="Schema version.")] = 1
+    job_id: JobId
+    reason: Annotated[str, Meta(max_length=1024)] = ""
+    user: Annotated[str, Meta(max_length=128)] = ""
 
 
 # --- events: the append-only log every service folds --------------------------------------
@@ -78,6 +102,16 @@ class JobSubmitted(Event, tag="job_submitted"):
 class SubmitRejected(Event, tag="submit_rejected"):
     submit_seq: int
     reason: str
+
+
+class JobCancelRequested(Event, tag="job_cancel_requested"):
+    """An accepted cancel message: the job's unfinished tasks are killed, its children
+    cancelled. Cancelling a finished job changes nothing."""
+
+    job_id: str
+    submit_seq: int
+    reason: str = ""
+    user: str = ""
 
 
 class WorkerRegistered(Event, tag="worker_registered"):
@@ -119,6 +153,29 @@ class TaskAssigned(Event, tag="task_assigned"):
     epoch: int
 
 
+class TaskUnschedulable(Event, tag="task_unschedulable"):
+    """The scheduler gave up placing a pending task: its scheduling_timeout expired."""
+
+    job_id: str
+    task_index: int
+    reason: str
+    epoch: int
+
+
+class PendingReason(msgspec.Struct, frozen=True):
+    job_id: str
+    task_index: int
+    reason: str
+
+
+class PendingReasonsChanged(Event, tag="pending_reasons_changed"):
+    """Why pending tasks cannot be placed, for those whose reason changed since the last one
+    (published at most every BERTH_PENDING_REASON_INTERVAL seconds)."""
+
+    reasons: list[PendingReason]
+    epoch: int
+
+
 class AttemptReported(Event, tag="attempt_reported"):
     """A worker's report of one attempt's transition: the only way a worker changes state."""
 
@@ -134,11 +191,14 @@ class AttemptReported(Event, tag="attempt_reported"):
 AnyEvent = (
     JobSubmitted
     | SubmitRejected
+    | JobCancelRequested
     | WorkerRegistered
     | WorkerStopped
     | WorkerDeclaredDead
     | LeaderElected
     | TaskAssigned
+    | TaskUnschedulable
+    | PendingReasonsChanged
     | AttemptReported
 )
 
@@ -159,6 +219,7 @@ class RunAttempt(Command, tag="run"):
     command: list[str]
     env: dict[str, str]
     resources: Resources
+    timeout: float | None = None
 
 
 class KillAttempt(Command, tag="kill"):
@@ -168,7 +229,14 @@ class KillAttempt(Command, tag="kill"):
     reason: str = ""
 
 
-AnyCommand = RunAttempt | KillAttempt
+class ResetWorker(Command, tag="reset"):
+    """To a worker incarnation the scheduler declared dead that is heard from again: its
+    attempts were written off, so it kills every process and registers afresh."""
+
+    reason: str = ""
+
+
+AnyCommand = RunAttempt | KillAttempt | ResetWorker
 
 
 class LeaderAnnouncement(msgspec.Struct, kw_only=True):
@@ -197,6 +265,7 @@ event_decoder = msgspec.json.Decoder(AnyEvent)
 command_decoder = msgspec.json.Decoder(AnyCommand)
 heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 job_spec_decoder = msgspec.json.Decoder(JobSpec)
+cancel_decoder = msgspec.json.Decoder(CancelRequest)
 
 
 def encode(message: msgspec.Struct) -> bytes:
@@ -209,6 +278,19 @@ def job_spec_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "berth submit message (publish to berth.submit.job)"
     return schema
+
+
+def cancel_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = msgspec.json.schema(CancelRequest)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "berth cancel message (publish to berth.submit.cancel)"
+    return schema
+
+
+def submit_seq_of(job_id: str) -> int | None:
+    """The submit sequence a job id was derived from (`j<seq>-<hex>`), or None."""
+    head, _, _ = job_id.partition("-")
+    return int(head[1:]) if head[:1] == "j" and head[1:].isdigit() else None
 
 
 def attempt_key(job_id: str, task_index: int, attempt_id: int) -> str:

@@ -7,10 +7,12 @@ EVENTS_STREAM = "BERTH_EVENTS"
 LOGS_STREAM = "BERTH_LOGS"
 
 SUBMIT_JOB = "berth.submit.job"
+SUBMIT_CANCEL = "berth.submit.cancel"
 SUBMIT_ALL = "berth.submit.>"
 
 EVENTS_ALL = "berth.events.>"
 HEARTBEATS_ALL = "berth.heartbeat.*"
+LEADER = "berth.leader"
 LOGS_ALL = "berth.logs.>"
 
 SUBMITTER_DURABLE = "submitter"
@@ -19,6 +21,9 @@ SUBMITTER_DURABLE = "submitter"
 def submit_outcome(submit_seq: int) -> str:
     """Where the outcome (JobSubmitted or SubmitRejected) of submit stream message N lands."""
     return f"berth.events.submit.{submit_seq}"
+
+
+PENDING_REASONS = "berth.events.pending"
 
 
 def task_events(job_id: str) -> str:

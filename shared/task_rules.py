@@ -13,15 +13,17 @@ from shared.states import JobState, TaskState
 
 S = TaskState
 
-# Task-level transitions. The worker's PENDING is never applied (the seed: it would regress an
-# ASSIGNED task); a task may skip BUILDING or RUNNING when a report arrives late or a process
-# is quicker than a report.
+# Task-level transitions, exactly the seed's diagram: dispatch (PENDING -> ASSIGNED), the
+# worker's reports in order (ASSIGNED -> BUILDING -> RUNNING -> exit), a build that cannot
+# start the command (BUILDING -> FAILED), KILLED from any unfinished state (cancel, job
+# failure, timeout), WORKER_FAILED from any state that holds a worker, UNSCHEDULABLE from
+# PENDING (scheduling timeout), and the retry edges back to PENDING. The worker's PENDING is
+# never applied (the seed: it would regress an ASSIGNED task). A worker publishes one
+# attempt's reports in order and waits for each to be stored, so none is ever skipped.
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     S.PENDING: frozenset({S.ASSIGNED, S.KILLED, S.UNSCHEDULABLE}),
-    S.ASSIGNED: frozenset(
-        {S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}
-    ),
-    S.BUILDING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
+    S.ASSIGNED: frozenset({S.BUILDING, S.KILLED, S.WORKER_FAILED}),
+    S.BUILDING: frozenset({S.RUNNING, S.FAILED, S.KILLED, S.WORKER_FAILED}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
     # FAILED and WORKER_FAILED return to PENDING only through a retry (see retry_decision).
     S.FAILED: frozenset({S.PENDING}),
@@ -34,6 +36,28 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 def can_transition(current: TaskState, new: TaskState) -> bool:
     return new in TRANSITIONS.get(current, frozenset())
+
+
+# The order a worker reports an attempt's progress in.
+PROGRESS = (S.ASSIGNED, S.BUILDING, S.RUNNING)
+
+
+def report_path(current: TaskState, reported: TaskState) -> list[TaskState] | None:
+    """The diagram's steps from `current` to a state a worker reported, or None if the
+    report would break the diagram (e.g. a regression). Every step is an edge of
+    TRANSITIONS; a report may imply steps its worker did not report separately (a process
+    that exits before its RUNNING report was stored is ASSIGNED -> BUILDING -> RUNNING ->
+    SUCCEEDED, never a jump)."""
+    if can_transition(current, reported):
+        return [reported]
+    if current not in PROGRESS:
+        return None
+    path: list[TaskState] = []
+    for step in PROGRESS[PROGRESS.index(current) + 1:]:
+        path.append(step)
+        if can_transition(step, reported):
+            return [*path, reported]
+    return None
 
 
 class RetryDecision(Enum):
@@ -67,6 +91,22 @@ def is_finished(
     if state == S.WORKER_FAILED:
         return preemption_count > max_retries_preemption
     return False
+
+
+def can_be_scheduled(
+    state: TaskState,
+    failure_count: int,
+    max_retries_failure: int,
+    preemption_count: int,
+    max_retries_preemption: int,
+) -> bool:
+    """The seed's `can_be_scheduled`: PENDING, or a failure with retry budget left (not
+    finished at the task level, so a new attempt may be dispatched)."""
+    if state == S.PENDING:
+        return True
+    return state in (S.FAILED, S.WORKER_FAILED) and not is_finished(
+        state, failure_count, max_retries_failure, preemption_count, max_retries_preemption
+    )
 
 
 def derive_job_state(task_states: Iterable[TaskState], max_task_failures: int) -> JobState:

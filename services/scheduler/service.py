@@ -19,6 +19,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from opentelemetry import trace
 
 from services.scheduler import placement
 from shared import nats_io, redis_io, service, subjects, telemetry
@@ -31,8 +32,12 @@ from shared.messages import (
     KillAttempt,
     LeaderAnnouncement,
     LeaderElected,
+    PendingReason,
+    PendingReasonsChanged,
+    ResetWorker,
     RunAttempt,
     TaskAssigned,
+    TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
     attempt_key,
@@ -73,12 +78,16 @@ class Leader:
         self.last_heartbeat: dict[str, float] = {}
         self.trace_headers: dict[str, dict[str, str]] = {}
         self.refused_double_bookings = 0
+        # Pending reasons published but perhaps not folded yet (see _announce_pending_reasons).
+        self.reasons_in_flight: dict[tuple[str, int], str] = {}
+        self.reasons_in_flight_seq = 0
+        self.reasons_announced_at = -float("inf")
 
     # --- term ---------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
         await self.nc.publish(
-            "berth.leader",
+            subjects.LEADER,
             encode(LeaderAnnouncement(epoch=self.epoch, scheduler_id=self.scheduler_id)),
         )
         elected_seq = await nats_io.publish_event(
@@ -234,40 +243,92 @@ class Leader:
             span.set_attribute("berth.pending", len(requests))
             span.set_attribute("berth.placed", len(result.assignments))
             span.set_attribute("berth.epoch", self.epoch)
-            for (job_id, index), reason in result.pending_reasons.items():
-                task = self.state.task(job_id, index)
-                if task is not None:
-                    task.pending_reason = reason
-            if not result.assignments:
+            if result.assignments and not await self._commit(result.assignments, span):
                 return
-            reservations = []
-            events: list[TaskAssigned] = []
-            now = time.time()
-            for request, worker_id in result.assignments:
-                task = self.state.task(request.job_id, request.task_index)
-                assert task is not None
-                attempt_id = max((a.attempt_id for a in task.attempts), default=-1) + 1
-                worker = self.state.workers[worker_id]
-                reservations.append(Reservation(
-                    worker_id, attempt_key(request.job_id, request.task_index, attempt_id),
-                    request.cpu_milli, request.memory_mb,
-                ))
-                events.append(TaskAssigned(
-                    job_id=request.job_id, task_index=request.task_index, attempt_id=attempt_id,
-                    worker_id=worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
-                ))
-            try:
-                await self.store.reserve(self.epoch, reservations)
-            except ReservationConflict as exc:
-                # Redis refuses what our view allowed: never write it; resync and retry.
-                self.refused_double_bookings += 1
-                span.set_attribute("berth.conflict", str(exc))
-                log.error("reservation refused (%s); re-reconciling with Redis", exc)
-                await self._reconcile()
-                return
-            for event in events:
-                self.state.apply(0, event)
-            await asyncio.gather(*(self._dispatch(event) for event in events))
+            await self._give_up_overdue(result.pending_reasons)
+            await self._announce_pending_reasons(result.pending_reasons)
+
+    async def _commit(self, assignments: list[tuple[placement.TaskRequest, str]],
+                      span: trace.Span) -> bool:
+        """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
+        reservations = []
+        events: list[TaskAssigned] = []
+        now = time.time()
+        for request, worker_id in assignments:
+            task = self.state.task(request.job_id, request.task_index)
+            assert task is not None
+            attempt_id = max((a.attempt_id for a in task.attempts), default=-1) + 1
+            worker = self.state.workers[worker_id]
+            reservations.append(Reservation(
+                worker_id, attempt_key(request.job_id, request.task_index, attempt_id),
+                request.cpu_milli, request.memory_mb,
+            ))
+            events.append(TaskAssigned(
+                job_id=request.job_id, task_index=request.task_index, attempt_id=attempt_id,
+                worker_id=worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
+            ))
+        try:
+            await self.store.reserve(self.epoch, reservations)
+        except ReservationConflict as exc:
+            # Redis refuses what our view allowed: never write it; resync and retry.
+            self.refused_double_bookings += 1
+            span.set_attribute("berth.conflict", str(exc))
+            log.error("reservation refused (%s); re-reconciling with Redis", exc)
+            await self._reconcile()
+            return False
+        for event in events:
+            self.state.apply(0, event)
+        await asyncio.gather(*(self._dispatch(event) for event in events))
+        return True
+
+    async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
+        """Tasks this tick could not place whose scheduling_timeout has run out become
+        UNSCHEDULABLE, with the last reason they could not be placed."""
+        now = time.time()
+        for (job_id, index), reason in unplaced.items():
+            job = self.state.jobs[job_id]
+            limit = job.spec.scheduling_timeout
+            task = job.tasks[index]
+            if limit is None or now - task.pending_since < limit or task.state != TaskState.PENDING:
+                continue
+            event = TaskUnschedulable(
+                job_id=job_id, task_index=index, epoch=self.epoch, ts=now,
+                reason=f"scheduling timeout of {limit:g}s expired: {reason}",
+            )
+            log.info("task %s/%d is unschedulable: %s", job_id, index, event.reason)
+            await nats_io.publish_event(
+                self.js, subjects.task_events(job_id), event,
+                msg_id=f"unschedulable:{job_id}/{index}/{len(task.attempts)}",
+            )
+            # Applied at once so the next tick does not consider it; folding it again from
+            # the stream is a no-op, so its effects are carried out exactly once.
+            await self._carry_out(self.state.apply(0, event))
+
+    async def _announce_pending_reasons(self, unplaced: dict[tuple[str, int], str]) -> None:
+        """Records why tasks wait in the event log (so the dashboard and `berth status` show
+        it): only reasons that changed, at most once per BERTH_PENDING_REASON_INTERVAL."""
+        now = time.monotonic()
+        if now - self.reasons_announced_at < self.settings.pending_reason_interval:
+            return
+        if self.state.last_seq >= self.reasons_in_flight_seq:
+            self.reasons_in_flight.clear()
+        changed: list[PendingReason] = []
+        for (job_id, index), reason in unplaced.items():
+            task = self.state.jobs[job_id].tasks[index]
+            if task.state != TaskState.PENDING or task.pending_reason == reason:
+                continue
+            if self.reasons_in_flight.get((job_id, index)) == reason:
+                continue
+            changed.append(PendingReason(job_id, index, reason))
+        if not changed:
+            return
+        self.reasons_announced_at = now
+        self.reasons_in_flight = {(r.job_id, r.task_index): r.reason for r in changed}
+        self.reasons_in_flight_seq = await nats_io.publish_event(
+            self.js, subjects.PENDING_REASONS,
+            PendingReasonsChanged(reasons=changed, epoch=self.epoch, ts=time.time()),
+            msg_id=f"reasons:{self.epoch}:{uuid.uuid4().hex}",
+        )
 
     async def _dispatch(self, event: TaskAssigned) -> None:
         parent = telemetry.extract(self.trace_headers.get(event.job_id))
@@ -303,7 +364,7 @@ class Leader:
         await self._send(worker.worker_id, RunAttempt(
             epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
             task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,
-            resources=spec.resources,
+            resources=spec.resources, timeout=spec.timeout,
         ))
 
     async def _send_kill(self, kill: Kill) -> None:
@@ -321,7 +382,15 @@ class Leader:
             log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
             return
         worker = self.state.workers.get(hb.worker_id)
-        if worker is None or not worker.alive or worker.incarnation != hb.incarnation:
+        if worker is None or worker.incarnation != hb.incarnation:
+            return  # unknown, or a newer incarnation whose registration is not folded yet
+        if not worker.alive:
+            # Declared dead, yet alive: its attempts were written off and their resources
+            # given away, so it must stop them all and come back as a new incarnation.
+            log.warning("worker %s declared dead is heartbeating; resetting it", hb.worker_id)
+            await self._send(worker.worker_id, ResetWorker(
+                epoch=self.epoch, incarnation=hb.incarnation,
+                reason="this worker was declared dead; its attempts were rescheduled"))
             return
         self.last_heartbeat[hb.worker_id] = time.monotonic()
         await self._reconcile_worker(worker, hb)
@@ -341,8 +410,16 @@ class Leader:
                 continue
             task = self.state.task(job_id, index)
             attempt = task.attempt(attempt_id) if task else None
-            overdue = attempt is not None and time.time() - attempt.assigned_at > grace
-            if task and attempt and attempt.state == TaskState.ASSIGNED and overdue:
+            if task is None or attempt is None or attempt.state != TaskState.ASSIGNED:
+                continue  # started and since exited: its report is on its way
+            if time.time() - attempt.assigned_at <= grace:
+                continue
+            if attempt.kill_requested:
+                # Killed before it started: the worker confirms with a KILLED report (and
+                # will refuse the run command from now on), which frees the reservation.
+                await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
+                                           index, attempt_id, "killed before it started"))
+            else:
                 log.info("re-sending lost assignment %s to %s", key, worker.worker_id)
                 await self._send_run(worker, task, attempt_id)
 

@@ -5,15 +5,24 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgspec
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services.submitter.intake import intake
+from services.submitter.intake import intake, intake_cancel, unknown_subject
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
-from shared.messages import JobSubmitted
+from shared.messages import (
+    AnyEvent,
+    JobCancelRequested,
+    JobSubmitted,
+    SubmitRejected,
+    event_decoder,
+    submit_seq_of,
+)
 
 log = logging.getLogger("berth.submitter")
 tracer = telemetry.tracer("berth.submitter")
@@ -22,12 +31,16 @@ tracer = telemetry.tracer("berth.submitter")
 async def handle(js: JetStreamContext, msg: Msg, max_bytes: int) -> None:
     seq = msg.metadata.sequence.stream
     with tracer.start_as_current_span(
-        "submit", context=telemetry.extract(msg.headers), attributes={"berth.submit_seq": seq}
+        "submit", context=telemetry.extract(msg.headers),
+        attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
     ) as span:
-        outcome = intake(msg.data, seq, _stored_ns(msg), max_bytes)
+        outcome = await decide(js, msg, max_bytes)
         if isinstance(outcome, JobSubmitted):
             span.set_attribute("berth.job_id", outcome.job_id)
             log.info("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name, seq)
+        elif isinstance(outcome, JobCancelRequested):
+            span.set_attribute("berth.job_id", outcome.job_id)
+            log.info("cancel of job %s accepted from submit %d", outcome.job_id, seq)
         else:
             span.set_attribute("berth.rejected", outcome.reason)
             log.info("submit %d rejected: %s", seq, outcome.reason)
@@ -36,6 +49,45 @@ async def handle(js: JetStreamContext, msg: Msg, max_bytes: int) -> None:
             js, subjects.submit_outcome(seq), outcome, msg_id=f"submit-outcome:{seq}"
         )
     await msg.ack()
+
+
+async def decide(js: JetStreamContext, msg: Msg, max_bytes: int
+                 ) -> JobSubmitted | JobCancelRequested | SubmitRejected:
+    """The outcome of one submit stream message: the pure intake, then a check that any job
+    it names exists (so a typo in a job id is a clear rejection, not a silent no-op)."""
+    seq = msg.metadata.sequence.stream
+    if msg.subject == subjects.SUBMIT_JOB:
+        outcome: JobSubmitted | JobCancelRequested | SubmitRejected = intake(
+            msg.data, seq, _stored_ns(msg), max_bytes)
+        parent = outcome.spec.parent if isinstance(outcome, JobSubmitted) else None
+        if parent is not None and not await job_exists(js, parent):
+            return SubmitRejected(submit_seq=seq, ts=outcome.ts,
+                                  reason=f"parent: no job {parent!r}")
+        return outcome
+    if msg.subject == subjects.SUBMIT_CANCEL:
+        outcome = intake_cancel(msg.data, seq, max_bytes)
+        if isinstance(outcome, JobCancelRequested) and not await job_exists(js, outcome.job_id):
+            return SubmitRejected(submit_seq=seq, ts=outcome.ts,
+                                  reason=f"job_id: no job {outcome.job_id!r}")
+        return outcome
+    return unknown_subject(msg.subject, seq)
+
+
+async def job_exists(js: JetStreamContext, job_id: str) -> bool:
+    """A job id names its submit sequence; the job exists iff that submit's stored outcome
+    created exactly this id. One direct read, no fold needed."""
+    submit_seq = submit_seq_of(job_id)
+    if submit_seq is None:
+        return False
+    try:
+        stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.submit_outcome(submit_seq))
+    except nats.js.errors.NotFoundError:
+        return False
+    try:
+        event: AnyEvent = event_decoder.decode(stored.data or b"")
+    except msgspec.DecodeError:
+        return False
+    return isinstance(event, JobSubmitted) and event.job_id == job_id
 
 
 def _stored_ns(msg: Msg) -> int:
@@ -55,7 +107,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, deliver_policy=DeliverPolicy.ALL
         ),
     )
-    log.info("serving %s", subjects.SUBMIT_JOB)
+    log.info("serving %s and %s", subjects.SUBMIT_JOB, subjects.SUBMIT_CANCEL)
     try:
         while not stop.is_set():
             try:

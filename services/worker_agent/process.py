@@ -5,11 +5,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 
 OutputSink = Callable[[str, bytes], Awaitable[None]]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _resolve_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+# Resolved once here, so the forked child only makes the call (no loading after fork).
+_prctl = _resolve_prctl()
+
+
+def _die_with_the_agent() -> None:
+    """In the child, before exec: if the agent dies (even SIGKILL), the kernel kills the
+    task's main process. Its own children are left to the next incarnation's orphan sweep."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def describe_exit(returncode: int) -> str:
@@ -43,6 +68,7 @@ class AttemptProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=_die_with_the_agent if _prctl is not None else None,
         )
 
     async def wait(self) -> int:

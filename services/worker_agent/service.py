@@ -29,6 +29,7 @@ from shared.messages import (
     Heartbeat,
     KillAttempt,
     LeaderAnnouncement,
+    ResetWorker,
     Resources,
     RunAttempt,
     WorkerRegistered,
@@ -73,7 +74,10 @@ class WorkerAgent:
         self.running: dict[str, RunningAttempt] = {}
         # Attempts this incarnation has started, so a re-sent assignment never runs twice.
         self.seen: dict[str, None] = {}
-        self.shutting_down = False
+        # Set while shutting down or resetting: no new attempt starts, and the exits of the
+        # attempts being stopped are not reported (WorkerStopped, or the scheduler's
+        # WorkerDeclaredDead, already accounts for every one of them).
+        self.winding_down = False
         self.refused_commands = 0
         self.background: set[asyncio.Task[None]] = set()
         self.home = Path(settings.data_dir) / "workers" / worker_id
@@ -85,7 +89,16 @@ class WorkerAgent:
         self._kill_orphans()
         cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
                                           cb=self._on_command)
-        leader_sub = await self.nc.subscribe("berth.leader", cb=self._on_leader)
+        leader_sub = await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
+        await self._register()
+        while not stop.is_set():
+            await self._heartbeat()
+            await service.wait_or_stop(stop, self.settings.heartbeat_interval)
+        await cmd_sub.unsubscribe()
+        await leader_sub.unsubscribe()
+        await self._shutdown()
+
+    async def _register(self) -> None:
         await nats_io.publish_event(
             self.js,
             subjects.worker_events(self.worker_id),
@@ -97,20 +110,31 @@ class WorkerAgent:
         )
         log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB",
                  self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb)
-        while not stop.is_set():
-            await self._heartbeat()
-            await service.wait_or_stop(stop, self.settings.heartbeat_interval)
-        await cmd_sub.unsubscribe()
-        await leader_sub.unsubscribe()
-        await self._shutdown()
 
-    async def _shutdown(self) -> None:
-        self.shutting_down = True
+    async def _stop_everything(self, reason: str) -> None:
+        self.winding_down = True
         if self.running:
-            log.info("stopping %d running attempts", len(self.running))
+            log.info("stopping %d running attempts: %s", len(self.running), reason)
+        for attempt in self.running.values():
+            attempt.kill_reason = attempt.kill_reason or reason
         await asyncio.gather(*(self._stop_attempt(a) for a in list(self.running.values())))
         tasks = [a.task for a in self.running.values() if a.task]
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _reset(self, reason: str) -> None:
+        """The scheduler declared this incarnation dead: stop what it ran and come back as a
+        new incarnation, so nothing the old one did is mistaken for the new one's."""
+        if self.winding_down:
+            return
+        log.warning("reset by the scheduler (%s)", reason)
+        await self._stop_everything("worker reset")
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.seen.clear()
+        self.winding_down = False
+        await self._register()
+
+    async def _shutdown(self) -> None:
+        await self._stop_everything("worker shutting down")
         await nats_io.publish_event(
             self.js, subjects.worker_events(self.worker_id),
             WorkerStopped(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time()),
@@ -158,23 +182,38 @@ class WorkerAgent:
                         command.epoch, self.max_epoch)
             return
         self.max_epoch = command.epoch
+        if isinstance(command, ResetWorker):
+            self._spawn(self._reset(command.reason))
+            return
         key = attempt_key(command.job_id, command.task_index, command.attempt_id)
         if isinstance(command, RunAttempt):
-            if key in self.seen or self.shutting_down:
+            if key in self.seen or self.winding_down:
                 return
-            self.seen[key] = None
-            if len(self.seen) > MAX_REMEMBERED_ATTEMPTS:
-                del self.seen[next(iter(self.seen))]
+            self._remember(key)
             running = RunningAttempt(command=command)
             self.running[key] = running
             ctx = telemetry.extract(dict(msg.headers or {}))
             running.task = asyncio.create_task(self._run(key, running, ctx))
         elif isinstance(command, KillAttempt):
+            reason = command.reason or "killed by the scheduler"
             attempt = self.running.get(key)
-            if attempt is not None and not attempt.killed.is_set():
-                attempt.kill_reason = command.reason or "killed by the scheduler"
+            if attempt is None:
+                if key not in self.seen and not self.winding_down:
+                    # Killed before its run command got here: it must never start, and the
+                    # scheduler needs the exit confirmed to free its reservation.
+                    self._remember(key)
+                    self._spawn(self._report(command, TaskState.KILLED,
+                                             error=f"killed before it started: {reason}"))
+                return
+            if not attempt.killed.is_set():
+                attempt.kill_reason = reason
                 log.info("killing %s: %s", key, attempt.kill_reason)
                 self._spawn(self._stop_attempt(attempt))
+
+    def _remember(self, key: str) -> None:
+        self.seen[key] = None
+        if len(self.seen) > MAX_REMEMBERED_ATTEMPTS:
+            del self.seen[next(iter(self.seen))]
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -188,10 +227,10 @@ class WorkerAgent:
 
     # --- running one attempt ----------------------------------------------------------
 
-    async def _report(self, cmd: RunAttempt, state: TaskState, exit_code: int | None = None,
-                      error: str = "") -> None:
-        if self.shutting_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
-            return  # WorkerStopped accounts for every attempt this worker stops on shutdown
+    async def _report(self, cmd: RunAttempt | KillAttempt, state: TaskState,
+                      exit_code: int | None = None, error: str = "") -> None:
+        if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
+            return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
@@ -241,10 +280,16 @@ class WorkerAgent:
         pid_file.write_text(str(process.pid))
         if attempt.killed.is_set():  # a kill that arrived while the process was starting
             self._spawn(process.stop(self.settings.kill_grace))
+        timer = None
+        if cmd.timeout is not None:
+            timer = asyncio.get_running_loop().call_later(
+                cmd.timeout, self._time_out, attempt, cmd.timeout)
         try:
             await self._report(cmd, TaskState.RUNNING)
             code = await process.wait()
         finally:
+            if timer is not None:
+                timer.cancel()
             pid_file.unlink(missing_ok=True)
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason)
@@ -252,6 +297,14 @@ class WorkerAgent:
             await self._report(cmd, TaskState.SUCCEEDED, exit_code=0)
         else:
             await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
+
+
+    def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
+        if attempt.killed.is_set():
+            return
+        attempt.kill_reason = f"timed out: ran longer than the task timeout of {timeout:g}s"
+        log.info("%s", attempt.kill_reason)
+        self._spawn(self._stop_attempt(attempt))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
