@@ -18,6 +18,7 @@ from berth.client import (
     SubmitOutcome,
     api_fetch,
     api_get,
+    cancel_job,
     load_spec_file,
     publish_submit,
     wait_for_outcome,
@@ -83,36 +84,58 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clock(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _format_attempt(a: dict[str, Any]) -> str:
+    line = f"    attempt {a['attempt_id']:<3} {a['worker_id']:<14} {a['state']}"
+    if a["worker_failure"]:
+        line += " (worker failure)"
+    if a["exit_code"] is not None:
+        line += f", exit code {a['exit_code']}"
+    if a["error"]:
+        line += f", {a['error']}"
+    span = f"assigned {_clock(a['assigned_at'])}"
+    if a["started_at"]:
+        span += f", started {_clock(a['started_at'])}"
+    if a["finished_at"]:
+        span += f", ended {_clock(a['finished_at'])}"
+    return f"{line}  [{span}]"
+
+
 def _format_job(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
     if job.get("error"):
         lines.append(f"  error: {job['error']}")
+    if job.get("parent"):
+        lines.append(f"  parent: {job['parent']}")
+    if job.get("children"):
+        lines.append(f"  children: {', '.join(job['children'])}")
     for task in job["tasks"]:
         line = f"  task {task['index']}: {task['state']}"
-        attempts = task["attempts"]
-        if attempts:
-            a = attempts[-1]
-            line += f"  attempt {a['attempt_id']} on {a['worker_id']}"
-            if a["exit_code"] is not None:
-                line += f", exit code {a['exit_code']}"
-            if a["error"]:
-                line += f", {a['error']}"
-        if task["pending_reason"]:
-            line += f"  ({task['pending_reason']})"
+        if task["state"] == "pending" and task["pending_reason"]:
+            line += f"  (waiting: {task['pending_reason']})"
+        elif task["error"]:
+            line += f"  ({task['error']})"
         lines.append(line)
+        lines += [_format_attempt(a) for a in task["attempts"]]
+        lines += [f"    refused report: {why}" for why in task["refused_reports"]]
     return "\n".join(lines)
 
 
-def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
+def _wait_for_end(api_url: str, job_id: str, timeout: float) -> dict[str, Any] | None:
+    """Polls the job until it ends, printing its task counts as they change; returns the
+    ended job, or None (after saying why) on an error or timeout."""
     deadline = time.monotonic() + timeout
     last = ""
     while True:
         try:
-            job = api_get(api_url, f"/api/jobs/{job_id}")
+            job: dict[str, Any] = api_get(api_url, f"/api/jobs/{job_id}")
         except ApiError as exc:
             if "404" not in str(exc) or time.monotonic() > deadline:
                 print(f"berth: {exc}", file=sys.stderr)
-                return 1
+                return None
             time.sleep(0.2)
             continue
         summary = " ".join(f"{n} {s}" for s, n in sorted(job["task_counts"].items()))
@@ -121,12 +144,18 @@ def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
             last = summary
         if job["state"] in TERMINAL:
             print(_format_job(job))
-            return 0 if job["state"] == "succeeded" else 1
+            return job
         if time.monotonic() > deadline:
             print(f"berth: job {job_id} still {job['state']} after {timeout:.0f}s",
                   file=sys.stderr)
-            return 1
+            return None
         time.sleep(0.2)
+
+
+def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
+    """Exit status 0 when the job succeeded."""
+    job = _wait_for_end(api_url, job_id, timeout)
+    return 0 if job is not None and job["state"] == "succeeded" else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -140,6 +169,32 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(_format_job(api_get(api_url, f"/api/jobs/{args.job}")))
     except ApiError as exc:
         print(f"berth: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _cancel(nats_url: str, job_id: str, reason: str, user: str) -> SubmitOutcome:
+    import nats
+
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2)
+    except Exception as exc:
+        raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
+    try:
+        return await cancel_job(nc, job_id, reason, user)
+    finally:
+        await nc.close()
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    nats_url, api_url = _urls(args)
+    user = args.user if args.user is not None else os.environ.get("USER", "")
+    outcome = asyncio.run(_cancel(nats_url, args.job, args.reason, user))
+    if not outcome.accepted:
+        print(f"rejected: {outcome.reason}", file=sys.stderr)
+        return 1
+    print(f"cancelling {args.job} (request {outcome.submit_seq})", file=sys.stderr)
+    if args.wait and _wait_for_end(api_url, args.job, args.timeout) is None:
         return 1
     return 0
 
@@ -271,6 +326,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait until the job finishes")
     p.add_argument("--timeout", type=float, default=3600, help="with --wait (default: 3600 s)")
     p.set_defaults(func=cmd_submit)
+    p = sub.add_parser(
+        "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",
+        description="Cancel a job. Its unfinished tasks are killed (SIGTERM, then SIGKILL "
+        "after BERTH_KILL_GRACE seconds) and its child jobs are cancelled. Cancelling a job "
+        "that already ended changes nothing.")
+    p.add_argument("job", help="job id, e.g. j42-1a2b")
+    p.add_argument("--reason", default="", help="recorded with the job's error")
+    p.add_argument("--user", default=None, help="who cancels (default: $USER)")
+    p.add_argument("--wait", action="store_true", help="wait until the job has ended")
+    p.add_argument("--timeout", type=float, default=120, help="with --wait (default: 120 s)")
+    p.set_defaults(func=cmd_cancel)
     p = sub.add_parser("status", help="show one job with its tasks, or list all jobs")
     p.add_argument("job", nargs="?")
     p.set_defaults(func=cmd_status)

@@ -14,7 +14,15 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
 from shared import subjects
-from shared.messages import JobSpec, JobSubmitted, SubmitRejected, encode, event_decoder
+from shared.messages import (
+    CancelRequest,
+    JobCancelRequested,
+    JobSpec,
+    JobSubmitted,
+    SubmitRejected,
+    encode,
+    event_decoder,
+)
 
 
 @dataclass(frozen=True)
@@ -28,17 +36,27 @@ class SubmitOutcome:
         return self.job_id is not None
 
 
-async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None) -> int:
-    """Publishes raw submit bytes; returns the submit stream sequence (the PubAck's seq)."""
+async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None,
+                         subject: str = subjects.SUBMIT_JOB) -> int:
+    """Publishes raw submit bytes (a job, or a cancel on SUBMIT_CANCEL); returns the submit
+    stream sequence (the PubAck's seq)."""
     ack = await nc.jetstream().publish(
-        subjects.SUBMIT_JOB, payload, headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
+        subject, payload, headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
         stream=subjects.SUBMIT_STREAM,
     )
     return int(ack.seq)
 
 
+async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str = "",
+                     timeout: float = 30) -> SubmitOutcome:
+    """Asks berth to cancel a job; the outcome says whether the request was accepted."""
+    request = CancelRequest(job_id=job_id, reason=reason, user=user)
+    seq = await publish_submit(nc, encode(request), subject=subjects.SUBMIT_CANCEL)
+    return await wait_for_outcome(nc, seq, timeout)
+
+
 async def wait_for_outcome(nc: NATS, submit_seq: int, timeout: float = 30) -> SubmitOutcome:
-    """Waits for the submitter's verdict on submit `submit_seq`."""
+    """Waits for the submitter's verdict on submit `submit_seq` (a job or a cancel)."""
     sub = await nc.jetstream().subscribe(
         subjects.submit_outcome(submit_seq), stream=subjects.EVENTS_STREAM,
         ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
@@ -48,7 +66,7 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, timeout: float = 30) -> Su
     finally:
         await sub.unsubscribe()
     event = event_decoder.decode(msg.data)
-    if isinstance(event, JobSubmitted):
+    if isinstance(event, JobSubmitted | JobCancelRequested):
         return SubmitOutcome(submit_seq, event.job_id, None)
     if isinstance(event, SubmitRejected):
         return SubmitOutcome(submit_seq, None, event.reason)

@@ -28,6 +28,8 @@ JobId = Annotated[
     Meta(pattern=r"^j[0-9]+-[0-9a-f]{4}$", description="A job id, as berth assigned it."),
 ]
 Seconds = Annotated[float, Meta(gt=0, le=366 * 24 * 3600)]
+User = Annotated[str, Meta(max_length=128, description="Who asked (free text).")]
+Reason = Annotated[str, Meta(max_length=1024)]
 
 
 class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -63,7 +65,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     max_task_failures: Annotated[
         int, Meta(ge=0, description="FAILED tasks the job tolerates before it fails.")
     ] = 0
-    user: Annotated[str, Meta(max_length=128)] = ""
+    user: User = ""
     parent: JobId | None = None
     """A parent job: if it ends in any state but succeeded, this job is cancelled."""
     scheduling_timeout: Annotated[
@@ -81,8 +83,8 @@ class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
 
     v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="Schema version.")] = 1
     job_id: JobId
-    reason: Annotated[str, Meta(max_length=1024)] = ""
-    user: Annotated[str, Meta(max_length=128)] = ""
+    reason: Reason = ""
+    user: User = ""
 
 
 # --- events: the append-only log every service folds --------------------------------------

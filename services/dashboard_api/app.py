@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from importlib import resources
-from typing import Annotated
+from typing import Annotated, NoReturn
 
-from litestar import Litestar, MediaType, get
-from litestar.exceptions import NotFoundException
+from litestar import Litestar, MediaType, get, post
+from litestar.exceptions import ClientException, NotFoundException
 from litestar.openapi import OpenAPIConfig
 from litestar.params import Parameter
 from nats.js import JetStreamContext
@@ -15,7 +15,8 @@ from services.dashboard_api import views
 from services.dashboard_api.projection import Projection
 from shared import nats_io, subjects
 from shared.lifecycle import JobView
-from shared.states import JobState
+from shared.messages import CancelRequest, encode
+from shared.states import JOB_TERMINAL, JobState
 
 
 def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
@@ -56,6 +57,20 @@ def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
     def job_detail(job_id: str) -> views.JobDetail:
         return views.job_detail(find_job(job_id))
 
+    @post("/api/jobs/{job_id:str}/cancel", status_code=202)
+    async def cancel(job_id: str, data: views.CancelBody | None = None) -> views.CancelAccepted:
+        """Cancels a job: its unfinished tasks are killed (SIGTERM, then SIGKILL after the
+        grace period) and its child jobs cancelled. The same as publishing a cancel message
+        to berth.submit.cancel; the outcome lands at /api/submits/{submit_seq}."""
+        job = find_job(job_id)
+        if job.state in JOB_TERMINAL:
+            raise ClientException(f"job {job_id} already {job.state.display}", status_code=409)
+        body = data or views.CancelBody()
+        request = CancelRequest(job_id=job_id, reason=body.reason, user=body.user)
+        ack = await js.publish(subjects.SUBMIT_CANCEL, encode(request),
+                               stream=subjects.SUBMIT_STREAM)
+        return views.CancelAccepted(job_id=job_id, submit_seq=int(ack.seq))
+
     @get("/api/workers", sync_to_thread=False)
     def list_workers() -> list[views.WorkerOut]:
         return [
@@ -71,7 +86,10 @@ def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
             return views.SubmitOutcome(submit_seq, False, reason=state.rejections[submit_seq])
         job_id = state.job_by_submit.get(submit_seq)
         if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id)
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
+        job_id = state.cancel_by_submit.get(submit_seq)
+        if job_id is not None:
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
         raise NotFoundException(f"no outcome yet for submit {submit_seq}")
 
     @get("/api/jobs/{job_id:str}/tasks/{index:int}/logs", media_type=MediaType.TEXT)
@@ -102,14 +120,14 @@ def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
         return page.read_text()
 
     return Litestar(
-        route_handlers=[healthz, list_jobs, job_detail, list_workers, submit_outcome, task_logs,
-                        index],
+        route_handlers=[healthz, list_jobs, job_detail, cancel, list_workers, submit_outcome,
+                        task_logs, index],
         openapi_config=OpenAPIConfig(title="berth dashboard API", version="0.1.0",
                                      path="/schema"),
     )
 
 
-def raise_bad_request(detail: str) -> None:
+def raise_bad_request(detail: str) -> NoReturn:
     from litestar.exceptions import ValidationException
 
     raise ValidationException(detail)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
-from shared.messages import JobSpec, Resources
+from shared.messages import JobSpec, Reason, Resources, User
+from shared.states import TaskState
 
 
 class AttemptOut(msgspec.Struct):
@@ -31,6 +32,7 @@ class TaskOut(msgspec.Struct):
     exit_code: int | None
     error: str
     pending_reason: str
+    pending_since: float | None
     attempts: list[AttemptOut]
     refused_reports: list[str]
 
@@ -41,6 +43,7 @@ class JobSummary(msgspec.Struct):
     user: str
     state: str
     replicas: int
+    parent: str | None
     task_counts: dict[str, int]
     submitted_at: float
     started_at: float | None
@@ -50,6 +53,7 @@ class JobSummary(msgspec.Struct):
 
 class JobDetail(JobSummary):
     spec: JobSpec
+    children: list[str]
     tasks: list[TaskOut]
 
 
@@ -72,6 +76,17 @@ class SubmitOutcome(msgspec.Struct):
     accepted: bool
     job_id: str | None = None
     reason: str | None = None
+    kind: str | None = None  # "job" or "cancel" when accepted
+
+
+class CancelBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    reason: Reason = ""
+    user: User = ""
+
+
+class CancelAccepted(msgspec.Struct):
+    job_id: str
+    submit_seq: int
 
 
 def attempt_out(a: AttemptView) -> AttemptOut:
@@ -89,6 +104,7 @@ def task_out(t: TaskView) -> TaskOut:
         current_attempt=current.attempt_id if current else None,
         failure_count=t.failure_count, preemption_count=t.preemption_count,
         exit_code=t.exit_code, error=t.error, pending_reason=t.pending_reason,
+        pending_since=t.pending_since if t.state == TaskState.PENDING else None,
         attempts=[attempt_out(a) for a in t.attempts], refused_reports=list(t.refused_reports),
     )
 
@@ -96,7 +112,7 @@ def task_out(t: TaskView) -> TaskOut:
 def _summary_fields(job: JobView) -> dict[str, object]:
     return dict(
         job_id=job.job_id, name=job.spec.name, user=job.spec.user, state=job.state.display,
-        replicas=job.spec.replicas, task_counts=job.task_counts(),
+        replicas=job.spec.replicas, parent=job.spec.parent, task_counts=job.task_counts(),
         submitted_at=job.submitted_at, started_at=job.started_at,
         finished_at=job.finished_at, error=job.error,
     )
@@ -109,7 +125,7 @@ def job_summary(job: JobView) -> JobSummary:
 def job_detail(job: JobView) -> JobDetail:
     return JobDetail(
         **_summary_fields(job),  # type: ignore[arg-type]
-        spec=job.spec, tasks=[task_out(t) for t in job.tasks],
+        spec=job.spec, children=list(job.children), tasks=[task_out(t) for t in job.tasks],
     )
 
 
