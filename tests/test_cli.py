@@ -46,9 +46,42 @@ def test_schema_is_valid_json_schema_for_the_submit_message() -> None:
 
 def test_help_lists_every_command() -> None:
     out = run_berth("--help").stdout
-    for command in ("up", "demo", "submit", "status", "schema", "run"):
+    for command in ("up", "demo", "submit", "cancel", "status", "schema", "run"):
         assert command in out
     assert "--cpu" in run_berth("run", "worker", "--help").stdout
+    assert "SIGKILL" in run_berth("cancel", "--help").stdout
+
+
+def test_cancel_from_the_cli_kills_the_job_and_status_shows_the_history(
+        make_stack, tmp_path: Path) -> None:
+    stack: Stack = make_stack(workers=1)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: sleepy\ncommand: [sleep, '300']\n"
+                    "resources: {cpu: 0.5, memory_mb: 64}\n")
+    env = {"BERTH_NATS_URL": stack.nats.url, "BERTH_API_URL": stack.api_url}
+    submitted = run_berth("submit", str(spec), env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    wait_until_sync(lambda: "running" in run_berth("status", job_id, env=env).stdout)
+    result = run_berth("cancel", job_id, "--reason", "not needed", "--user", "ada", "--wait",
+                       env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"job {job_id} (sleepy): killed" in result.stdout
+    assert "error: cancelled by ada: not needed" in result.stdout
+    assert "attempt 0" in result.stdout and "local-0" in result.stdout
+    unknown = run_berth("cancel", "j999-abcd", env=env)
+    assert unknown.returncode == 1 and "rejected: job_id: no job 'j999-abcd'" in unknown.stderr
+    typo = run_berth("cancel", "not-a-job", env=env)
+    assert typo.returncode == 1 and "$.job_id" in typo.stderr
+
+
+def wait_until_sync(predicate: object, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
 
 
 def test_submit_and_status_against_a_running_stack(make_stack, tmp_path: Path) -> None:

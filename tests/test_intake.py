@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from services.submitter.intake import intake, job_id_for
-from shared.messages import JobSubmitted, SubmitRejected
+from services.submitter.intake import intake, intake_cancel, job_id_for, unknown_subject
+from shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected, submit_seq_of
 
 
 def test_valid_submit_becomes_a_job_with_a_stable_id() -> None:
@@ -21,3 +21,20 @@ def test_every_bad_input_is_a_rejection_never_an_exception() -> None:
         out = intake(payload, 1, 0, 1000)
         assert isinstance(out, SubmitRejected), payload
         assert out.reason
+
+
+def test_job_ids_name_their_submit_sequence() -> None:
+    assert submit_seq_of(job_id_for(42, 1)) == 42
+    assert submit_seq_of("x42-abcd") is None and submit_seq_of("j-abcd") is None
+
+
+def test_cancel_requests() -> None:
+    out = intake_cancel(b'{"job_id": "j3-abcd", "reason": "r", "user": "u"}', 9, 1000)
+    assert isinstance(out, JobCancelRequested)
+    assert (out.job_id, out.submit_seq, out.reason, out.user) == ("j3-abcd", 9, "r", "u")
+    for payload, why in [(b'{"job_id": "3"}', "$.job_id"), (b"{}", "job_id"),
+                         (b'{"job_id": "j3-abcd", "force": true}', "force"),
+                         (b'{"job_id": ', "malformed JSON"), (b"x" * 2000, "limit is 1000 bytes")]:
+        rejected = intake_cancel(payload, 9, 1000)
+        assert isinstance(rejected, SubmitRejected) and why in rejected.reason, payload
+    assert "berth.submit.cancel" in unknown_subject("berth.submit.jobs", 3).reason

@@ -10,20 +10,25 @@ from shared.lifecycle import ClusterState, Kill, Release
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    JobCancelRequested,
     JobSpec,
     JobSubmitted,
+    LeaderElected,
+    PendingReason,
+    PendingReasonsChanged,
     Resources,
     TaskAssigned,
+    TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
 )
-from shared.states import JobState, TaskState
+from shared.states import JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 
 
 def submitted(job_id: str = "j1", replicas: int = 1, **spec: object) -> JobSubmitted:
-    return JobSubmitted(job_id=job_id, submit_seq=1, spec=JobSpec(
+    return JobSubmitted(job_id=job_id, submit_seq=int(job_id[1:]), spec=JobSpec(
         name="t", command=["x"], replicas=replicas, resources=Resources(cpu=1, memory_mb=100),
         **spec))  # type: ignore[arg-type]
 
@@ -34,15 +39,15 @@ def registered(worker: str = "w1", incarnation: str = "i1") -> WorkerRegistered:
 
 
 def assigned(attempt: int, index: int = 0, worker: str = "w1", epoch: int = 1,
-             incarnation: str = "i1") -> TaskAssigned:
-    return TaskAssigned(job_id="j1", task_index=index, attempt_id=attempt, worker_id=worker,
+             incarnation: str = "i1", job: str = "j1") -> TaskAssigned:
+    return TaskAssigned(job_id=job, task_index=index, attempt_id=attempt, worker_id=worker,
                         incarnation=incarnation, epoch=epoch)
 
 
 def report(attempt: int, state: TaskState, code: int | None = None, index: int = 0,
-           worker: str = "w1") -> AttemptReported:
-    return AttemptReported(job_id="j1", task_index=index, attempt_id=attempt, worker_id=worker,
-                           state=state, exit_code=code)
+           worker: str = "w1", job: str = "j1", error: str = "") -> AttemptReported:
+    return AttemptReported(job_id=job, task_index=index, error=error, attempt_id=attempt,
+                           worker_id=worker, state=state, exit_code=code)
 
 
 def fold(events: list[AnyEvent]) -> tuple[ClusterState, list[object]]:
@@ -111,12 +116,131 @@ def test_job_failure_kills_surviving_tasks_and_keeps_their_resources_until_exit(
 
 
 def test_void_assignment_of_a_deposed_leader() -> None:
-    from shared.messages import LeaderElected
-
     state, _ = fold([registered(), submitted(), LeaderElected(scheduler_id="b", epoch=2),
                      assigned(0, epoch=1)])
     assert state.jobs["j1"].tasks[0].state == S.PENDING
     assert state.workers["w1"].cpu_used_milli == 0
+
+
+def cancel(job: str = "j1", seq: int = 50, reason: str = "", user: str = ""
+           ) -> JobCancelRequested:
+    return JobCancelRequested(job_id=job, submit_seq=seq, reason=reason, user=user)
+
+
+def unschedulable(index: int = 0, job: str = "j1", epoch: int = 1) -> TaskUnschedulable:
+    return TaskUnschedulable(job_id=job, task_index=index, epoch=epoch,
+                             reason="scheduling timeout of 5s expired: no live workers")
+
+
+def test_cancel_kills_unfinished_tasks_and_only_running_ones_need_a_kill() -> None:
+    state, effects = fold([registered(), submitted(replicas=3), assigned(0, 0),
+                           report(0, S.RUNNING, index=0), assigned(0, 1),
+                           report(0, S.RUNNING, index=1), report(0, S.SUCCEEDED, 0, index=1),
+                           cancel(reason="wrong data", user="ada")])
+    job = state.jobs["j1"]
+    assert [t.state for t in job.tasks] == [S.KILLED, S.SUCCEEDED, S.KILLED]
+    assert job.state == JobState.KILLED and job.error == "cancelled by ada: wrong data"
+    assert [e for e in effects if isinstance(e, Kill)] == [
+        Kill("w1", "i1", "j1", 0, 0, "cancelled by ada: wrong data")]
+    assert state.pending == {}  # the pending task 2 is simply killed
+    assert state.cancel_by_submit == {50: "j1"}
+    # The worker confirms: the attempt ends KILLED and its resources are released.
+    effects = state.apply(0, report(0, S.KILLED, -15, index=0))
+    assert Release("w1", "j1/0/0") in effects
+    assert job.tasks[0].attempts[0].state == S.KILLED and job.tasks[0].error.startswith("cancel")
+    # A cancel of a finished job changes nothing.
+    assert state.apply(0, cancel()) == [] and job.error == "cancelled by ada: wrong data"
+
+
+def test_killed_before_it_started_is_confirmed_from_assigned() -> None:
+    state, effects = fold([registered(), submitted(), assigned(0), cancel(),
+                           report(0, S.KILLED, error="killed before it started: cancelled")])
+    attempt = state.jobs["j1"].tasks[0].attempts[0]
+    assert attempt.state == S.KILLED and attempt.exited and attempt.started_at is None
+    assert Release("w1", "j1/0/0") in effects
+    assert state.workers["w1"].cpu_used_milli == 0
+
+
+def test_a_parent_ending_badly_cancels_descendants_but_success_does_not() -> None:
+    family = [registered(), submitted("j1"), submitted("j2", parent="j1"),
+              submitted("j3", parent="j2"), submitted("j4", parent="j1")]
+    state, _ = fold([*family, assigned(0, job="j1"), report(0, S.RUNNING, job="j1"),
+                     report(0, S.FAILED, 1, job="j1")])
+    assert state.jobs["j1"].state == JobState.FAILED
+    assert state.jobs["j1"].children == ["j2", "j4"]
+    assert state.jobs["j2"].error == "parent job j1 failed"
+    assert state.jobs["j3"].error == "parent job j2 killed"
+    assert all(state.jobs[j].state == JobState.KILLED for j in ("j2", "j3", "j4"))
+    # Submitted after its parent ended badly: cancelled at birth.
+    state.apply(0, submitted("j5", parent="j1"))
+    assert state.jobs["j5"].state == JobState.KILLED
+    assert state.jobs["j5"].error == "parent job j1 is failed"
+
+    state, _ = fold([*family, assigned(0, job="j1"), report(0, S.RUNNING, job="j1"),
+                     report(0, S.SUCCEEDED, 0, job="j1")])
+    assert state.jobs["j1"].state == JobState.SUCCEEDED
+    assert all(state.jobs[j].state == JobState.PENDING for j in ("j2", "j3", "j4"))
+
+
+def test_a_long_chain_of_children_is_cancelled_without_recursion() -> None:
+    chain: list[AnyEvent] = [submitted("j1")]
+    chain += [submitted(f"j{i}", parent=f"j{i - 1}") for i in range(2, 3001)]
+    state, _ = fold([*chain, cancel("j1")])
+    assert state.jobs["j3000"].state == JobState.KILLED
+    assert state.jobs["j3000"].error == "parent job j2999 killed"
+
+
+def test_scheduling_timeout_makes_the_job_unschedulable_and_kills_the_rest() -> None:
+    state, effects = fold([registered(), submitted(replicas=2), assigned(0, 0),
+                           report(0, S.RUNNING, index=0), unschedulable(1)])
+    job = state.jobs["j1"]
+    assert [t.state for t in job.tasks] == [S.KILLED, S.UNSCHEDULABLE]
+    assert job.state == JobState.UNSCHEDULABLE
+    assert job.error == "job unschedulable: task 1: scheduling timeout of 5s expired: " \
+                        "no live workers"
+    assert Kill("w1", "i1", "j1", 0, 0, "job unschedulable") in effects
+    # Too late for a task that was placed meanwhile, or from a deposed leader: no effect.
+    state, _ = fold([registered(), submitted(), assigned(0), unschedulable(0)])
+    assert state.jobs["j1"].tasks[0].state == S.ASSIGNED
+    state, _ = fold([registered(), submitted(), LeaderElected(scheduler_id="b", epoch=3),
+                     unschedulable(0, epoch=2)])
+    assert state.jobs["j1"].tasks[0].state == S.PENDING
+
+
+def test_pending_reasons_land_on_pending_tasks_only_and_clear_on_placement() -> None:
+    why = PendingReasonsChanged(epoch=1, reasons=[
+        PendingReason("j1", 0, "insufficient memory: need 16384 MiB"),
+        PendingReason("j1", 1, "no live workers")])
+    state, _ = fold([registered(), submitted(replicas=2), assigned(0, 1), why])
+    tasks = state.jobs["j1"].tasks
+    assert tasks[0].pending_reason == "insufficient memory: need 16384 MiB"
+    assert tasks[1].pending_reason == ""  # assigned already
+    state.apply(0, assigned(0, 0))
+    assert tasks[0].pending_reason == ""
+
+
+def test_runtime_timeout_reported_killed_ends_the_job_with_the_reason() -> None:
+    why = "timed out: ran longer than the task timeout of 1s"
+    state, effects = fold([registered(), submitted(replicas=2), assigned(0, 0), assigned(0, 1),
+                           report(0, S.RUNNING, index=0), report(0, S.RUNNING, index=1),
+                           report(0, S.KILLED, -15, index=0, error=why)])
+    job = state.jobs["j1"]
+    assert job.tasks[0].state == S.KILLED and job.tasks[0].error == why
+    assert job.state == JobState.KILLED and job.error == f"job killed: task 0: {why}"
+    assert job.tasks[1].state == S.KILLED
+    assert Kill("w1", "i1", "j1", 1, 0, "job killed") in effects
+
+
+def test_reports_follow_the_diagram_and_a_regression_is_refused_visibly() -> None:
+    # A process quicker than its reports: ASSIGNED -> SUCCEEDED walks the diagram's steps.
+    state, _ = fold([registered(), submitted(), assigned(0), report(0, S.SUCCEEDED, 0)])
+    task = state.jobs["j1"].tasks[0]
+    assert task.state == S.SUCCEEDED and task.attempts[0].started_at is not None
+    state, _ = fold([registered(), submitted(), assigned(0), report(0, S.RUNNING),
+                     report(0, S.BUILDING)])
+    task = state.jobs["j1"].tasks[0]
+    assert task.state == S.RUNNING
+    assert task.refused_reports == ["Invalid transition: running -> building (attempt 0)"]
 
 
 # --- properties over random event sequences ------------------------------------------------
@@ -127,60 +251,87 @@ REPORTABLE = [S.PENDING, S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED]
 @st.composite
 def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
     replicas = draw(st.integers(1, 3))
+    limits = dict(max_retries_failure=draw(st.integers(0, 2)),
+                  max_retries_preemption=draw(st.integers(0, 2)),
+                  max_task_failures=draw(st.integers(0, 1)))
     events: list[AnyEvent] = [
         registered("w1", "i1"), registered("w2", "i1"),
-        submitted(replicas=replicas, max_retries_failure=draw(st.integers(0, 2)),
-                  max_retries_preemption=draw(st.integers(0, 2)),
-                  max_task_failures=draw(st.integers(0, 1))),
+        submitted(replicas=replicas, **limits),
+        submitted("j2", replicas=replicas, parent="j1", **limits),
     ]
     incarnations = {"w1": 1, "w2": 1}
+    kinds = ["assign", "report", "report", "report", "dead", "dup", "cancel", "unschedulable",
+             "reasons"]
     for _ in range(draw(st.integers(0, 40))):
-        kind = draw(st.sampled_from(["assign", "report", "report", "report", "dead", "dup"]))
+        kind = draw(st.sampled_from(kinds))
         worker = draw(st.sampled_from(["w1", "w2"]))
+        job = draw(st.sampled_from(["j1", "j1", "j2"]))
         inc = f"i{incarnations[worker]}"
         index = draw(st.integers(0, replicas - 1))
         attempt = draw(st.integers(0, 4))
         if kind == "assign":
-            events.append(assigned(attempt, index, worker, incarnation=inc))
+            events.append(assigned(attempt, index, worker, incarnation=inc, job=job))
         elif kind == "report":
             events.append(report(attempt, draw(st.sampled_from(REPORTABLE)),
-                                 draw(st.sampled_from([None, 0, 1])), index, worker))
+                                 draw(st.sampled_from([None, 0, 1])), index, worker, job))
         elif kind == "dead":
             events.append(WorkerDeclaredDead(worker_id=worker, incarnation=inc))
             incarnations[worker] += 1
             events.append(registered(worker, f"i{incarnations[worker]}"))
+        elif kind == "cancel":
+            events.append(cancel(job))
+        elif kind == "unschedulable":
+            events.append(unschedulable(index, job))
+        elif kind == "reasons":
+            events.append(PendingReasonsChanged(epoch=1, reasons=[
+                PendingReason(job, index, draw(st.sampled_from(["no live workers", "cpu"])))]))
         else:
             events.append(events[draw(st.integers(0, len(events) - 1))])
     return events
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(event_sequences())
 def test_fold_invariants(events: list[AnyEvent]) -> None:
     state = ClusterState()
     finished: dict[tuple[str, int], TaskState] = {}
+    ended: dict[str, JobState] = {}
     for seq, event in enumerate(events, start=1):
         state.apply(seq, event)
-        job = state.jobs.get("j1")
-        if job is None:
-            continue
-        spec = job.spec
-        for task in job.tasks:
-            # A finished task never changes.
-            if task.key in finished:
-                assert task.state == finished[task.key]
-            if task_rules.is_finished(task.state, task.failure_count, spec.max_retries_failure,
-                                      task.preemption_count, spec.max_retries_preemption):
-                finished.setdefault(task.key, task.state)
-            # Counters never exceed limit + 1.
-            assert task.failure_count <= spec.max_retries_failure + 1
-            assert task.preemption_count <= spec.max_retries_preemption + 1
-        # Job state always equals the derivation of its task states (until terminal).
-        derived = task_rules.derive_job_state((t.state for t in job.tasks),
-                                              spec.max_task_failures)
-        if derived != job.state:
-            from shared.states import JOB_TERMINAL
-            assert job.state in JOB_TERMINAL
+        for job in state.jobs.values():
+            spec = job.spec
+            for task in job.tasks:
+                # A finished task never changes.
+                if task.key in finished:
+                    assert task.state == finished[task.key]
+                done = task_rules.is_finished(
+                    task.state, task.failure_count, spec.max_retries_failure,
+                    task.preemption_count, spec.max_retries_preemption)
+                if done:
+                    finished.setdefault(task.key, task.state)
+                # Counters never exceed limit + 1.
+                assert task.failure_count <= spec.max_retries_failure + 1
+                assert task.preemption_count <= spec.max_retries_preemption + 1
+                # Exactly the schedulable tasks wait for placement.
+                schedulable = task_rules.can_be_scheduled(
+                    task.state, task.failure_count, spec.max_retries_failure,
+                    task.preemption_count, spec.max_retries_preemption)
+                assert (task.key in state.pending) == schedulable
+                # When a job has ended, none of its tasks is left unfinished.
+                if job.state in JOB_TERMINAL:
+                    assert done, (job.state, task)
+            # Job state always equals the derivation of its task states.
+            assert job.state == task_rules.derive_job_state(
+                (t.state for t in job.tasks), spec.max_task_failures)
+            # An ended job never changes.
+            if job.job_id in ended:
+                assert job.state == ended[job.job_id]
+            elif job.state in JOB_TERMINAL:
+                ended[job.job_id] = job.state
+        # A parent that ended in anything but success has no unfinished child.
+        parent, child = state.jobs.get("j1"), state.jobs.get("j2")
+        if parent and child and parent.state in JOB_TERMINAL - {JobState.SUCCEEDED}:
+            assert child.state in JOB_TERMINAL
         # Committed resources equal the sum over live attempts, never negative.
         for worker in state.workers.values():
             assert worker.cpu_used_milli == 1000 * len(worker.live_attempts)

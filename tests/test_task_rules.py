@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared import task_rules
-from shared.states import JobState, TaskState
+from shared.states import ATTEMPT_TERMINAL, JobState, TaskState
 
 S = TaskState
 
@@ -18,30 +18,76 @@ def test_proto_values_match_the_seed() -> None:
     assert S.WORKER_FAILED.display == "worker_failed"
 
 
+# Every edge of the seed's diagram, and no other: the worker's progress, exits from RUNNING
+# (and a build that cannot start its command), KILLED from every unfinished state,
+# WORKER_FAILED from every state that holds a worker, the scheduling timeout, the retries.
+SEED_EDGES = {
+    (S.PENDING, S.ASSIGNED), (S.ASSIGNED, S.BUILDING), (S.BUILDING, S.RUNNING),
+    (S.RUNNING, S.SUCCEEDED), (S.RUNNING, S.FAILED), (S.BUILDING, S.FAILED),
+    (S.PENDING, S.KILLED), (S.ASSIGNED, S.KILLED), (S.BUILDING, S.KILLED),
+    (S.RUNNING, S.KILLED),
+    (S.ASSIGNED, S.WORKER_FAILED), (S.BUILDING, S.WORKER_FAILED),
+    (S.RUNNING, S.WORKER_FAILED),
+    (S.PENDING, S.UNSCHEDULABLE),
+    (S.FAILED, S.PENDING), (S.WORKER_FAILED, S.PENDING),
+}
+STATES = [s for s in TaskState if s != S.UNSPECIFIED]
+
+
+@pytest.mark.parametrize("current", STATES, ids=lambda s: s.display)
+@pytest.mark.parametrize("new", STATES, ids=lambda s: s.display)
+def test_transitions_are_exactly_the_seed_diagram(current: TaskState, new: TaskState) -> None:
+    assert task_rules.can_transition(current, new) is ((current, new) in SEED_EDGES)
+
+
+# The seed's state table: terminal (at the attempt level) and retriable, row by row.
 @pytest.mark.parametrize(
-    ("current", "new", "allowed"),
+    ("state", "proto", "terminal", "retriable"),
     [
-        (S.PENDING, S.ASSIGNED, True),
-        (S.ASSIGNED, S.BUILDING, True),
-        (S.BUILDING, S.RUNNING, True),
-        (S.RUNNING, S.SUCCEEDED, True),
-        (S.RUNNING, S.FAILED, True),
-        (S.RUNNING, S.WORKER_FAILED, True),
-        (S.FAILED, S.PENDING, True),
-        (S.WORKER_FAILED, S.PENDING, True),
-        (S.PENDING, S.UNSCHEDULABLE, True),
-        (S.RUNNING, S.KILLED, True),
-        (S.ASSIGNED, S.PENDING, False),  # a worker's PENDING never regresses ASSIGNED
-        (S.RUNNING, S.BUILDING, False),
-        (S.SUCCEEDED, S.FAILED, False),
-        (S.KILLED, S.PENDING, False),  # never retried
-        (S.UNSCHEDULABLE, S.PENDING, False),  # never retried
-        (S.PENDING, S.RUNNING, False),  # must be dispatched first
-        (S.SUCCEEDED, S.PENDING, False),
+        (S.PENDING, 1, False, False),
+        (S.ASSIGNED, 9, False, False),
+        (S.BUILDING, 2, False, False),
+        (S.RUNNING, 3, False, False),
+        (S.SUCCEEDED, 4, True, False),
+        (S.FAILED, 5, True, True),
+        (S.KILLED, 6, True, False),
+        (S.WORKER_FAILED, 7, True, True),
+        (S.UNSCHEDULABLE, 8, True, False),
+    ],
+    ids=lambda v: v.display if isinstance(v, TaskState) else None,
+)
+def test_state_table(state: TaskState, proto: int, terminal: bool, retriable: bool) -> None:
+    assert state.value == proto
+    assert (state in ATTEMPT_TERMINAL) is terminal
+    assert (task_rules.retry_decision(state, 1, 1) == task_rules.RetryDecision.SHOULD_RETRY
+            ) is retriable
+    # A terminal state leaves only through a retry.
+    if terminal:
+        assert task_rules.TRANSITIONS[state] <= {S.PENDING}
+        assert bool(task_rules.TRANSITIONS[state]) is retriable
+
+
+@pytest.mark.parametrize(
+    ("current", "reported", "path"),
+    [
+        (S.ASSIGNED, S.BUILDING, [S.BUILDING]),
+        (S.ASSIGNED, S.RUNNING, [S.BUILDING, S.RUNNING]),
+        (S.ASSIGNED, S.SUCCEEDED, [S.BUILDING, S.RUNNING, S.SUCCEEDED]),
+        (S.ASSIGNED, S.FAILED, [S.BUILDING, S.FAILED]),  # cannot start the command
+        (S.ASSIGNED, S.KILLED, [S.KILLED]),  # killed before it started
+        (S.BUILDING, S.SUCCEEDED, [S.RUNNING, S.SUCCEEDED]),
+        (S.RUNNING, S.BUILDING, None),  # a regression
+        (S.RUNNING, S.RUNNING, None),
+        (S.SUCCEEDED, S.FAILED, None),
+        (S.KILLED, S.KILLED, None),  # a finished task is final
+        (S.PENDING, S.RUNNING, None),  # never dispatched
     ],
 )
-def test_transitions(current: TaskState, new: TaskState, allowed: bool) -> None:
-    assert task_rules.can_transition(current, new) is allowed
+def test_report_path(current: TaskState, reported: TaskState, path: list[TaskState] | None
+                     ) -> None:
+    assert task_rules.report_path(current, reported) == path
+    for a, b in zip([current, *(path or [])], path or [], strict=False):
+        assert task_rules.can_transition(a, b)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +126,26 @@ def test_retry_decision(state: TaskState, counter: int, limit: int,
 def test_is_finished(state: TaskState, failures: int, max_f: int, preemptions: int, max_p: int,
                      finished: bool) -> None:
     assert task_rules.is_finished(state, failures, max_f, preemptions, max_p) is finished
+
+
+@pytest.mark.parametrize(
+    ("state", "failures", "max_f", "preemptions", "max_p", "schedulable"),
+    [
+        (S.PENDING, 0, 0, 0, 100, True),
+        (S.FAILED, 1, 1, 0, 100, True),  # the seed: terminal attempt, budget left
+        (S.FAILED, 2, 1, 0, 100, False),
+        (S.WORKER_FAILED, 0, 0, 3, 100, True),
+        (S.WORKER_FAILED, 0, 0, 101, 100, False),
+        (S.ASSIGNED, 0, 0, 0, 100, False),
+        (S.RUNNING, 0, 0, 0, 100, False),
+        (S.SUCCEEDED, 0, 0, 0, 100, False),
+        (S.KILLED, 0, 0, 0, 100, False),
+        (S.UNSCHEDULABLE, 0, 0, 0, 100, False),
+    ],
+)
+def test_can_be_scheduled(state: TaskState, failures: int, max_f: int, preemptions: int,
+                          max_p: int, schedulable: bool) -> None:
+    assert task_rules.can_be_scheduled(state, failures, max_f, preemptions, max_p) is schedulable
 
 
 @pytest.mark.parametrize(
