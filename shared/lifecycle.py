@@ -181,6 +181,8 @@ class ClusterState:
                 self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
+            case WorkerDeclaredDead() if event.epoch < self.epoch:
+                pass  # a deposed leader's verdict is void
             case WorkerStopped() | WorkerDeclaredDead():
                 worker = self.workers.get(event.worker_id)
                 if worker and worker.alive and worker.incarnation == event.incarnation:

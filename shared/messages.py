@@ -137,6 +137,7 @@ class WorkerDeclaredDead(Event, tag="worker_declared_dead"):
     worker_id: str
     incarnation: str
     reason: str = ""
+    epoch: int = 0
 
 
 class LeaderElected(Event, tag="leader_elected"):

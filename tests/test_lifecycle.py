@@ -115,6 +115,16 @@ def test_job_failure_kills_surviving_tasks_and_keeps_their_resources_until_exit(
     assert state.workers["w1"].cpu_used_milli == 0
 
 
+def test_a_deposed_leaders_death_verdict_is_void() -> None:
+    state, _ = fold([registered(), submitted(), LeaderElected(scheduler_id="b", epoch=2),
+                     assigned(0, epoch=2),
+                     WorkerDeclaredDead(worker_id="w1", incarnation="i1", epoch=1)])
+    assert state.workers["w1"].alive and state.jobs["j1"].tasks[0].state == S.ASSIGNED
+    state.apply(0, WorkerDeclaredDead(worker_id="w1", incarnation="i1", epoch=2))
+    assert not state.workers["w1"].alive
+    assert state.jobs["j1"].tasks[0].state == S.PENDING  # preempted, retried
+
+
 def test_void_assignment_of_a_deposed_leader() -> None:
     state, _ = fold([registered(), submitted(), LeaderElected(scheduler_id="b", epoch=2),
                      assigned(0, epoch=1)])

@@ -424,24 +424,40 @@ class Leader:
                 await self._send_run(worker, task, attempt_id)
 
     async def _watch_workers(self) -> None:
+        interval = self.settings.heartbeat_interval
+        last_look = time.monotonic()
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval)
+            await asyncio.sleep(interval)
             now = time.monotonic()
+            if now - last_look > interval + self.settings.worker_dead_after / 2:
+                # This process was paused (or starved), not the workers: their heartbeats
+                # could not be heard, so restart every clock instead of declaring deaths.
+                log.warning("scheduler stalled for %.1fs; restarting heartbeat clocks",
+                            now - last_look)
+                for worker in self._live_workers():
+                    self.last_heartbeat[worker.worker_id] = now
+            last_look = now
             for worker in self._live_workers():
                 seen = self.last_heartbeat.setdefault(worker.worker_id, now)
                 silent = now - seen
                 if silent > self.settings.worker_dead_after:
-                    log.warning("worker %s silent for %.1fs: declaring it dead",
-                                worker.worker_id, silent)
-                    await nats_io.publish_event(
-                        self.js, subjects.worker_events(worker.worker_id),
-                        WorkerDeclaredDead(worker_id=worker.worker_id,
-                                           incarnation=worker.incarnation,
-                                           reason=f"no heartbeat for {silent:.1f}s",
-                                           ts=time.time()),
-                        msg_id=f"dead:{worker.worker_id}:{worker.incarnation}",
-                    )
+                    await self._declare_dead(worker, silent)
                     self.last_heartbeat[worker.worker_id] = now
+
+    async def _declare_dead(self, worker: WorkerView, silent: float) -> None:
+        # Only a current leader may write a death off: a deposed one's event is void in the
+        # fold anyway (epoch), but it should not even be published.
+        ttl_ms = int(self.settings.lease_ttl * 1000)
+        if await self.store.acquire_lease(self.scheduler_id, ttl_ms) != self.epoch:
+            raise LostLeadership("lease lost before declaring a worker dead")
+        log.warning("worker %s silent for %.1fs: declaring it dead", worker.worker_id, silent)
+        await nats_io.publish_event(
+            self.js, subjects.worker_events(worker.worker_id),
+            WorkerDeclaredDead(worker_id=worker.worker_id, incarnation=worker.incarnation,
+                               reason=f"no heartbeat for {silent:.1f}s", epoch=self.epoch,
+                               ts=time.time()),
+            msg_id=f"dead:{worker.worker_id}:{worker.incarnation}",
+        )
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
