@@ -114,15 +114,23 @@ async def test_fails_twice_then_succeeds_under_max_retries_failure_2(make_stack,
     assert "exited with code 5" in job["error"]
 
 
-async def test_sigkilled_worker_fails_over_and_its_orphans_die_when_it_returns(
-        make_stack, nc, tmp_path: Path) -> None:
+async def first_attempt_running_on_one_of_two(make_stack: Any, nc: NATS, tmp_path: Path
+                                              ) -> tuple[Stack, str, str, int, int]:
+    """Two workers, a job whose first attempt runs until killed and whose retries succeed:
+    (stack, job id, the first attempt's worker, its task pid, its grandchild pid)."""
     stack: Stack = make_stack(workers=2)
     await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
     pid_file = tmp_path / "pids"
     job_id = await accepted(nc, long_task(pid_file, env={"FINISH_ATTEMPTS": "1,2,3"}))
     task_pid, grandchild = await pids_of(pid_file)
-    first = task(job_now(stack, job_id))["attempts"][0]
-    victim = first["worker_id"]
+    victim = task(job_now(stack, job_id))["attempts"][0]["worker_id"]
+    return stack, job_id, victim, task_pid, grandchild
+
+
+async def test_sigkilled_worker_fails_over_and_its_orphans_die_when_it_returns(
+        make_stack, nc, tmp_path: Path) -> None:
+    stack, job_id, victim, task_pid, grandchild = await first_attempt_running_on_one_of_two(
+        make_stack, nc, tmp_path)
     incarnation = next(w["incarnation"] for w in get_json(stack, "/api/workers")
                        if w["worker_id"] == victim)
 
@@ -153,12 +161,8 @@ async def test_sigkilled_worker_fails_over_and_its_orphans_die_when_it_returns(
 
 async def test_paused_worker_declared_dead_is_reset_when_it_resumes(
         make_stack, nc, tmp_path: Path) -> None:
-    stack: Stack = make_stack(workers=2)
-    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
-    pid_file = tmp_path / "pids"
-    job_id = await accepted(nc, long_task(pid_file, env={"FINISH_ATTEMPTS": "1,2,3"}))
-    task_pid, grandchild = await pids_of(pid_file)
-    victim = task(job_now(stack, job_id))["attempts"][0]["worker_id"]
+    stack, job_id, victim, task_pid, grandchild = await first_attempt_running_on_one_of_two(
+        make_stack, nc, tmp_path)
     agent = stack.children[victim]
     agent.send_signal(signal.SIGSTOP)
     try:

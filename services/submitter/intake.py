@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import TypeVar
 
 import msgspec
 
 from shared.messages import (
-    CancelRequest,
     JobCancelRequested,
-    JobSpec,
     JobSubmitted,
     SubmitRejected,
     cancel_decoder,
@@ -32,15 +31,22 @@ def describe_error(exc: Exception, what: str = "job spec") -> str:
     return f"malformed JSON: {exc}"
 
 
-def _too_big(payload: bytes, submit_seq: int, max_bytes: int, now: float
-             ) -> SubmitRejected | None:
-    if len(payload) <= max_bytes:
-        return None
-    return SubmitRejected(
-        submit_seq=submit_seq,
-        reason=f"submit message is {len(payload)} bytes; the limit is {max_bytes} bytes",
-        ts=now,
-    )
+T = TypeVar("T")
+
+
+def _decode(payload: bytes, submit_seq: int, max_bytes: int, decoder: msgspec.json.Decoder[T],
+            what: str, now: float) -> T | SubmitRejected:
+    """The message as `decoder`'s type, or a rejection that says what is wrong with it."""
+    if len(payload) > max_bytes:
+        return SubmitRejected(
+            submit_seq=submit_seq,
+            reason=f"submit message is {len(payload)} bytes; the limit is {max_bytes} bytes",
+            ts=now,
+        )
+    try:
+        return decoder.decode(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        return SubmitRejected(submit_seq=submit_seq, reason=describe_error(exc, what), ts=now)
 
 
 def intake(
@@ -48,12 +54,9 @@ def intake(
 ) -> JobSubmitted | SubmitRejected:
     """A message on berth.submit.job. A named parent still has to be checked to exist."""
     now = time.time()
-    if rejected := _too_big(payload, submit_seq, max_bytes, now):
-        return rejected
-    try:
-        spec: JobSpec = job_spec_decoder.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        return SubmitRejected(submit_seq=submit_seq, reason=describe_error(exc), ts=now)
+    spec = _decode(payload, submit_seq, max_bytes, job_spec_decoder, "job spec", now)
+    if isinstance(spec, SubmitRejected):
+        return spec
     return JobSubmitted(
         job_id=job_id_for(submit_seq, stored_at_ns), submit_seq=submit_seq, spec=spec, ts=now
     )
@@ -63,13 +66,9 @@ def intake_cancel(payload: bytes, submit_seq: int, max_bytes: int
                   ) -> JobCancelRequested | SubmitRejected:
     """A message on berth.submit.cancel. The job still has to be checked to exist."""
     now = time.time()
-    if rejected := _too_big(payload, submit_seq, max_bytes, now):
-        return rejected
-    try:
-        request: CancelRequest = cancel_decoder.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        return SubmitRejected(submit_seq=submit_seq,
-                              reason=describe_error(exc, "cancel request"), ts=now)
+    request = _decode(payload, submit_seq, max_bytes, cancel_decoder, "cancel request", now)
+    if isinstance(request, SubmitRejected):
+        return request
     return JobCancelRequested(job_id=request.job_id, submit_seq=submit_seq,
                               reason=request.reason, user=request.user, ts=now)
 
