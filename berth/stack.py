@@ -52,8 +52,10 @@ class Stack:
 
     def start_worker(self, worker_id: str, cpu: float = 2, memory_mb: int = 2048,
                      *extra: str) -> subprocess.Popen[bytes]:
+        """A local worker; `extra` are more `berth run worker` flags (devices, attributes)."""
         return self.start_service("worker", "--id", worker_id, "--cpu", str(cpu),
-                                  "--memory-mb", str(memory_mb), *extra, label=worker_id)
+                                  "--memory-mb", str(memory_mb), "--address", "127.0.0.1",
+                                  *extra, label=worker_id)
 
     def stop_child(self, label: str, timeout: float = 15) -> None:
         proc = self.children.pop(label)

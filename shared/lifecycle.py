@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from shared import task_rules
+from shared.capacity import Amounts
 from shared.messages import (
     AnyEvent,
     AttemptReported,
@@ -53,6 +54,9 @@ class AttemptView(msgspec.Struct, kw_only=True):
     exited: bool = False
     kill_requested: bool = False
     worker_failure: bool = False
+    ports: dict[str, int] = {}
+    group: str = ""
+    coordinator: str = ""
 
 
 class TaskView(msgspec.Struct, kw_only=True):
@@ -108,20 +112,28 @@ class WorkerView(msgspec.Struct, kw_only=True):
     resources: Resources
     attributes: dict[str, str] = {}
     host: str = ""
+    address: str = ""
     registered_at: float = 0.0
     alive: bool = True
-    cpu_used_milli: int = 0
-    memory_used_mb: int = 0
+    used: Amounts = Amounts()
     # attempt key -> (job_id, task_index, attempt_id) of attempts holding resources here
     live_attempts: dict[str, tuple[str, int, int]] = {}
+    ports_used: dict[int, str] = {}  # port -> attempt key
+    holder: str | None = None  # the job whose gang holds a group this worker belongs to
 
     @property
-    def cpu_free_milli(self) -> int:
-        return self.resources.cpu_milli - self.cpu_used_milli
+    def free(self) -> Amounts:
+        return self.resources.amounts - self.used
 
-    @property
-    def memory_free_mb(self) -> int:
-        return self.resources.memory_mb - self.memory_used_mb
+
+class GroupView(msgspec.Struct, kw_only=True):
+    """A coscheduling group held by a gang while any of its attempts there is live."""
+
+    name: str
+    job_id: str
+    members: list[str]
+    exclusive: bool
+    live: list[str] = []  # attempt keys
 
 
 # --- effects for the scheduler ------------------------------------------------------------
@@ -157,6 +169,8 @@ class ClusterState:
         self.epoch = 0
         # Tasks waiting for placement, in the order they became schedulable.
         self.pending: dict[tuple[str, int], None] = {}
+        self.groups: dict[str, GroupView] = {}
+        self._incarnations: set[tuple[str, str]] = set()
         # Jobs to cancel (job id, reason, time), drained at the end of each apply: a cascade
         # through generations of children is a loop, never a deep recursion.
         self._cancellations: deque[tuple[str, str, float]] = deque()
@@ -247,19 +261,24 @@ class ClusterState:
 
     def _worker_registered(self, event: WorkerRegistered, effects: list[Effect]) -> None:
         old = self.workers.get(event.worker_id)
-        if old is not None and old.incarnation == event.incarnation:
-            return
+        if (event.worker_id, event.incarnation) in self._incarnations:
+            return  # this incarnation registered before; it is current or long gone
+        self._incarnations.add((event.worker_id, event.incarnation))
         if old is not None:
             # A new incarnation means the old agent and every process it ran are gone.
             self._fail_worker_attempts(old, event.ts, "worker restarted", effects)
-        self.workers[event.worker_id] = WorkerView(
+        worker = self.workers[event.worker_id] = WorkerView(
             worker_id=event.worker_id,
             incarnation=event.incarnation,
             resources=event.resources,
             attributes=dict(event.attributes),
             host=event.host,
+            address=event.address or event.host,
             registered_at=event.ts,
         )
+        # A group held by a gang still holds this worker if its other members keep it.
+        worker.holder = next((g.job_id for g in self.groups.values()
+                              if g.exclusive and worker.worker_id in g.members), None)
 
     def _task_assigned(self, event: TaskAssigned, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
@@ -274,32 +293,42 @@ class ClusterState:
             worker_id=event.worker_id,
             incarnation=event.incarnation,
             assigned_at=event.ts,
+            ports=dict(event.ports),
+            group=event.group,
+            coordinator=event.coordinator,
         )
         # A committed assignment is a fact whatever the task's state: the reservation exists
         # and the command went out, so the attempt holds resources until it is confirmed gone.
         bisect.insort(task.attempts, attempt, key=lambda a: a.attempt_id)
-        res = job.spec.resources
-        worker.cpu_used_milli += res.cpu_milli
-        worker.memory_used_mb += res.memory_mb
-        worker.live_attempts[attempt_key(event.job_id, event.task_index, event.attempt_id)] = (
-            event.job_id,
-            event.task_index,
-            event.attempt_id,
-        )
+        key = attempt_key(event.job_id, event.task_index, event.attempt_id)
+        worker.used = worker.used + job.spec.resources.amounts
+        worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
+        for port in event.ports.values():
+            worker.ports_used[port] = key
+        if event.group:
+            self._hold_group(event.group, job, key)
+        # The worker may have died or restarted between the placement and this event: the
+        # attempt then fails at once, exactly as if it had been running (any fold order of
+        # the two events gives the same state).
+        gone = not worker.alive or worker.incarnation != event.incarnation
         if attempt is not task.current_attempt or not task_rules.can_transition(
             task.state, S.ASSIGNED
         ):
             # Superseded, or the task finished (e.g. was killed) before this was folded.
             attempt.kill_requested = True
-            effects.append(
-                Kill(worker.worker_id, worker.incarnation, job.job_id, task.index,
-                     attempt.attempt_id, f"task is {task.state.display}")
-            )
-            return
-        task.state = S.ASSIGNED
-        task.pending_reason = ""
-        self.pending.pop(task.key, None)
-        self._update_job(job, event.ts, effects)
+            if not gone:
+                effects.append(
+                    Kill(worker.worker_id, worker.incarnation, job.job_id, task.index,
+                         attempt.attempt_id, f"task is {task.state.display}")
+                )
+        else:
+            task.state = S.ASSIGNED
+            task.pending_reason = ""
+            self.pending.pop(task.key, None)
+            self._update_job(job, event.ts, effects)
+        if gone:
+            self._fail_worker_attempts(worker, event.ts, "worker gone before its assignment",
+                                       effects, [key])
 
     def _task_unschedulable(self, event: TaskUnschedulable, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
@@ -342,6 +371,10 @@ class ClusterState:
             self._refuse(task, f"Stale attempt: attempt {attempt.attempt_id} "
                                f"!= current {current.attempt_id}")
             return
+        if task.state not in ATTEMPT_LIVE or attempt.kill_requested:
+            # The task's state was already decided for this attempt (killed, or failed as a
+            # gang sibling and requeued): the report only confirms the process's end.
+            return
         if not task_rules.report_path(task.state, event.state):
             if task.state in ATTEMPT_LIVE:  # a finished task's state is simply final
                 self._refuse(task, f"Invalid transition: {task.state.display} -> "
@@ -359,6 +392,7 @@ class ClusterState:
             )
             if decision == task_rules.RetryDecision.SHOULD_RETRY:
                 self._requeue(task, event.ts)
+            self._cascade_gang(job, task, event.ts, effects)
         self._update_job(job, event.ts, effects)
 
     # --- helpers --------------------------------------------------------------------------
@@ -379,21 +413,55 @@ class ClusterState:
         worker = self.workers.get(attempt.worker_id)
         key = attempt_key(job_id, task_index, attempt.attempt_id)
         if worker is not None and worker.live_attempts.pop(key, None) is not None:
-            res = self.jobs[job_id].spec.resources
-            worker.cpu_used_milli -= res.cpu_milli
-            worker.memory_used_mb -= res.memory_mb
+            worker.used = worker.used - self.jobs[job_id].spec.resources.amounts
+            for port in attempt.ports.values():
+                if worker.ports_used.get(port) == key:
+                    del worker.ports_used[port]
+            if attempt.group:
+                self._let_go_of_group(attempt.group, key)
         effects.append(Release(attempt.worker_id, key))
 
+    def _hold_group(self, name: str, job: JobView, key: str) -> None:
+        group = self.groups.get(name)
+        if group is None:
+            attribute, _, value = name.partition("=")
+            members = sorted(w.worker_id for w in self.workers.values()
+                             if w.attributes.get(attribute) == value)
+            cosched = job.spec.coscheduling
+            group = GroupView(name=name, job_id=job.job_id, members=members,
+                              exclusive=not (cosched and cosched.shareable))
+            self.groups[name] = group
+            if group.exclusive:
+                for member in members:
+                    self.workers[member].holder = job.job_id
+        group.live.append(key)
+
+    def _let_go_of_group(self, name: str, key: str) -> None:
+        group = self.groups.get(name)
+        if group is None or key not in group.live:
+            return
+        group.live.remove(key)
+        if group.live:
+            return
+        del self.groups[name]
+        for member in group.members:
+            worker = self.workers.get(member)
+            if worker is not None and worker.holder == group.job_id:
+                worker.holder = None
+
     def _fail_worker_attempts(
-        self, worker: WorkerView, ts: float, why: str, effects: list[Effect]
+        self, worker: WorkerView, ts: float, why: str, effects: list[Effect],
+        keys: list[str] | None = None,
     ) -> None:
+        """The worker's processes are gone (all of them, or those of `keys`)."""
         touched: dict[str, JobView] = {}
-        for job_id, index, attempt_id in list(worker.live_attempts.values()):
+        for key in list(worker.live_attempts) if keys is None else keys:
+            job_id, index, attempt_id = worker.live_attempts[key]
             task = self.task(job_id, index)
             if task is None:
                 continue
             attempt = task.attempt(attempt_id)
-            if attempt is None or attempt.incarnation != worker.incarnation:
+            if attempt is None:
                 continue
             attempt.state = S.WORKER_FAILED
             attempt.worker_failure = True
@@ -412,9 +480,43 @@ class ClusterState:
                 )
                 if decision == task_rules.RetryDecision.SHOULD_RETRY:
                     self._requeue(task, ts)
+                self._cascade_gang(job, task, ts, effects)
             touched[job_id] = job
         for job in touched.values():
             self._update_job(job, ts, effects)
+
+    def _cascade_gang(self, job: JobView, cause: TaskView, ts: float,
+                      effects: list[Effect]) -> None:
+        """A gang runs whole or not at all (the seed's coscheduled failure cascade): when one
+        task fails, its running siblings are brought down as WORKER_FAILED. If the failed
+        task is finished, so are they (their preemption budget is exhausted); if it is
+        retried, they are retried with it, and the gang is placed whole again."""
+        if job.spec.coscheduling is None:
+            return
+        finished = cause.state != S.PENDING
+        reason = f"gang sibling task {cause.index} " + ("failed" if finished else "is retried")
+        limit = job.spec.max_retries_preemption
+        for sibling in job.tasks:
+            if sibling is cause:
+                continue
+            if finished and sibling.state == S.PENDING:
+                sibling.state = S.KILLED  # it can never run as part of a whole gang now
+                sibling.error = reason
+                self.pending.pop(sibling.key, None)
+                continue
+            if sibling.state not in ATTEMPT_LIVE:
+                continue
+            attempt = sibling.current_attempt
+            if attempt is not None and not attempt.exited:
+                attempt.kill_requested = True
+                effects.append(Kill(attempt.worker_id, attempt.incarnation, job.job_id,
+                                    sibling.index, attempt.attempt_id, reason))
+            sibling.state = S.WORKER_FAILED
+            sibling.error = reason
+            sibling.preemption_count = limit + 1 if finished else sibling.preemption_count + 1
+            decision = task_rules.retry_decision(S.WORKER_FAILED, sibling.preemption_count, limit)
+            if decision == task_rules.RetryDecision.SHOULD_RETRY:
+                self._requeue(sibling, ts)
 
     def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect]) -> None:
         """Kills the job's unfinished tasks; the job becomes KILLED, which cancels its

@@ -6,11 +6,13 @@ so a client in any language can submit without our Python code.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
+from shared.capacity import Amounts
 from shared.states import TaskState
 
 SCHEMA_VERSION = 1
@@ -32,16 +34,104 @@ User = Annotated[str, Meta(max_length=128, description="Who asked (free text).")
 Reason = Annotated[str, Meta(max_length=1024)]
 
 
+DeviceVariant = Annotated[
+    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="e.g. h100, v5p.")
+]
+
+
+class CpuDevice(msgspec.Struct, tag="cpu", tag_field="type", forbid_unknown_fields=True,
+                frozen=True):
+    """No accelerator."""
+
+
+class GpuDevice(msgspec.Struct, tag="gpu", tag_field="type", forbid_unknown_fields=True,
+                frozen=True):
+    variant: DeviceVariant
+    count: Annotated[int, Meta(ge=1, le=1024)] = 1
+
+
+class TpuDevice(msgspec.Struct, tag="tpu", tag_field="type", forbid_unknown_fields=True,
+                frozen=True):
+    variant: DeviceVariant
+    topology: Annotated[str, Meta(pattern=r"^[0-9]+(x[0-9]+){0,3}$",
+                                  description="e.g. 2x2x1")] = ""
+    count: Annotated[int, Meta(ge=1, le=1024, description="chips")] = 1
+
+
+Device = CpuDevice | GpuDevice | TpuDevice
+
+
 class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """What one task needs (in a job spec) or what one worker offers (at registration)."""
 
     cpu: Annotated[float, Meta(gt=0, le=4096, description="CPU cores, fractions allowed.")] = 1.0
     memory_mb: Annotated[int, Meta(gt=0, le=16 * 1024 * 1024, description="Memory in MiB.")] = 256
+    disk_mb: Annotated[int, Meta(ge=0, le=1024 * 1024 * 1024, description="Disk in MiB.")] = 0
+    device: Device = CpuDevice()
 
     @property
     def cpu_milli(self) -> int:
         """Redis and the placement arithmetic count whole millicores, never floats."""
         return round(self.cpu * 1000)
+
+    @property
+    def amounts(self) -> Amounts:
+        devices = 0 if isinstance(self.device, CpuDevice) else self.device.count
+        return Amounts(self.cpu_milli, self.memory_mb, self.disk_mb, devices)
+
+    @property
+    def device_kind(self) -> str:
+        """What a device request must match exactly: "" (none), "gpu:h100", "tpu:v5p:2x2x1"."""
+        match self.device:
+            case GpuDevice(variant=variant):
+                return f"gpu:{variant}"
+            case TpuDevice(variant=variant, topology=topology):
+                return f"tpu:{variant}:{topology}"
+        return ""
+
+
+class Op(enum.StrEnum):
+    EQ = "EQ"
+    NE = "NE"
+    IN = "IN"
+    EXISTS = "EXISTS"
+    NOT_EXISTS = "NOT_EXISTS"
+    GT = "GT"
+    GE = "GE"
+    LT = "LT"
+    LE = "LE"
+
+
+class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A condition on a worker attribute; a job's constraints must all hold. EQ/NE compare
+    `value`; IN takes `values`; GT/GE/LT/LE compare numbers; EXISTS/NOT_EXISTS take neither."""
+
+    key: Annotated[str, Meta(min_length=1, max_length=128)]
+    op: Op
+    value: Annotated[str, Meta(max_length=1024)] | None = None
+    values: list[Annotated[str, Meta(max_length=1024)]] | None = None
+
+
+class Priority(enum.StrEnum):
+    """Higher bands are placed first; FIFO within a band."""
+
+    PRODUCTION = "production"
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        return {"production": 0, "interactive": 1, "batch": 2}[self.value]
+
+
+class Coscheduling(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Place all tasks at once on workers that share one value of `group_by` (e.g. one
+    `tpu-name` slice), task i on the i-th worker ordered by `order_by` (e.g. tpu-worker-id)."""
+
+    group_by: Annotated[str, Meta(min_length=1, max_length=128)]
+    order_by: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    shareable: bool = False
+    """Only for jobs without accelerators: let other jobs use the group's free capacity."""
 
 
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -76,6 +166,36 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         Seconds | None,
         Meta(description="Seconds a task may run; then it is killed (SIGTERM, then SIGKILL)."),
     ] = None
+    constraints: Annotated[list[Constraint], Meta(max_length=64)] = []
+    priority: Priority = Priority.INTERACTIVE
+    coscheduling: Coscheduling | None = None
+    ports: Annotated[
+        list[Name], Meta(max_length=16, description="Named ports to allocate per task; each "
+                         "task gets BERTH_PORT_<NAME>.")
+    ] = []
+
+    def __post_init__(self) -> None:
+        for c in self.constraints:
+            if c.op in (Op.EQ, Op.NE, Op.GT, Op.GE, Op.LT, Op.LE) and c.value is None:
+                raise ValueError(f"constraint on {c.key!r}: {c.op.value} needs a value")
+            if c.op in (Op.GT, Op.GE, Op.LT, Op.LE) and parse_number(c.value) is None:
+                raise ValueError(f"constraint on {c.key!r}: {c.op.value} needs a number, "
+                                 f"got {c.value!r}")
+            if c.op == Op.IN and not c.values:
+                raise ValueError(f"constraint on {c.key!r}: IN needs a list of values")
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError("ports: names must be unique")
+        if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:
+            raise ValueError("coscheduling.shareable: a job with accelerators holds its "
+                             "group exclusively")
+
+
+def parse_number(text: str | None) -> float | None:
+    """A float from an attribute or constraint value, or None if it is not a number."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -122,6 +242,7 @@ class WorkerRegistered(Event, tag="worker_registered"):
     resources: Resources
     attributes: dict[str, str] = {}
     host: str = ""
+    address: str = ""  # where tasks on this worker are reached (coordinator addresses)
 
 
 class WorkerStopped(Event, tag="worker_stopped"):
@@ -154,6 +275,9 @@ class TaskAssigned(Event, tag="task_assigned"):
     worker_id: str
     incarnation: str
     epoch: int
+    ports: dict[str, int] = {}
+    group: str = ""  # the coscheduling group ("tpu-name=slice-a") a gang's task holds
+    coordinator: str = ""  # host:port of the gang's task 0, for BERTH_COORDINATOR_ADDRESS
 
 
 class TaskUnschedulable(Event, tag="task_unschedulable"):

@@ -9,13 +9,30 @@ EPOCH = f"{PREFIX}:epoch"  # monotonically increasing fencing epoch
 
 
 def host(worker_id: str) -> str:
-    """Hash: cpu_cap, mem_cap (the worker's capacity), cpu_used, mem_used (committed)."""
+    """Hash: <dim>_cap (the worker's capacity) and <dim>_used (committed) for dim in cpu
+    (millicores), mem, disk (MiB), dev (devices); dev_kind; gang: the job whose gang holds
+    a group this host belongs to, while it does."""
     return f"{PREFIX}:host:{worker_id}"
 
 
 def host_allocations(worker_id: str) -> str:
-    """Hash: attempt key -> "cpu_milli,memory_mb" for every reservation held on the host."""
+    """Hash: attempt key -> JSON {job, cpu, mem, disk, dev, ports, group} for every
+    reservation held on the host (group: the group hash key, or "")."""
     return f"{PREFIX}:alloc:{worker_id}"
+
+
+def host_ports(worker_id: str) -> str:
+    """Hash: port number -> attempt key, for every named port reserved on the host."""
+    return f"{PREFIX}:ports:{worker_id}"
+
+
+def group(name: str) -> str:
+    """Hash: owner (job id), name, members (JSON list of host hash keys), exclusive ("1"/"0"),
+    live (reservations holding it). Deleted with its last reservation."""
+    return f"{PREFIX}:group:{name}"
+
+
+GROUPS = f"{PREFIX}:groups"  # set of the group hash keys currently held
 
 
 HOSTS = f"{PREFIX}:hosts"  # set of every worker id with a host hash

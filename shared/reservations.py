@@ -6,12 +6,14 @@ Every call carries the leader's epoch; a deposed leader's call is refused by the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
 from shared import redis_keys
+from shared.capacity import Amounts, GroupClaim
 from shared.redis_io import load_script
 
 
@@ -27,25 +29,39 @@ class ReservationConflict(Exception):
 class Reservation:
     worker_id: str
     attempt_key: str
-    cpu_milli: int
-    memory_mb: int
+    job_id: str
+    need: Amounts
+    device_kind: str = ""
+    ports: tuple[int, ...] = ()
+    group: str = ""  # the coscheduling group name ("tpu-name=slice-a") of a gang's task
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    need: Amounts
+    ports: tuple[int, ...]
+    group: str  # group name, "" if none
 
 
 @dataclass(frozen=True)
 class HostUsage:
     worker_id: str
-    cpu_cap: int
-    mem_cap: int
-    cpu_used: int
-    mem_used: int
-    allocations: dict[str, tuple[int, int]]
+    capacity: Amounts
+    used: Amounts
+    device_kind: str
+    gang: str | None
+    allocations: dict[str, Allocation]
+    ports: dict[int, str] = field(default_factory=dict)
 
 
-def _host_keys(worker_ids: Sequence[str]) -> list[str]:
-    keys = [redis_keys.EPOCH]
-    for worker_id in worker_ids:
-        keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
-    return keys
+@dataclass(frozen=True)
+class GroupUsage:
+    name: str
+    owner: str
+    members: tuple[str, ...]  # worker ids
+    exclusive: bool
+    live: int
 
 
 def _check(result: list[str]) -> int:
@@ -55,6 +71,19 @@ def _check(result: list[str]) -> int:
     if status == "conflict":
         raise ReservationConflict(detail)
     return int(detail)
+
+
+def _host_keys(worker_id: str) -> list[str]:
+    return [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id),
+            redis_keys.host_ports(worker_id)]
+
+
+def _worker_of_host_key(key: str) -> str:
+    return key.removeprefix(redis_keys.host(""))
+
+
+def _group_name_of_key(key: str) -> str:
+    return key.removeprefix(redis_keys.group(""))
 
 
 class ReservationStore:
@@ -70,24 +99,46 @@ class ReservationStore:
         keys = [redis_keys.LEADER, redis_keys.EPOCH]
         return int(await self._lease(keys=keys, args=[scheduler_id, ttl_ms]))
 
-    async def register_host(self, epoch: int, worker_id: str, cpu_milli: int, mem_mb: int) -> None:
+    async def register_host(self, epoch: int, worker_id: str, capacity: Amounts,
+                            device_kind: str) -> None:
         keys = [redis_keys.EPOCH, redis_keys.host(worker_id), redis_keys.HOSTS]
-        _check(await self._register(keys=keys, args=[epoch, worker_id, cpu_milli, mem_mb]))
+        args: list[str | int] = [epoch, worker_id, capacity.cpu, capacity.mem, capacity.disk,
+                                 capacity.dev, device_kind]
+        _check(await self._register(keys=keys, args=args))
 
-    async def reserve(self, epoch: int, placements: Sequence[Reservation]) -> None:
-        """Commits all placements or none (raises StaleEpochError / ReservationConflict)."""
+    async def reserve(self, epoch: int, placements: Sequence[Reservation],
+                      groups: Sequence[GroupClaim] = ()) -> None:
+        """Commits all placements and group claims, or none (raises StaleEpochError or
+        ReservationConflict)."""
         if not placements:
             return
-        keys = _host_keys([p.worker_id for p in placements])
-        args: list[str | int] = [epoch]
-        args += [f"{p.attempt_key},{p.cpu_milli},{p.memory_mb}" for p in placements]
+        hosts: dict[str, int] = {}
+        for worker_id in [p.worker_id for p in placements] + [
+                m for g in groups for m in g.members]:
+            hosts.setdefault(worker_id, len(hosts))
+        group_index = {g.name: j for j, g in enumerate(groups)}
+        keys = [redis_keys.EPOCH, redis_keys.GROUPS]
+        for worker_id in hosts:
+            keys += _host_keys(worker_id)
+        keys += [redis_keys.group(g.name) for g in groups]
+        request = {
+            "hosts": list(hosts),
+            "r": [{"h": hosts[p.worker_id], "key": p.attempt_key, "job": p.job_id,
+                   **p.need.as_dict(), "kind": p.device_kind, "ports": list(p.ports),
+                   "g": group_index[p.group] if p.group else -1} for p in placements],
+            "g": [{"name": g.name, "job": g.job_id, "members": [hosts[m] for m in g.members],
+                   "exclusive": g.exclusive} for g in groups],
+        }
+        args: list[str | int] = [epoch, json.dumps(request)]
         _check(await self._reserve(keys=keys, args=args))
 
     async def release(self, epoch: int, releases: Sequence[tuple[str, str]]) -> int:
         """Releases (worker_id, attempt_key) pairs; returns how many were still held."""
         if not releases:
             return 0
-        keys = _host_keys([worker_id for worker_id, _ in releases])
+        keys = [redis_keys.EPOCH, redis_keys.GROUPS]
+        for worker_id, _ in releases:
+            keys += _host_keys(worker_id)
         args: list[str | int] = [epoch, *(key for _, key in releases)]
         return _check(await self._release(keys=keys, args=args))
 
@@ -101,15 +152,44 @@ class ReservationStore:
                 redis_keys.host(worker_id))
             allocs: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
                 redis_keys.host_allocations(worker_id))
-            parsed = {k: (int(v.split(",")[0]), int(v.split(",")[1])) for k, v in allocs.items()}
-            usage.append(
-                HostUsage(
-                    worker_id=worker_id,
-                    cpu_cap=int(h.get("cpu_cap", 0)),
-                    mem_cap=int(h.get("mem_cap", 0)),
-                    cpu_used=int(h.get("cpu_used", 0)),
-                    mem_used=int(h.get("mem_used", 0)),
-                    allocations=parsed,
-                )
-            )
+            ports: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
+                redis_keys.host_ports(worker_id))
+            usage.append(HostUsage(
+                worker_id=worker_id,
+                capacity=_amounts(h, "cap"),
+                used=_amounts(h, "used"),
+                device_kind=h.get("dev_kind", ""),
+                gang=h.get("gang"),
+                allocations={key: _allocation(raw) for key, raw in allocs.items()},
+                ports={int(p): key for p, key in ports.items()},
+            ))
         return usage
+
+    async def group_usage(self) -> list[GroupUsage]:
+        keys: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
+        out = []
+        for key in sorted(keys):
+            g: dict[str, str] = await self.client.hgetall(key)  # type: ignore[assignment]
+            if not g:
+                continue
+            members = json.loads(g.get("members", "[]")) or []
+            out.append(GroupUsage(
+                name=g.get("name", _group_name_of_key(key)), owner=g.get("owner", ""),
+                members=tuple(_worker_of_host_key(m) for m in members),
+                exclusive=g.get("exclusive") == "1", live=int(g.get("live", 0)),
+            ))
+        return out
+
+
+def _amounts(h: dict[str, str], suffix: str) -> Amounts:
+    return Amounts(*(int(h.get(f"{d}_{suffix}", 0)) for d in ("cpu", "mem", "disk", "dev")))
+
+
+def _allocation(raw: str) -> Allocation:
+    a = json.loads(raw)
+    ports = a.get("ports") or []  # Lua's cjson encodes an empty list as {}
+    return Allocation(
+        job_id=a["job"], need=Amounts(a["cpu"], a["mem"], a["disk"], a["dev"]),
+        ports=tuple(int(p) for p in ports) if isinstance(ports, list) else (),
+        group=_group_name_of_key(a["group"]) if a.get("group") else "",
+    )

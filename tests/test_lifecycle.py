@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from shared.lifecycle import ClusterState, Kill, Release
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    Coscheduling,
     JobCancelRequested,
     JobSpec,
     JobSubmitted,
@@ -34,7 +36,7 @@ def submitted(job_id: str = "j1", replicas: int = 1, **spec: object) -> JobSubmi
 
 
 def registered(worker: str = "w1", incarnation: str = "i1") -> WorkerRegistered:
-    return WorkerRegistered(worker_id=worker, incarnation=incarnation,
+    return WorkerRegistered(worker_id=worker, incarnation=incarnation, attributes={"rack": "r1"},
                             resources=Resources(cpu=4, memory_mb=1000))
 
 
@@ -70,7 +72,7 @@ def test_fails_twice_then_succeeds_under_max_retries_failure_2() -> None:
     assert state.jobs["j1"].state == JobState.SUCCEEDED
     assert [e for e in effects if isinstance(e, Release)] == [
         Release("w1", f"j1/0/{i}") for i in range(3)]
-    assert state.workers["w1"].cpu_used_milli == 0
+    assert state.workers["w1"].used.cpu == 0
     assert state.job_by_submit == {1: "j1"}
 
 
@@ -110,9 +112,9 @@ def test_job_failure_kills_surviving_tasks_and_keeps_their_resources_until_exit(
     assert job.state == JobState.FAILED
     assert job.tasks[1].state == S.KILLED
     assert Kill("w1", "i1", "j1", 1, 0, "job failed") in effects
-    assert state.workers["w1"].cpu_used_milli == 1000  # not released on the kill itself
+    assert state.workers["w1"].used.cpu == 1000  # not released on the kill itself
     state.apply(0, report(0, S.KILLED, -15, index=1))
-    assert state.workers["w1"].cpu_used_milli == 0
+    assert state.workers["w1"].used.cpu == 0
 
 
 def test_a_deposed_leaders_death_verdict_is_void() -> None:
@@ -125,11 +127,24 @@ def test_a_deposed_leaders_death_verdict_is_void() -> None:
     assert state.jobs["j1"].tasks[0].state == S.PENDING  # preempted, retried
 
 
+def test_an_assignment_and_its_workers_death_fold_the_same_in_either_order() -> None:
+    dead = WorkerDeclaredDead(worker_id="w1", incarnation="i1")
+    base: list[AnyEvent] = [registered(), submitted(max_retries_preemption=3)]
+    one, effects = fold([*base, assigned(0), dead])
+    other, other_effects = fold([*base, dead, assigned(0)])
+    for state in (one, other):
+        task = state.jobs["j1"].tasks[0]
+        assert (task.state, task.preemption_count) == (S.PENDING, 1)
+        assert task.attempts[0].state == S.WORKER_FAILED and task.attempts[0].exited
+        assert state.workers["w1"].used.cpu == 0 and state.workers["w1"].live_attempts == {}
+    assert Release("w1", "j1/0/0") in effects and Release("w1", "j1/0/0") in other_effects
+
+
 def test_void_assignment_of_a_deposed_leader() -> None:
     state, _ = fold([registered(), submitted(), LeaderElected(scheduler_id="b", epoch=2),
                      assigned(0, epoch=1)])
     assert state.jobs["j1"].tasks[0].state == S.PENDING
-    assert state.workers["w1"].cpu_used_milli == 0
+    assert state.workers["w1"].used.cpu == 0
 
 
 def cancel(job: str = "j1", seq: int = 50, reason: str = "", user: str = ""
@@ -168,7 +183,7 @@ def test_killed_before_it_started_is_confirmed_from_assigned() -> None:
     attempt = state.jobs["j1"].tasks[0].attempts[0]
     assert attempt.state == S.KILLED and attempt.exited and attempt.started_at is None
     assert Release("w1", "j1/0/0") in effects
-    assert state.workers["w1"].cpu_used_milli == 0
+    assert state.workers["w1"].used.cpu == 0
 
 
 def test_a_parent_ending_badly_cancels_descendants_but_success_does_not() -> None:
@@ -253,6 +268,72 @@ def test_reports_follow_the_diagram_and_a_regression_is_refused_visibly() -> Non
     assert task.refused_reports == ["Invalid transition: running -> building (attempt 0)"]
 
 
+def rack_worker(worker: str, rack: str = "r1") -> WorkerRegistered:
+    return WorkerRegistered(worker_id=worker, incarnation="i1", attributes={"rack": rack},
+                            resources=Resources(cpu=4, memory_mb=1000))
+
+
+def gang_assigned(attempt: int, index: int, worker: str) -> TaskAssigned:
+    return TaskAssigned(job_id="j1", task_index=index, attempt_id=attempt, worker_id=worker,
+                        incarnation="i1", epoch=1, group="rack=r1", ports={"coord": 30000},
+                        coordinator="w0:30000")
+
+
+def gang_job(**spec: object) -> list[AnyEvent]:
+    return [rack_worker("w0"), rack_worker("w1"), rack_worker("w2"),
+            submitted(replicas=2, coscheduling=Coscheduling(group_by="rack"), **spec),
+            gang_assigned(0, 0, "w0"), gang_assigned(0, 1, "w1"),
+            report(0, S.RUNNING, index=0, worker="w0"), report(0, S.RUNNING, index=1, worker="w1")]
+
+
+def test_a_gang_holds_its_whole_group_until_every_attempt_exits() -> None:
+    state, _ = fold(gang_job())
+    assert state.groups["rack=r1"].members == ["w0", "w1", "w2"]
+    assert {w.worker_id: w.holder for w in state.workers.values()} == {
+        "w0": "j1", "w1": "j1", "w2": "j1"}  # w2 too: the group is held, not just hosts
+    assert state.workers["w0"].ports_used == {30000: "j1/0/0"}
+    state.apply(0, report(0, S.SUCCEEDED, 0, index=0, worker="w0"))
+    assert state.workers["w2"].holder == "j1"
+    state.apply(0, report(0, S.SUCCEEDED, 0, index=1, worker="w1"))
+    assert state.groups == {} and all(w.holder is None for w in state.workers.values())
+    assert state.workers["w0"].ports_used == {}
+
+
+def test_a_gang_task_failing_terminally_takes_its_siblings_down_for_good() -> None:
+    state, effects = fold([*gang_job(), report(0, S.FAILED, 1, index=0, worker="w0")])
+    job = state.jobs["j1"]
+    sibling = job.tasks[1]
+    assert sibling.state == S.WORKER_FAILED and sibling.error == "gang sibling task 0 failed"
+    assert sibling.preemption_count == job.spec.max_retries_preemption + 1  # exhausted
+    assert job.state == JobState.FAILED
+    assert Kill("w1", "i1", "j1", 1, 0, "gang sibling task 0 failed") in effects
+    assert state.groups  # w1's attempt has not confirmed its exit: the group is still held
+    state.apply(0, report(0, S.KILLED, -15, index=1, worker="w1"))
+    assert state.groups == {}
+
+
+def test_a_retried_gang_task_requeues_the_whole_gang() -> None:
+    state, effects = fold([*gang_job(max_retries_failure=1),
+                           report(0, S.FAILED, 1, index=0, worker="w0")])
+    job = state.jobs["j1"]
+    assert [t.state for t in job.tasks] == [S.PENDING, S.PENDING]
+    assert job.tasks[1].preemption_count == 1 and job.tasks[0].failure_count == 1
+    assert Kill("w1", "i1", "j1", 1, 0, "gang sibling task 0 is retried") in effects
+    # The killed sibling confirms its exit: the task stays PENDING, waiting for the gang.
+    state.apply(0, report(0, S.KILLED, -15, index=1, worker="w1"))
+    assert [t.state for t in job.tasks] == [S.PENDING, S.PENDING]
+    assert set(state.pending) == {("j1", 0), ("j1", 1)}
+    assert job.tasks[1].attempts[0].state == S.KILLED and state.groups == {}
+
+
+def test_a_dead_worker_in_a_gang_retries_the_whole_gang() -> None:
+    state, effects = fold([*gang_job(), WorkerDeclaredDead(worker_id="w0", incarnation="i1")])
+    job = state.jobs["j1"]
+    assert [t.state for t in job.tasks] == [S.PENDING, S.PENDING]
+    assert [t.preemption_count for t in job.tasks] == [1, 1]
+    assert Kill("w1", "i1", "j1", 1, 0, "gang sibling task 0 is retried") in effects
+
+
 # --- properties over random event sequences ------------------------------------------------
 
 REPORTABLE = [S.PENDING, S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED]
@@ -267,7 +348,8 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
     events: list[AnyEvent] = [
         registered("w1", "i1"), registered("w2", "i1"),
         submitted(replicas=replicas, **limits),
-        submitted("j2", replicas=replicas, parent="j1", **limits),
+        submitted("j2", replicas=replicas, parent="j1", **limits,
+                  coscheduling=draw(st.sampled_from([None, Coscheduling(group_by="rack")]))),
     ]
     incarnations = {"w1": 1, "w2": 1}
     kinds = ["assign", "report", "report", "report", "dead", "dup", "cancel", "unschedulable",
@@ -280,7 +362,10 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
         index = draw(st.integers(0, replicas - 1))
         attempt = draw(st.integers(0, 4))
         if kind == "assign":
-            events.append(assigned(attempt, index, worker, incarnation=inc, job=job))
+            event = assigned(attempt, index, worker, incarnation=inc, job=job)
+            if job == "j2":
+                event = msgspec.structs.replace(event, group="rack=r1")
+            events.append(event)
         elif kind == "report":
             events.append(report(attempt, draw(st.sampled_from(REPORTABLE)),
                                  draw(st.sampled_from([None, 0, 1])), index, worker, job))
@@ -342,10 +427,23 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
         parent, child = state.jobs.get("j1"), state.jobs.get("j2")
         if parent and child and parent.state in JOB_TERMINAL - {JobState.SUCCEEDED}:
             assert child.state in JOB_TERMINAL
+        # A group is held exactly while attempts tagged with it are live, and holds its
+        # members for its gang.
+        tagged: dict[str, set[str]] = {}
+        for worker in state.workers.values():
+            for key, (job_id, index, attempt_id) in worker.live_attempts.items():
+                live = state.jobs[job_id].tasks[index].attempt(attempt_id)
+                if live is not None and live.group:
+                    tagged.setdefault(live.group, set()).add(key)
+        assert {name: set(g.live) for name, g in state.groups.items()} == tagged
+        for worker in state.workers.values():
+            holders = {g.job_id for g in state.groups.values()
+                       if g.exclusive and worker.worker_id in g.members}
+            assert holders == ({worker.holder} if worker.holder else set())
         # Committed resources equal the sum over live attempts, never negative.
         for worker in state.workers.values():
-            assert worker.cpu_used_milli == 1000 * len(worker.live_attempts)
-            assert worker.cpu_used_milli >= 0
+            assert worker.used.cpu == 1000 * len(worker.live_attempts)
+            assert worker.used.cpu >= 0
 
 
 @settings(max_examples=100, deadline=None)

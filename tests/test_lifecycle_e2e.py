@@ -276,7 +276,7 @@ async def test_scheduling_timeout_makes_the_job_unschedulable(make_stack, nc, tm
                      resources=Resources(cpu=1.5, memory_mb=64))
     job_id = await accepted(nc, spec)
     task_pid, kid = await pids_of(tmp_path / "pids")
-    reason = "insufficient cpu: need 1.5 cores, largest free 0.5 cores on 1 workers"
+    reason = "insufficient cpu: need 1.5 cores, largest free 0.5 cores on 1 worker"
     waiting = await wait_until(lambda: task(job_now(stack, job_id), 1)["pending_reason"],
                                what="a pending reason")
     assert waiting == reason

@@ -1,48 +1,188 @@
+"""Placement and constraint matching: pure functions, table tests and properties."""
+
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scheduler.placement import HostCapacity, TaskRequest, place
+from services.scheduler.matching import holds, matches
+from services.scheduler.placement import Host, Unit, place
+from shared.capacity import Amounts
+from shared.messages import Constraint, Coscheduling, Op
+
+
+def cpu(milli: int, mem: int = 100) -> Amounts:
+    return Amounts(cpu=milli, mem=mem)
+
+
+ONE_CORE = Amounts(cpu=1000, mem=100)
+SLICE_HOST = Amounts(4000, 1000, 0, 4)
+
+
+def task(job: str, *indices: int, need: Amounts = ONE_CORE, **kw: object) -> Unit:
+    return Unit(job, indices, need, **kw)  # type: ignore[arg-type]
 
 
 def test_spreads_replicas_and_respects_capacity() -> None:
-    tasks = [TaskRequest("j", i, 1000, 100) for i in range(3)]
-    hosts = [HostCapacity("a", 2000, 1000), HostCapacity("b", 2000, 1000)]
-    result = place(tasks, hosts)
-    assert [w for _, w in result.assignments] == ["a", "b", "a"]
+    hosts = [Host("a", cpu(2000, 1000)), Host("b", cpu(2000, 1000))]
+    result = place([task("j", 0, 1, 2)], hosts)
+    assert [a.worker_id for a in result.assignments] == ["a", "b", "a"]
     assert result.pending_reasons == {}
 
 
 def test_pending_reason_names_the_shortfall() -> None:
-    hosts = [HostCapacity("a", 2000, 4096), HostCapacity("b", 1000, 2048)]
-    result = place([TaskRequest("j", 0, 1000, 16384)], hosts)
+    hosts = [Host("a", cpu(2000, 4096)), Host("b", cpu(1000, 2048))]
+    result = place([task("j", 0, need=cpu(1000, 16384))], hosts)
     assert result.assignments == []
     assert result.pending_reasons[("j", 0)] == (
         "insufficient memory: need 16384 MiB, largest free 4096 MiB on 2 workers")
-    result = place([TaskRequest("j", 0, 4000, 10)], hosts)
+    result = place([task("j", 0, need=cpu(4000, 10))], hosts)
     assert result.pending_reasons[("j", 0)] == (
         "insufficient cpu: need 4 cores, largest free 2 cores on 2 workers")
-    assert place([TaskRequest("j", 0, 1, 1)], []).pending_reasons[("j", 0)] == "no live workers"
+    assert place([task("j", 0)], []).pending_reasons[("j", 0)] == "no live workers"
+    pool = (Constraint(key="pool", op=Op.EQ, value="tpu"),)
+    assert place([task("j", 0, constraints=pool)], hosts).pending_reasons[("j", 0)] == (
+        "no worker matches constraints: pool EQ tpu")
+    tpu = Amounts(1000, 100, 0, 4)
+    assert place([task("j", 0, need=tpu, device_kind="tpu:v5p:2x2x1")], hosts
+                 ).pending_reasons[("j", 0)] == "no matching worker has device tpu:v5p:2x2x1"
+
+
+ATTRS = {"region": "us", "zone": "us-a", "gen": "5", "pool": "tpu"}
+
+
+@pytest.mark.parametrize(
+    ("op", "key", "value", "values", "expected"),
+    [
+        (Op.EQ, "zone", "us-a", None, True), (Op.EQ, "zone", "us-b", None, False),
+        (Op.EQ, "missing", "x", None, False),
+        (Op.NE, "zone", "us-b", None, True), (Op.NE, "zone", "us-a", None, False),
+        (Op.NE, "missing", "x", None, True),
+        (Op.IN, "zone", None, ["us-b", "us-a"], True), (Op.IN, "zone", None, ["eu"], False),
+        (Op.EXISTS, "pool", None, None, True), (Op.EXISTS, "missing", None, None, False),
+        (Op.NOT_EXISTS, "missing", None, None, True), (Op.NOT_EXISTS, "pool", None, None, False),
+        (Op.GT, "gen", "4", None, True), (Op.GT, "gen", "5", None, False),
+        (Op.GE, "gen", "5", None, True), (Op.LT, "gen", "10", None, True),
+        (Op.LT, "gen", "5", None, False), (Op.LE, "gen", "5", None, True),
+        (Op.GT, "zone", "1", None, False),  # not a number: no comparison holds
+        (Op.GT, "missing", "1", None, False),
+    ],
+)
+def test_constraint_operators(op: Op, key: str, value: str | None, values: list[str] | None,
+                              expected: bool) -> None:
+    assert holds(ATTRS, Constraint(key=key, op=op, value=value, values=values)) is expected
+
+
+def test_all_constraints_must_hold() -> None:
+    both = [Constraint(key="region", op=Op.EQ, value="us"),
+            Constraint(key="gen", op=Op.GE, value="6")]
+    assert not matches(ATTRS, both)
+    assert matches(ATTRS, both[:1])
+    assert matches(ATTRS, [])
+
+
+def slice_hosts(name: str, n: int, free: Amounts = SLICE_HOST,
+                holder: str | None = None) -> list[Host]:
+    # Worker ids deliberately out of tpu-worker-id order.
+    return [Host(f"{name}-w{n - 1 - i}", free, "tpu:v5p:2x2x1",
+                 {"tpu-name": name, "tpu-worker-id": str(i)}, f"10.0.{len(name)}.{i}", holder)
+            for i in range(n)]
+
+
+GANG = Coscheduling(group_by="tpu-name", order_by="tpu-worker-id")
+CHIPS = Amounts(1000, 100, 0, 4)
+
+
+def gang(job: str, n: int = 4, ports: tuple[str, ...] = ("coord",)) -> Unit:
+    return Unit(job, tuple(range(n)), CHIPS, "tpu:v5p:2x2x1", (), ports, GANG)
+
+
+def test_a_gang_goes_whole_to_one_group_in_worker_order() -> None:
+    hosts = slice_hosts("a", 4) + slice_hosts("b", 4)
+    result = place([gang("g1")], hosts)
+    by_index = {a.task_index: a for a in result.assignments}
+    # Task i on tpu-worker-id i, all on slice a, coordinator = task 0's address and port.
+    assert [by_index[i].worker_id for i in range(4)] == ["a-w3", "a-w2", "a-w1", "a-w0"]
+    assert {a.group for a in result.assignments} == {"tpu-name=a"}
+    assert {a.coordinator for a in result.assignments} == {"10.0.1.0:30000"}
+    (claim,) = result.groups
+    assert claim.job_id == "g1" and claim.exclusive and len(claim.members) == 4
+
+
+def test_three_gangs_in_one_tick_onto_two_slices_never_share_a_host() -> None:
+    """The incident: simultaneous dispatch of same-shape gangs."""
+    hosts = slice_hosts("a", 4) + slice_hosts("b", 4)
+    result = place([gang("g1"), gang("g2"), gang("g3")], hosts)
+    placed = {a.job_id for a in result.assignments}
+    assert placed == {"g1", "g2"}
+    hosts_of = {j: {a.worker_id for a in result.assignments if a.job_id == j} for j in placed}
+    assert hosts_of["g1"].isdisjoint(hosts_of["g2"])
+    assert {c.name: c.job_id for c in result.groups} == {"tpu-name=a": "g1", "tpu-name=b": "g2"}
+    assert set(result.pending_reasons) == {("g3", i) for i in range(4)}
+    reason = result.pending_reasons[("g3", 0)]
+    assert "tpu-name=a held by g1" in reason and "tpu-name=b held by g2" in reason
+
+
+def test_a_held_group_is_not_given_to_another_gang_even_with_room() -> None:
+    hosts = slice_hosts("a", 8, Amounts(8000, 8000, 0, 8), holder="old")
+    assert place([gang("new")], hosts).assignments == []
+    assert place([gang("old")], hosts).assignments  # the holder's own retry may use it
+
+
+def test_a_gang_waits_when_its_group_is_short_and_never_commits_part() -> None:
+    hosts = slice_hosts("a", 3)
+    result = place([gang("g1")], hosts)
+    assert result.assignments == [] and result.groups == []
+    assert result.pending_reasons[("g1", 0)] == (
+        "no tpu-name group can take all 4 tasks: tpu-name=a has 3 matching workers, needs 4")
+
+
+def test_ports_are_distinct_per_host_and_skip_ports_in_use() -> None:
+    hosts = [Host("a", cpu(8000, 1000), ports_used={30000})]
+    result = place([task("j", 0, 1, need=cpu(100, 10), ports=("http", "grpc"))], hosts)
+    ports = [p for a in result.assignments for p in a.ports.values()]
+    assert sorted(ports) == [30001, 30002, 30003, 30004]
+
+
+def test_priority_order_is_the_callers() -> None:
+    hosts = [Host("a", cpu(1000))]
+    result = place([task("prod", 0), task("batch", 0)], hosts)
+    assert [a.job_id for a in result.assignments] == ["prod"]
+    assert ("batch", 0) in result.pending_reasons
 
 
 @given(
-    st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 4096)), max_size=40),
+    st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 4096), st.integers(0, 2)),
+             max_size=30),
     st.lists(st.tuples(st.integers(0, 8000), st.integers(0, 8192)), max_size=8),
+    st.integers(0, 3),
 )
-def test_never_over_commits_a_host(tasks: list[tuple[int, int]],
-                                   hosts: list[tuple[int, int]]) -> None:
-    requests = [TaskRequest("j", i, c, m) for i, (c, m) in enumerate(tasks)]
-    caps = [HostCapacity(f"h{i}", c, m) for i, (c, m) in enumerate(hosts)]
-    result = place(requests, caps)
-    used: dict[str, list[int]] = {}
-    for task, worker in result.assignments:
-        u = used.setdefault(worker, [0, 0])
-        u[0] += task.cpu_milli
-        u[1] += task.memory_mb
+def test_never_over_commits_a_host_nor_shares_a_group(
+        tasks: list[tuple[int, int, int]], hosts: list[tuple[int, int]], gangs: int) -> None:
+    units = [task(f"t{i}", 0, need=cpu(c, m), ports=("p",) * min(n, 1))
+             for i, (c, m, n) in enumerate(tasks)]
+    units += [Unit(f"g{k}", (0, 1), cpu(500, 10), "", (), ("coord",),
+                   Coscheduling(group_by="rack")) for k in range(gangs)]
+    caps = [Host(f"h{i}", cpu(c, m), attributes={"rack": str(i % 3)})
+            for i, (c, m) in enumerate(hosts)]
+    result = place(units, caps)
+    used: dict[str, Amounts] = {}
+    ports: set[tuple[str, int]] = set()
+    for a in result.assignments:
+        unit = next(u for u in units if u.job_id == a.job_id)
+        used[a.worker_id] = used.get(a.worker_id, Amounts()) + unit.need
+        for port in a.ports.values():
+            assert (a.worker_id, port) not in ports
+            ports.add((a.worker_id, port))
     for cap in caps:
-        u = used.get(cap.worker_id, [0, 0])
-        assert u[0] <= cap.cpu_free_milli and u[1] <= cap.memory_free_mb
-    placed = {(t.job_id, t.task_index) for t, _ in result.assignments}
+        assert used.get(cap.worker_id, Amounts()).fits_in(cap.free)
+    placed = {(a.job_id, a.task_index) for a in result.assignments}
     assert placed.isdisjoint(result.pending_reasons)
-    assert len(placed) + len(result.pending_reasons) == len(requests)
+    assert len(placed) + len(result.pending_reasons) == len(tasks) + 2 * gangs
+    # A gang is whole or absent, and no two gangs hold one group.
+    for k in range(gangs):
+        mine = [a for a in result.assignments if a.job_id == f"g{k}"]
+        assert len(mine) in (0, 2)
+    owners = [c.name for c in result.groups]
+    assert len(owners) == len(set(owners))

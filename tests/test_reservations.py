@@ -1,4 +1,5 @@
-"""The Lua scripts against a real Redis-compatible server: atomic, all-or-nothing, fenced."""
+"""The Lua scripts against a real Redis-compatible server: atomic, all-or-nothing, fenced;
+capacity in every dimension, device kinds, ports and gang groups re-checked at commit."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared import redis_io
+from shared.capacity import Amounts, GroupClaim
 from shared.reservations import (
     Reservation,
     ReservationConflict,
@@ -14,12 +16,27 @@ from shared.reservations import (
     StaleEpochError,
 )
 
+HOST = Amounts(cpu=2000, mem=1000, disk=500, dev=4)
+
+
+def res(host: str, key: str, cpu: int = 1000, mem: int = 100, dev: int = 0,
+        ports: tuple[int, ...] = (), group: str = "", kind: str = "") -> Reservation:
+    return Reservation(host, key, key.split("/")[0], Amounts(cpu, mem, 0, dev), kind, ports,
+                       group)
+
 
 @pytest.fixture
 async def store(clean_servers) -> AsyncIterator[ReservationStore]:
     client = redis_io.connect(clean_servers[1].url)
     yield ReservationStore(client)
     await client.aclose()
+
+
+async def leader_with_hosts(store: ReservationStore, *hosts: str, kind: str = "") -> int:
+    epoch = await store.acquire_lease("a", 60_000)
+    for host in hosts:
+        await store.register_host(epoch, host, HOST, kind)
+    return epoch
 
 
 async def test_lease_gives_increasing_epochs_and_one_holder(store: ReservationStore) -> None:
@@ -33,47 +50,89 @@ async def test_lease_gives_increasing_epochs_and_one_holder(store: ReservationSt
 
 
 async def test_reserve_is_all_or_nothing(store: ReservationStore) -> None:
-    epoch = await store.acquire_lease("a", 60_000)
-    await store.register_host(epoch, "h1", 2000, 1000)
-    await store.register_host(epoch, "h2", 1000, 1000)
-    with pytest.raises(ReservationConflict, match="over capacity on berth:host:h2"):
-        await store.reserve(epoch, [Reservation("h1", "j/0/0", 1000, 100),
-                                    Reservation("h2", "j/1/0", 600, 100),
-                                    Reservation("h2", "j/2/0", 600, 100)])
+    epoch = await leader_with_hosts(store, "h1", "h2")
+    with pytest.raises(ReservationConflict, match="over capacity on h2"):
+        await store.reserve(epoch, [res("h1", "j/0/0"), res("h2", "j/1/0", 1200),
+                                    res("h2", "j/2/0", 1200)])
     usage = {u.worker_id: u for u in await store.host_usage()}
-    assert usage["h1"].cpu_used == 0 and usage["h1"].allocations == {}
-    await store.reserve(epoch, [Reservation("h1", "j/0/0", 1000, 100),
-                                Reservation("h2", "j/1/0", 1000, 100)])
-    usage = {u.worker_id: u for u in await store.host_usage()}
-    assert usage["h1"].allocations == {"j/0/0": (1000, 100)}
-    assert usage["h2"].cpu_used == 1000
+    assert usage["h1"].used == Amounts() and usage["h1"].allocations == {}
+    await store.reserve(epoch, [res("h1", "j/0/0"), res("h2", "j/1/0")])
     with pytest.raises(ReservationConflict, match="already reserved"):
-        await store.reserve(epoch, [Reservation("h1", "j/0/0", 1, 1)])
+        await store.reserve(epoch, [res("h1", "j/0/0", 1, 1)])
     with pytest.raises(ReservationConflict, match="unknown host"):
-        await store.reserve(epoch, [Reservation("nope", "j/9/0", 1, 1)])
+        await store.reserve(epoch, [res("nope", "j/9/0", 1, 1)])
+
+
+async def test_devices_must_match_kind_and_count(store: ReservationStore) -> None:
+    epoch = await leader_with_hosts(store, "t1", kind="tpu:v5p:2x2x1")
+    with pytest.raises(ReservationConflict, match="no device gpu:h100"):
+        await store.reserve(epoch, [res("t1", "g/0/0", dev=1, kind="gpu:h100")])
+    await store.reserve(epoch, [res("t1", "a/0/0", dev=3, kind="tpu:v5p:2x2x1")])
+    with pytest.raises(ReservationConflict, match=r"over capacity on t1 \(dev\)"):
+        await store.reserve(epoch, [res("t1", "b/0/0", dev=2, kind="tpu:v5p:2x2x1")])
+
+
+async def test_a_port_is_never_given_twice_on_one_host(store: ReservationStore) -> None:
+    epoch = await leader_with_hosts(store, "h1", "h2")
+    with pytest.raises(ReservationConflict, match="port 30000 on h1 is taken"):
+        await store.reserve(epoch, [res("h1", "a/0/0", 10, ports=(30000,)),
+                                    res("h1", "b/0/0", 10, ports=(30000,))])
+    await store.reserve(epoch, [res("h1", "a/0/0", 10, ports=(30000,)),
+                                res("h2", "b/0/0", 10, ports=(30000,))])  # other host: fine
+    with pytest.raises(ReservationConflict, match="port 30000 on h1 is taken"):
+        await store.reserve(epoch, [res("h1", "c/0/0", 10, ports=(30000,))])
+    await store.release(epoch, [("h1", "a/0/0")])
+    await store.reserve(epoch, [res("h1", "c/0/0", 10, ports=(30000,))])
+    (h1, _) = await store.host_usage()
+    assert h1.ports == {30000: "c/0/0"}
+
+
+async def test_a_group_is_held_by_one_gang_until_its_last_attempt_is_released(
+        store: ReservationStore) -> None:
+    epoch = await leader_with_hosts(store, "s0", "s1", "s2")
+    slice_a = ("s0", "s1", "s2")
+    gang_a = [res(h, f"ga/{i}/0", group="tpu-name=a") for i, h in enumerate(slice_a[:2])]
+    await store.reserve(epoch, gang_a, [GroupClaim("tpu-name=a", "ga", slice_a)])
+    # Another gang on any host of the group, even one the first gang does not use: refused.
+    with pytest.raises(ReservationConflict, match="group tpu-name=a is held by ga"):
+        await store.reserve(epoch, [res("s2", "gb/0/0", group="tpu-name=a")],
+                            [GroupClaim("tpu-name=a", "gb", slice_a)])
+    with pytest.raises(ReservationConflict, match="host s2 is held by gang ga"):
+        await store.reserve(epoch, [res("s2", "gb/0/0", group="zone=z")],
+                            [GroupClaim("zone=z", "gb", ("s2",))])
+    # The same gang re-placed while its old attempts still hold the group: allowed.
+    await store.reserve(epoch, [res("s2", "ga/0/1", 500, group="tpu-name=a")],
+                        [GroupClaim("tpu-name=a", "ga", slice_a)])
+    (group,) = await store.group_usage()
+    assert (group.owner, group.members, group.live) == ("ga", slice_a, 3)
+    await store.release(epoch, [("s0", "ga/0/0"), ("s1", "ga/1/0")])
+    assert (await store.group_usage())[0].live == 1
+    await store.release(epoch, [("s2", "ga/0/1")])
+    assert await store.group_usage() == []
+    assert all(u.gang is None for u in await store.host_usage())
+    await store.reserve(epoch, [res("s2", "gb/0/0", group="tpu-name=a")],
+                        [GroupClaim("tpu-name=a", "gb", slice_a)])
 
 
 async def test_release_is_idempotent(store: ReservationStore) -> None:
-    epoch = await store.acquire_lease("a", 60_000)
-    await store.register_host(epoch, "h1", 2000, 1000)
-    await store.reserve(epoch, [Reservation("h1", "j/0/0", 1500, 100)])
+    epoch = await leader_with_hosts(store, "h1")
+    await store.reserve(epoch, [res("h1", "j/0/0", 1500)])
     assert await store.release(epoch, [("h1", "j/0/0")]) == 1
     assert await store.release(epoch, [("h1", "j/0/0")]) == 0
     (usage,) = await store.host_usage()
-    assert (usage.cpu_used, usage.mem_used, usage.allocations) == (0, 0, {})
+    assert (usage.used, usage.allocations) == (Amounts(), {})
 
 
 async def test_a_deposed_leader_cannot_write(store: ReservationStore) -> None:
-    old = await store.acquire_lease("a", 60_000)
-    await store.register_host(old, "h1", 2000, 1000)
+    old = await leader_with_hosts(store, "h1")
     await store.client.delete("berth:leader")
     new = await store.acquire_lease("b", 60_000)
     assert new > old
     with pytest.raises(StaleEpochError):
-        await store.reserve(old, [Reservation("h1", "j/0/0", 1000, 100)])
+        await store.reserve(old, [res("h1", "j/0/0")])
     with pytest.raises(StaleEpochError):
         await store.release(old, [("h1", "j/0/0")])
     with pytest.raises(StaleEpochError):
-        await store.register_host(old, "h1", 99999, 99999)
+        await store.register_host(old, "h1", Amounts(99999, 99999), "")
     (usage,) = await store.host_usage()
-    assert usage.cpu_cap == 2000 and usage.allocations == {}
+    assert usage.capacity == HOST and usage.allocations == {}

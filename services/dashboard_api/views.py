@@ -21,6 +21,9 @@ class AttemptOut(msgspec.Struct):
     error: str
     worker_failure: bool
     exited: bool
+    ports: dict[str, int]
+    group: str
+    coordinator: str
 
 
 class TaskOut(msgspec.Struct):
@@ -65,6 +68,10 @@ class WorkerOut(msgspec.Struct):
     resources: Resources
     cpu_free: float
     memory_free_mb: int
+    disk_free_mb: int
+    devices_free: int
+    address: str
+    held_by_gang: str | None
     attributes: dict[str, str]
     registered_at: float
     last_heartbeat: float | None
@@ -94,6 +101,7 @@ def attempt_out(a: AttemptView) -> AttemptOut:
         attempt_id=a.attempt_id, worker_id=a.worker_id, state=a.state.display,
         assigned_at=a.assigned_at, started_at=a.started_at, finished_at=a.finished_at,
         exit_code=a.exit_code, error=a.error, worker_failure=a.worker_failure, exited=a.exited,
+        ports=a.ports, group=a.group, coordinator=a.coordinator,
     )
 
 
@@ -132,8 +140,9 @@ def job_detail(job: JobView) -> JobDetail:
 def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> WorkerOut:
     return WorkerOut(
         worker_id=w.worker_id, incarnation=w.incarnation, host=w.host, healthy=healthy,
-        resources=w.resources, cpu_free=w.cpu_free_milli / 1000,
-        memory_free_mb=w.memory_free_mb, attributes=w.attributes,
+        resources=w.resources, cpu_free=w.free.cpu / 1000,
+        memory_free_mb=w.free.mem, disk_free_mb=w.free.disk, devices_free=w.free.dev,
+        address=w.address, held_by_gang=w.holder, attributes=w.attributes,
         registered_at=w.registered_at, last_heartbeat=last_heartbeat,
         running_attempts=sorted(w.live_attempts),
     )

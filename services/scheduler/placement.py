@@ -1,73 +1,204 @@
-"""Choosing hosts for pending tasks: a pure function over plain data, no I/O."""
+"""Choosing hosts for pending work: a pure function over plain data, no I/O.
+
+Work comes in units: a single task, or a coscheduled job's pending tasks (a gang), which is
+placed whole on workers sharing one value of its `group_by` attribute, or not at all. Units
+are taken in priority order (the caller sorts: band, then FIFO); each placement in a call
+sees the capacity, ports and group claims of the ones before it, so one call never
+over-commits a host, never gives one port twice, and never gives one group to two gangs."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.scheduler.matching import describe, matches
+from shared.capacity import Amounts, GroupClaim
+from shared.messages import Constraint, Coscheduling
+
+PORT_RANGE = range(30000, 40000)
+
 
 @dataclass(frozen=True)
-class TaskRequest:
+class Unit:
     job_id: str
-    task_index: int
-    cpu_milli: int
-    memory_mb: int
+    indices: tuple[int, ...]
+    need: Amounts  # per task
+    device_kind: str = ""
+    constraints: tuple[Constraint, ...] = ()
+    ports: tuple[str, ...] = ()
+    gang: Coscheduling | None = None
 
 
 @dataclass
-class HostCapacity:
+class Host:
     worker_id: str
-    cpu_free_milli: int
-    memory_free_mb: int
+    free: Amounts
+    device_kind: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+    address: str = ""
+    # The job whose gang holds a group this host belongs to, exclusively.
+    holder: str | None = None
+    ports_used: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    job_id: str
+    task_index: int
+    worker_id: str
+    ports: dict[str, int]
+    group: str = ""  # "tpu-name=slice-a" for a gang's task
+    coordinator: str = ""  # host:port of the gang's task 0
 
 
 @dataclass
 class Placement:
-    assignments: list[tuple[TaskRequest, str]] = field(default_factory=list)
+    assignments: list[Assignment] = field(default_factory=list)
+    groups: list[GroupClaim] = field(default_factory=list)
     pending_reasons: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+def group_name(attribute: str, value: str) -> str:
+    return f"{attribute}={value}"
+
+
+def _free_ports(host: Host, names: Sequence[str]) -> dict[str, int]:
+    ports: dict[str, int] = {}
+    if not names:
+        return ports
+    it = (p for p in PORT_RANGE if p not in host.ports_used)
+    for name in names:
+        ports[name] = next(it)
+    return ports
+
+
+def _take(host: Host, need: Amounts, ports: dict[str, int]) -> None:
+    host.free = host.free - need
+    host.ports_used.update(ports.values())
+
+
+def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
+    return [h for h in hosts
+            if matches(h.attributes, unit.constraints)
+            and (not unit.need.dev or h.device_kind == unit.device_kind)]
+
+
+def _why_not(unit: Unit, hosts: Sequence[Host], candidates: Sequence[Host]) -> str:
+    """Why no host can take one task of `unit`."""
+    if not hosts:
+        return "no live workers"
+    if not any(matches(h.attributes, unit.constraints) for h in hosts):
+        return f"no worker matches constraints: {describe(unit.constraints)}"
+    if not candidates:
+        return f"no matching worker has device {unit.device_kind}"
+    n = len(candidates)
+    need = unit.need
+    for dim, label, fmt in (("cpu", "cpu", _cores), ("mem", "memory", _mib),
+                            ("disk", "disk", _mib), ("dev", "devices", str)):
+        best = max(getattr(h.free, dim) for h in candidates)
+        if getattr(need, dim) > best:
+            return (f"insufficient {label}: need {fmt(getattr(need, dim))}, largest free "
+                    f"{fmt(best)} on {n} worker{'s' if n != 1 else ''}")
+    return "no single worker has every resource free together"
 
 
 def _cores(milli: int) -> str:
     return f"{milli / 1000:g} core" + ("" if milli == 1000 else "s")
 
 
-def pending_reason(task: TaskRequest, hosts: Sequence[HostCapacity]) -> str:
-    if not hosts:
-        return "no live workers"
-    best_cpu = max(h.cpu_free_milli for h in hosts)
-    best_mem = max(h.memory_free_mb for h in hosts)
-    n = len(hosts)
-    if task.cpu_milli > best_cpu:
-        return (f"insufficient cpu: need {_cores(task.cpu_milli)}, largest free "
-                f"{_cores(best_cpu)} on {n} workers")
-    if task.memory_mb > best_mem:
-        return (f"insufficient memory: need {task.memory_mb} MiB, largest free "
-                f"{best_mem} MiB on {n} workers")
-    return f"no single worker has {_cores(task.cpu_milli)} and {task.memory_mb} MiB free together"
+def _mib(mb: int) -> str:
+    return f"{mb} MiB"
 
 
-def place(tasks: Sequence[TaskRequest], hosts: Sequence[HostCapacity]) -> Placement:
-    """Places tasks in the given (priority) order, each on the host with the most free cpu
-    that fits it (spreading replicas), ties broken by worker id. Capacity used by an earlier
-    task of the same call is taken into account, so one call never over-commits a host."""
-    free = {h.worker_id: HostCapacity(h.worker_id, h.cpu_free_milli, h.memory_free_mb)
-            for h in hosts}
-    out = Placement()
-    for task in tasks:
-        best: HostCapacity | None = None
-        for host in free.values():
-            if host.cpu_free_milli < task.cpu_milli or host.memory_free_mb < task.memory_mb:
-                continue
-            if best is None or (host.cpu_free_milli, best.worker_id) > (
-                best.cpu_free_milli, host.worker_id
-            ):
-                best = host
-        if best is None:
-            out.pending_reasons[(task.job_id, task.task_index)] = pending_reason(
-                task, list(free.values())
-            )
+def _place_one(unit: Unit, index: int, hosts: Sequence[Host], out: Placement) -> None:
+    candidates = _candidates(unit, hosts)
+    best: Host | None = None
+    for host in candidates:
+        if not unit.need.fits_in(host.free):
             continue
-        best.cpu_free_milli -= task.cpu_milli
-        best.memory_free_mb -= task.memory_mb
-        out.assignments.append((task, best.worker_id))
+        if best is None or (host.free.cpu, best.worker_id) > (best.free.cpu, host.worker_id):
+            best = host
+    if best is None:
+        out.pending_reasons[(unit.job_id, index)] = _why_not(unit, hosts, candidates)
+        return
+    ports = _free_ports(best, unit.ports)
+    _take(best, unit.need, ports)
+    out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports))
+
+
+def _order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
+    raw = host.attributes.get(attribute, "") if attribute else ""
+    try:
+        return (float(raw), "", host.worker_id)
+    except ValueError:
+        return (float("inf"), raw, host.worker_id)
+
+
+def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
+    gang = unit.gang
+    assert gang is not None
+    by_value: dict[str, list[Host]] = {}
+    for host in hosts:
+        value = host.attributes.get(gang.group_by)
+        if value is not None:
+            by_value.setdefault(value, []).append(host)
+    size = max(unit.indices) + 1
+    notes: list[str] = []
+    # Smallest fitting group first (best fit), then by name, for a deterministic choice.
+    for value, members in sorted(by_value.items(), key=lambda kv: (len(kv[1]), kv[0])):
+        name = group_name(gang.group_by, value)
+        held = {h.holder for h in members if h.holder not in (None, unit.job_id)}
+        if held:
+            notes.append(f"{name} held by {', '.join(sorted(h for h in held if h))}")
+            continue
+        ordered = sorted(_candidates(unit, members), key=lambda h: _order_key(h, gang.order_by))
+        if len(ordered) < size:
+            notes.append(f"{name} has {len(ordered)} matching workers, needs {size}")
+            continue
+        short = [ordered[i].worker_id for i in unit.indices
+                 if not unit.need.fits_in(ordered[i].free)]
+        if short:
+            notes.append(f"{name}: not enough free on {', '.join(short[:3])}"
+                         + (f" and {len(short) - 3} more" if len(short) > 3 else ""))
+            continue
+        chosen = {i: ordered[i] for i in unit.indices}
+        ports = {i: _free_ports(h, unit.ports) for i, h in chosen.items()}
+        zero = ordered[0]
+        coordinator = ""
+        if unit.ports:
+            zero_port = ports[0][unit.ports[0]] if 0 in ports else None
+            if zero_port is not None:
+                coordinator = f"{zero.address or zero.worker_id}:{zero_port}"
+        for i, host in chosen.items():
+            _take(host, unit.need, ports[i])
+            out.assignments.append(
+                Assignment(unit.job_id, i, host.worker_id, ports[i], name, coordinator))
+        if not gang.shareable:
+            for host in members:
+                host.holder = unit.job_id
+        out.groups.append(GroupClaim(name, unit.job_id, tuple(h.worker_id for h in members),
+                                     not gang.shareable))
+        return
+    if not by_value:
+        reason = f"no worker has attribute {gang.group_by!r} to coschedule on"
+    else:
+        reason = (f"no {gang.group_by} group can take all {size} tasks: "
+                  + "; ".join(notes[:4]) + (f"; {len(notes) - 4} more" if len(notes) > 4 else ""))
+    for i in unit.indices:
+        out.pending_reasons[(unit.job_id, i)] = reason
+
+
+def place(units: Sequence[Unit], hosts: Sequence[Host]) -> Placement:
+    """Places units in the given order. Single tasks go to the matching host with the most
+    free cpu (spreading replicas), ties broken by worker id; a gang goes whole to one group,
+    task i on its i-th worker in `order_by` order, or waits with a reason."""
+    free = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
+                 set(h.ports_used)) for h in hosts]
+    out = Placement()
+    for unit in units:
+        if unit.gang is not None:
+            _place_gang(unit, free, out)
+        else:
+            for index in unit.indices:
+                _place_one(unit, index, free, out)
     return out

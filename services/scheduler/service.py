@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from services.scheduler import placement
 from shared import nats_io, redis_io, service, subjects, telemetry
+from shared.capacity import GroupClaim
 from shared.config import Settings
 from shared.lifecycle import ClusterState, Effect, Kill, Release, TaskView, WorkerView
 from shared.messages import (
@@ -46,7 +47,7 @@ from shared.messages import (
     parse_attempt_key,
 )
 from shared.reservations import Reservation, ReservationConflict, ReservationStore, StaleEpochError
-from shared.states import TaskState
+from shared.states import ATTEMPT_LIVE, TaskState
 
 log = logging.getLogger("berth.scheduler")
 tracer = telemetry.tracer("berth.scheduler")
@@ -147,8 +148,8 @@ class Leader:
                 # Only possible if Redis lost data: re-reserve what the log says is running.
                 log.warning("re-reserving %d attempts on %s missing from Redis",
                             len(missing), host.worker_id)
-                await self.store.reserve(self.epoch, [self._reservation(host.worker_id, k)
-                                                      for k in missing])
+                lost = [self._reservation(host.worker_id, k) for k in missing]
+                await self.store.reserve(self.epoch, lost, self._group_claims(lost))
         if stale:
             log.info("releasing %d reservations with no live attempt", len(stale))
             await self.store.release(self.epoch, stale)
@@ -165,9 +166,19 @@ class Leader:
                     await self._send_run(worker, task, attempt_id)
 
     def _reservation(self, worker_id: str, key: str) -> Reservation:
-        job_id = parse_attempt_key(key)[0]
-        res = self.state.jobs[job_id].spec.resources
-        return Reservation(worker_id, key, res.cpu_milli, res.memory_mb)
+        """The reservation the fold says attempt `key` holds on `worker_id`."""
+        job_id, index, attempt_id = parse_attempt_key(key)
+        job = self.state.jobs[job_id]
+        attempt = job.tasks[index].attempt(attempt_id)
+        assert attempt is not None
+        res = job.spec.resources
+        return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
+                           tuple(attempt.ports.values()), attempt.group)
+
+    def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
+        names = {r.group for r in reservations if r.group}
+        return [GroupClaim(g.name, g.job_id, tuple(g.members), g.exclusive)
+                for name in sorted(names) if (g := self.state.groups.get(name))]
 
     # --- the event log ------------------------------------------------------------------
 
@@ -193,8 +204,8 @@ class Leader:
     async def _register_host(self, worker: WorkerView) -> None:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
         leader or a new worker gets the full grace before it can be declared dead)."""
-        await self.store.register_host(self.epoch, worker.worker_id,
-                                       worker.resources.cpu_milli, worker.resources.memory_mb)
+        await self.store.register_host(self.epoch, worker.worker_id, worker.resources.amounts,
+                                       worker.resources.device_kind)
         self.last_heartbeat[worker.worker_id] = time.monotonic()
 
     async def _carry_out(self, effects: list[Effect]) -> None:
@@ -227,48 +238,69 @@ class Leader:
     def _live_workers(self) -> list[WorkerView]:
         return [w for w in self.state.workers.values() if w.alive]
 
+    def _units(self) -> list[placement.Unit]:
+        """Pending work in placement order: priority band, then FIFO by submission. A gang
+        is one unit, and only once none of its tasks is still live (it is placed whole)."""
+        by_job: dict[str, list[int]] = {}
+        for job_id, index in self.state.pending:
+            by_job.setdefault(job_id, []).append(index)
+        units = []
+        for job_id, indices in by_job.items():
+            job = self.state.jobs[job_id]
+            spec = job.spec
+            if spec.coscheduling and any(t.state in ATTEMPT_LIVE for t in job.tasks):
+                continue
+            units.append((spec.priority.rank, job.submit_seq, placement.Unit(
+                job_id=job_id, indices=tuple(sorted(indices)), need=spec.resources.amounts,
+                device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
+                ports=tuple(spec.ports), gang=spec.coscheduling,
+            )))
+        units.sort(key=lambda u: (u[0], u[1]))
+        return [u for _, _, u in units]
+
+    def _hosts(self) -> list[placement.Host]:
+        return [
+            placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
+                           w.address, w.holder, set(w.ports_used))
+            for w in self._live_workers()
+        ]
+
     async def tick(self) -> None:
         if not self.state.pending:
             return
-        requests = []
-        for job_id, index in self.state.pending:
-            res = self.state.jobs[job_id].spec.resources
-            requests.append(placement.TaskRequest(job_id, index, res.cpu_milli, res.memory_mb))
-        hosts = [
-            placement.HostCapacity(w.worker_id, w.cpu_free_milli, w.memory_free_mb)
-            for w in self._live_workers()
-        ]
+        units = self._units()
         with tracer.start_as_current_span("schedule.tick") as span:
-            result = placement.place(requests, hosts)
-            span.set_attribute("berth.pending", len(requests))
+            result = placement.place(units, self._hosts())
+            span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
             span.set_attribute("berth.epoch", self.epoch)
-            if result.assignments and not await self._commit(result.assignments, span):
+            if result.assignments and not await self._commit(result, span):
                 return
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
 
-    async def _commit(self, assignments: list[tuple[placement.TaskRequest, str]],
-                      span: trace.Span) -> bool:
+    async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
         """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
         reservations = []
         events: list[TaskAssigned] = []
         now = time.time()
-        for request, worker_id in assignments:
-            task = self.state.task(request.job_id, request.task_index)
+        for a in result.assignments:
+            task = self.state.task(a.job_id, a.task_index)
             assert task is not None
-            attempt_id = max((a.attempt_id for a in task.attempts), default=-1) + 1
-            worker = self.state.workers[worker_id]
+            attempt_id = max((x.attempt_id for x in task.attempts), default=-1) + 1
+            worker = self.state.workers[a.worker_id]
+            res = self.state.jobs[a.job_id].spec.resources
             reservations.append(Reservation(
-                worker_id, attempt_key(request.job_id, request.task_index, attempt_id),
-                request.cpu_milli, request.memory_mb,
+                a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
+                res.amounts, res.device_kind, tuple(a.ports.values()), a.group,
             ))
             events.append(TaskAssigned(
-                job_id=request.job_id, task_index=request.task_index, attempt_id=attempt_id,
-                worker_id=worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
+                job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
+                worker_id=a.worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
+                ports=a.ports, group=a.group, coordinator=a.coordinator,
             ))
         try:
-            await self.store.reserve(self.epoch, reservations)
+            await self.store.reserve(self.epoch, reservations, result.groups)
         except ReservationConflict as exc:
             # Redis refuses what our view allowed: never write it; resync and retry.
             self.refused_double_bookings += 1
@@ -354,13 +386,22 @@ class Leader:
 
     async def _send_run(self, worker: WorkerView, task: TaskView, attempt_id: int) -> None:
         spec = self.state.jobs[task.job_id].spec
+        attempt = task.attempt(attempt_id)
+        assert attempt is not None
         env = {
             **spec.env,
             "BERTH_JOB_ID": task.job_id,
             "BERTH_TASK_INDEX": str(task.index),
             "BERTH_ATTEMPT_ID": str(attempt_id),
             "BERTH_NUM_TASKS": str(spec.replicas),
+            "BERTH_HOST_ADDRESS": worker.address,
+            **{f"BERTH_PORT_{name.upper().replace('-', '_')}": str(port)
+               for name, port in attempt.ports.items()},
         }
+        if attempt.group:
+            env["BERTH_GROUP"] = attempt.group
+        if attempt.coordinator:
+            env["BERTH_COORDINATOR_ADDRESS"] = attempt.coordinator
         await self._send(worker.worker_id, RunAttempt(
             epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
             task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,

@@ -62,6 +62,7 @@ class WorkerAgent:
         worker_id: str,
         resources: Resources,
         attributes: dict[str, str],
+        address: str = "",
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -70,6 +71,7 @@ class WorkerAgent:
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
         self.attributes = attributes
+        self.address = address or _default_address()
         self.max_epoch = 0
         self.running: dict[str, RunningAttempt] = {}
         # Attempts this incarnation has started, so a re-sent assignment never runs twice.
@@ -104,7 +106,8 @@ class WorkerAgent:
             subjects.worker_events(self.worker_id),
             WorkerRegistered(
                 worker_id=self.worker_id, incarnation=self.incarnation, resources=self.resources,
-                attributes=self.attributes, host=socket.gethostname(), ts=time.time(),
+                attributes=self.attributes, host=socket.gethostname(), address=self.address,
+                ts=time.time(),
             ),
             msg_id=f"register:{self.worker_id}:{self.incarnation}",
         )
@@ -318,8 +321,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cpu cores offered (default: all cores)")
     parser.add_argument("--memory-mb", type=int, default=_total_memory_mb(),
                         help="memory offered in MiB (default: all memory)")
+    parser.add_argument("--disk-mb", type=int, default=0,
+                        help="scratch disk offered in MiB (default: 0)")
+    device = parser.add_mutually_exclusive_group()
+    device.add_argument("--gpu", metavar="VARIANT:COUNT",
+                        help="GPUs offered, e.g. --gpu h100:8")
+    device.add_argument("--tpu", metavar="VARIANT:TOPOLOGY:COUNT",
+                        help="TPU chips offered, e.g. --tpu v5p:2x2x1:4")
     parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
-                        help="a worker attribute, e.g. -a zone=us-east5-a (repeatable)")
+                        help="a worker attribute, e.g. -a zone=us-east5-a, -a tpu-name=slice-a "
+                        "-a tpu-worker-id=0 (repeatable)")
+    parser.add_argument("--address", default="",
+                        help="address other tasks reach this worker's tasks at "
+                        "(default: this host's IP)")
     args = parser.parse_args(argv)
     attributes = {}
     for item in args.attribute:
@@ -328,12 +342,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--attribute {item!r}: expected KEY=VALUE")
         attributes[name] = value
     args.attributes = attributes
+    offer: dict[str, object] = {"cpu": args.cpu, "memory_mb": args.memory_mb,
+                                 "disk_mb": args.disk_mb}
+    if args.gpu:
+        variant, _, count = args.gpu.partition(":")
+        offer["device"] = {"type": "gpu", "variant": variant, "count": _count(parser, count)}
+    elif args.tpu:
+        parts = args.tpu.split(":")
+        if len(parts) != 3:
+            parser.error(f"--tpu {args.tpu!r}: expected VARIANT:TOPOLOGY:COUNT")
+        offer["device"] = {"type": "tpu", "variant": parts[0], "topology": parts[1],
+                           "count": _count(parser, parts[2])}
     try:
-        args.resources = msgspec.convert({"cpu": args.cpu, "memory_mb": args.memory_mb},
-                                         Resources)
+        args.resources = msgspec.convert(offer, Resources)
     except msgspec.ValidationError as exc:
         parser.error(f"resources: {exc}")
     return args
+
+
+def _count(parser: argparse.ArgumentParser, text: str) -> int:
+    if not text.isdigit():
+        parser.error(f"device count {text!r} is not a whole number")
+    return int(text)
+
+
+def _default_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _total_memory_mb() -> int:
@@ -347,7 +384,8 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
     nc = await nats_io.connect(settings.nats_url, f"berth-worker-{args.id}")
     await nats_io.ensure_streams(nc.jetstream())
     try:
-        await WorkerAgent(settings, nc, args.id, args.resources, args.attributes).serve(stop)
+        await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
+                          args.address).serve(stop)
     finally:
         await nats_io.close(nc)
 

@@ -1,22 +1,35 @@
 -- Release reservations whose attempts have exited (confirmed by the worker, or the worker
--- was declared dead). Releasing an attempt that holds nothing changes nothing.
--- KEYS[1]            the fencing epoch key
--- KEYS[2k], KEYS[2k+1]  host hash and allocation hash of release k
--- ARGV[1]            the caller's epoch; ARGV[k+1] the attempt key of release k
+-- was declared dead). Releasing an attempt that holds nothing changes nothing. When a
+-- group's last reservation goes, the group and its hosts are free for another gang.
+-- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
+-- KEYS[3+3k], KEYS[4+3k], KEYS[5+3k]: host hash, allocation hash, port hash of release k
+-- ARGV[1] the caller's epoch; ARGV[k+2] the attempt key of release k (k = 0 ..)
 -- Returns {"ok", released} or {"stale_epoch", current}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tonumber(ARGV[1]) ~= current then
   return {'stale_epoch', tostring(current)}
 end
+local dims = {'cpu', 'mem', 'disk', 'dev'}
 local released = 0
-for k = 2, #ARGV do
-  local host_key, alloc_key = KEYS[2 * (k - 1)], KEYS[2 * (k - 1) + 1]
-  local held = redis.call('HGET', alloc_key, ARGV[k])
+for k = 0, #ARGV - 2 do
+  local host, alloc, ports = KEYS[3 + 3 * k], KEYS[4 + 3 * k], KEYS[5 + 3 * k]
+  local key = ARGV[k + 2]
+  local held = redis.call('HGET', alloc, key)
   if held then
-    local cpu, mem = string.match(held, '^(%d+),(%d+)$')
-    redis.call('HDEL', alloc_key, ARGV[k])
-    redis.call('HINCRBY', host_key, 'cpu_used', -tonumber(cpu))
-    redis.call('HINCRBY', host_key, 'mem_used', -tonumber(mem))
+    local a = cjson.decode(held)
+    redis.call('HDEL', alloc, key)
+    for _, d in ipairs(dims) do redis.call('HINCRBY', host, d .. '_used', -a[d]) end
+    for _, p in ipairs(a.ports) do
+      if redis.call('HGET', ports, p) == key then redis.call('HDEL', ports, p) end
+    end
+    if a.group ~= '' and redis.call('HINCRBY', a.group, 'live', -1) <= 0 then
+      local g = redis.call('HMGET', a.group, 'owner', 'members')
+      for _, member in ipairs(cjson.decode(g[2] or '[]')) do
+        if redis.call('HGET', member, 'gang') == g[1] then redis.call('HDEL', member, 'gang') end
+      end
+      redis.call('DEL', a.group)
+      redis.call('SREM', KEYS[2], a.group)
+    end
     released = released + 1
   end
 end

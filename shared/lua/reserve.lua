@@ -1,42 +1,102 @@
--- Commit every placement of one scheduling tick, all or nothing.
--- KEYS[1]            the fencing epoch key
--- KEYS[2k], KEYS[2k+1]  host hash and allocation hash of placement k (k = 1..n)
--- ARGV[1]            the caller's epoch
--- ARGV[k+1]          "attempt_key,cpu_milli,memory_mb" for placement k
+-- Commit every placement of one scheduling tick, all or nothing, after re-checking, for every
+-- host it touches: capacity (cpu, memory, disk, devices), the device kind, named ports, and
+-- gang ownership of coscheduling groups. Nothing is written unless everything holds.
+-- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
+-- KEYS[3+3i], KEYS[4+3i], KEYS[5+3i]: host hash, allocation hash, port hash of host i
+--   (i = 0 .. #hosts-1); then KEYS[3+3H+j]: the group hash of group j (j = 0 ..).
+-- ARGV[1] the caller's epoch; ARGV[2] JSON:
+--   {"hosts": [worker ids], "r": [{"h": host index, "key": attempt key, "job": job id,
+--     "cpu", "mem", "disk", "dev": amounts, "kind": device kind, "ports": [numbers],
+--     "g": group index or -1}],
+--    "g": [{"name", "job", "members": [host indices], "exclusive": bool}]}
 -- Returns {"ok", n} or {"stale_epoch", current} or {"conflict", why}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tonumber(ARGV[1]) ~= current then
   return {'stale_epoch', tostring(current)}
 end
+local req = cjson.decode(ARGV[2])
+local H = #req.hosts
+local function hkey(i) return KEYS[3 + 3 * i] end
+local function akey(i) return KEYS[4 + 3 * i] end
+local function pkey(i) return KEYS[5 + 3 * i] end
+local function gkey(j) return KEYS[3 + 3 * H + j] end
+local function name(i) return req.hosts[i + 1] end
 
--- Re-check capacity per host with every placement of this call added up.
-local want_cpu, want_mem = {}, {}
-for k = 2, #ARGV do
-  local host_key, alloc_key = KEYS[2 * (k - 1)], KEYS[2 * (k - 1) + 1]
-  local attempt, cpu, mem = string.match(ARGV[k], '^(.+),(%d+),(%d+)$')
-  if redis.call('EXISTS', host_key) == 0 then
-    return {'conflict', 'unknown host ' .. host_key}
+-- A group goes to one gang at a time, and no host of it may be held by another gang.
+for j0, g in ipairs(req.g) do
+  local owner = redis.call('HGET', gkey(j0 - 1), 'owner')
+  if owner and owner ~= g.job then
+    return {'conflict', 'group ' .. g.name .. ' is held by ' .. owner}
   end
-  if redis.call('HEXISTS', alloc_key, attempt) == 1 then
-    return {'conflict', 'attempt ' .. attempt .. ' already reserved'}
-  end
-  want_cpu[host_key] = (want_cpu[host_key] or 0) + tonumber(cpu)
-  want_mem[host_key] = (want_mem[host_key] or 0) + tonumber(mem)
-end
-for host_key, cpu in pairs(want_cpu) do
-  local h = redis.call('HMGET', host_key, 'cpu_cap', 'mem_cap', 'cpu_used', 'mem_used')
-  local cpu_cap, mem_cap = tonumber(h[1]), tonumber(h[2])
-  local cpu_used, mem_used = tonumber(h[3] or '0'), tonumber(h[4] or '0')
-  if cpu_used + cpu > cpu_cap or mem_used + want_mem[host_key] > mem_cap then
-    return {'conflict', 'over capacity on ' .. host_key}
+  for _, m in ipairs(g.members) do
+    local holder = redis.call('HGET', hkey(m), 'gang')
+    if holder and holder ~= g.job then
+      return {'conflict', 'host ' .. name(m) .. ' is held by gang ' .. holder}
+    end
   end
 end
 
-for k = 2, #ARGV do
-  local host_key, alloc_key = KEYS[2 * (k - 1)], KEYS[2 * (k - 1) + 1]
-  local attempt, cpu, mem = string.match(ARGV[k], '^(.+),(%d+),(%d+)$')
-  redis.call('HSET', alloc_key, attempt, cpu .. ',' .. mem)
-  redis.call('HINCRBY', host_key, 'cpu_used', cpu)
-  redis.call('HINCRBY', host_key, 'mem_used', mem)
+local dims = {'cpu', 'mem', 'disk', 'dev'}
+local want = {}
+local ports_seen = {}
+for _, r in ipairs(req.r) do
+  local h = r.h
+  if redis.call('EXISTS', hkey(h)) == 0 then
+    return {'conflict', 'unknown host ' .. name(h)}
+  end
+  if redis.call('HEXISTS', akey(h), r.key) == 1 then
+    return {'conflict', 'attempt ' .. r.key .. ' already reserved'}
+  end
+  if r.g >= 0 then
+    local holder = redis.call('HGET', hkey(h), 'gang')
+    if holder and holder ~= r.job then
+      return {'conflict', 'host ' .. name(h) .. ' is held by gang ' .. holder}
+    end
+  end
+  if r.dev > 0 and redis.call('HGET', hkey(h), 'dev_kind') ~= r.kind then
+    return {'conflict', 'host ' .. name(h) .. ' has no device ' .. r.kind}
+  end
+  for _, p in ipairs(r.ports) do
+    local seen = h .. ':' .. p
+    if ports_seen[seen] or redis.call('HEXISTS', pkey(h), p) == 1 then
+      return {'conflict', 'port ' .. p .. ' on ' .. name(h) .. ' is taken'}
+    end
+    ports_seen[seen] = true
+  end
+  local w = want[h] or {cpu = 0, mem = 0, disk = 0, dev = 0}
+  for _, d in ipairs(dims) do w[d] = w[d] + r[d] end
+  want[h] = w
 end
-return {'ok', tostring(#ARGV - 1)}
+for h, w in pairs(want) do
+  for _, d in ipairs(dims) do
+    local v = redis.call('HMGET', hkey(h), d .. '_cap', d .. '_used')
+    local cap, used = tonumber(v[1] or '0'), tonumber(v[2] or '0')
+    if used + w[d] > cap then
+      return {'conflict', 'over capacity on ' .. name(h) .. ' (' .. d .. ')'}
+    end
+  end
+end
+
+for _, r in ipairs(req.r) do
+  local h = r.h
+  local group = ''
+  if r.g >= 0 then
+    group = gkey(r.g)
+    redis.call('HINCRBY', group, 'live', 1)
+  end
+  redis.call('HSET', akey(h), r.key, cjson.encode({job = r.job, cpu = r.cpu, mem = r.mem,
+    disk = r.disk, dev = r.dev, ports = r.ports, group = group}))
+  for _, d in ipairs(dims) do redis.call('HINCRBY', hkey(h), d .. '_used', r[d]) end
+  for _, p in ipairs(r.ports) do redis.call('HSET', pkey(h), p, r.key) end
+end
+for j0, g in ipairs(req.g) do
+  local members = {}
+  for _, m in ipairs(g.members) do
+    members[#members + 1] = hkey(m)
+    if g.exclusive then redis.call('HSET', hkey(m), 'gang', g.job) end
+  end
+  redis.call('HSET', gkey(j0 - 1), 'owner', g.job, 'name', g.name,
+             'members', cjson.encode(members), 'exclusive', g.exclusive and '1' or '0')
+  redis.call('SADD', KEYS[2], gkey(j0 - 1))
+end
+return {'ok', tostring(#req.r)}
