@@ -199,6 +199,40 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _doctor(nats_url: str, redis_url: str) -> Any:
+    import nats
+
+    from shared import redis_io
+    from shared.checker import check_cluster
+    from shared.reservations import ReservationStore
+
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2)
+    except Exception as exc:
+        raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
+    redis = redis_io.connect(redis_url)
+    try:
+        return await check_cluster(nc.jetstream(), ReservationStore(redis))
+    finally:
+        await nc.close()
+        await redis.aclose()
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    nats_url, _ = _urls(args)
+    redis_url = (args.redis_url or os.environ.get("BERTH_REDIS_URL")
+                 or _stack_info(args.data_dir).get("redis_url", "redis://127.0.0.1:6379/0"))
+    print(f"checking placement invariants (events and {redis_url}) ...", file=sys.stderr)
+    report = asyncio.run(_doctor(nats_url, redis_url))
+    for line in report.violations():
+        print(f"VIOLATION {line}")
+    print(f"events_seq={report.events_seq}")
+    print(f"refused_double_bookings={report.refused_double_bookings}")
+    print(f"double_booked_hosts={report.double_booked_hosts}")
+    print(f"violations={len(report.violations())}")
+    return 0 if report.ok else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     sys.argv = [f"berth run {args.service}", *args.rest]
     if args.service == "worker":
@@ -340,6 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show one job with its tasks, or list all jobs")
     p.add_argument("job", nargs="?")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser(
+        "doctor", help="check the placement invariants from Redis and the event log",
+        description="Reads Redis and the event log and reports every violation of the "
+        "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
+        "by two gangs, a port given twice, reservations with no live attempt, live attempts "
+        "with no reservation. Prints double_booked_hosts=0 when all is well; exit status 1 "
+        "when anything is wrong.")
+    p.add_argument("--redis-url", help="Redis URL (default: $BERTH_REDIS_URL or `berth up`'s)")
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
     p.set_defaults(func=cmd_schema)
     p = sub.add_parser("run", help="run one service in the foreground",

@@ -36,3 +36,5 @@ GROUPS = f"{PREFIX}:groups"  # set of the group hash keys currently held
 
 
 HOSTS = f"{PREFIX}:hosts"  # set of every worker id with a host hash
+
+METRICS = f"{PREFIX}:metrics"  # hash of counters, e.g. refused_double_bookings

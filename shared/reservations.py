@@ -165,6 +165,14 @@ class ReservationStore:
             ))
         return usage
 
+    async def count_refused_double_booking(self) -> None:
+        """A counter, not state: written unfenced so a refused commit is always counted."""
+        await self.client.hincrby(redis_keys.METRICS, "refused_double_bookings", 1)
+
+    async def refused_double_bookings(self) -> int:
+        raw = await self.client.hget(redis_keys.METRICS, "refused_double_bookings")
+        return int(raw or 0)
+
     async def group_usage(self) -> list[GroupUsage]:
         keys: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
         out = []

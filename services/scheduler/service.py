@@ -304,7 +304,9 @@ class Leader:
         except ReservationConflict as exc:
             # Redis refuses what our view allowed: never write it; resync and retry.
             self.refused_double_bookings += 1
+            await self.store.count_refused_double_booking()
             span.set_attribute("berth.conflict", str(exc))
+            span.set_attribute("berth.refused_double_bookings", 1)
             log.error("reservation refused (%s); re-reconciling with Redis", exc)
             await self._reconcile()
             return False

@@ -1,0 +1,141 @@
+"""The placement checker: proves DESIGN.md's placement invariants from Redis plus the event
+log, at any moment. `check` is pure (folded state and a Redis read in, violations out);
+`check_cluster` does the reading, and is what `berth doctor` and the tests run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nats.js import JetStreamContext
+
+from shared import nats_io
+from shared.capacity import Amounts
+from shared.lifecycle import ClusterState
+from shared.reservations import GroupUsage, HostUsage, ReservationStore
+
+
+@dataclass
+class Report:
+    over_committed: list[str] = field(default_factory=list)
+    groups_held_twice: list[str] = field(default_factory=list)
+    hosts_shared_by_gangs: list[str] = field(default_factory=list)
+    ports_given_twice: list[str] = field(default_factory=list)
+    reservations_without_attempt: list[str] = field(default_factory=list)
+    attempts_without_reservation: list[str] = field(default_factory=list)
+    refused_double_bookings: int = 0
+    events_seq: int = 0
+
+    @property
+    def double_booked_hosts(self) -> int:
+        """Hosts over capacity, shared by two gangs, or with one port given twice."""
+        hosts = set()
+        for line in self.over_committed + self.hosts_shared_by_gangs + self.ports_given_twice:
+            hosts.add(line.split(":", 1)[0])
+        return len(hosts)
+
+    def violations(self) -> list[str]:
+        out = []
+        for name in ("over_committed", "groups_held_twice", "hosts_shared_by_gangs",
+                     "ports_given_twice", "reservations_without_attempt",
+                     "attempts_without_reservation"):
+            out += [f"{name}: {line}" for line in getattr(self, name)]
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations()
+
+
+def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[GroupUsage]
+          ) -> Report:
+    report = Report(events_seq=state.last_seq)
+    redis_hosts = {h.worker_id: h for h in hosts}
+    # 1. Capacity, as Redis committed it and as the log says it is used.
+    for h in hosts:
+        total = sum((a.need for a in h.allocations.values()), Amounts())
+        if over := h.used.exceeded(h.capacity):
+            report.over_committed.append(f"{h.worker_id}: redis {over} used beyond capacity")
+        if total != h.used:
+            report.over_committed.append(
+                f"{h.worker_id}: redis counters {h.used} != its reservations {total}")
+    for w in state.workers.values():
+        if over := w.used.exceeded(w.resources.amounts):
+            report.over_committed.append(f"{w.worker_id}: live attempts use {over} beyond "
+                                         "capacity")
+    # 2. Gangs: one holder per group, and no host with live attempts of two gangs.
+    holders: dict[str, set[str]] = {}
+    for w in state.workers.values():
+        gangs: set[str] = set()
+        ports: dict[int, str] = {}
+        for key, (job_id, index, attempt_id) in w.live_attempts.items():
+            job = state.jobs[job_id]
+            attempt = job.tasks[index].attempt(attempt_id)
+            if attempt is None:
+                continue
+            if attempt.group:
+                holders.setdefault(attempt.group, set()).add(job_id)
+            cosched = job.spec.coscheduling
+            if cosched is not None and not cosched.shareable:
+                gangs.add(job_id)
+            for port in attempt.ports.values():
+                if port in ports:
+                    report.ports_given_twice.append(
+                        f"{w.worker_id}: port {port} to {ports[port]} and {key}")
+                ports[port] = key
+        if len(gangs) > 1:
+            report.hosts_shared_by_gangs.append(f"{w.worker_id}: {', '.join(sorted(gangs))}")
+    for name, jobs in sorted(holders.items()):
+        if len(jobs) > 1:
+            report.groups_held_twice.append(f"{name}: {', '.join(sorted(jobs))}")
+    for g in groups:
+        if g.exclusive:
+            for member in g.members:
+                host = redis_hosts.get(member)
+                if host is not None and host.gang not in (None, g.owner):
+                    report.groups_held_twice.append(
+                        f"{g.name}: owner {g.owner}, but {member} is held by {host.gang}")
+    # 3. Redis and the log agree on who holds what.
+    for h in hosts:
+        live = state.workers[h.worker_id].live_attempts if h.worker_id in state.workers else {}
+        report.reservations_without_attempt += [
+            f"{h.worker_id}: {key}" for key in sorted(h.allocations) if key not in live]
+    for w in state.workers.values():
+        held = redis_hosts[w.worker_id].allocations if w.worker_id in redis_hosts else {}
+        report.attempts_without_reservation += [
+            f"{w.worker_id}: {key}" for key in sorted(w.live_attempts) if key not in held]
+    return report
+
+
+async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: float = 1.0
+                        ) -> Report:
+    """Folds the log up to now and reads Redis, twice, `settle` seconds apart. Capacity,
+    group and port violations count from either read (they must never happen, even for a
+    moment); a disagreement between Redis and the log counts only if it persists, since a
+    reservation is written just before its assignment is logged and released just after
+    its exit is."""
+    state = ClusterState()
+    events = nats_io.follow_events(js)
+    try:
+        reports = []
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(settle)
+            until = await nats_io.last_event_seq(js)
+            hosts, groups = await store.host_usage(), await store.group_usage()
+            while state.last_seq < until:
+                record = await anext(events)
+                state.apply(record.seq, record.event)
+            reports.append(check(state, hosts, groups))
+    finally:
+        await events.aclose()
+    first, second = reports
+    merged = Report(events_seq=second.events_seq)
+    for name in ("over_committed", "groups_held_twice", "hosts_shared_by_gangs",
+                 "ports_given_twice"):
+        setattr(merged, name, sorted(set(getattr(first, name)) | set(getattr(second, name))))
+    for name in ("reservations_without_attempt", "attempts_without_reservation"):
+        setattr(merged, name, sorted(set(getattr(first, name)) & set(getattr(second, name))))
+    merged.refused_double_bookings = await store.refused_double_bookings()
+    return merged
