@@ -274,13 +274,40 @@ class Leader:
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
             span.set_attribute("berth.epoch", self.epoch)
+            self._link_submits(span, result)
             if result.assignments and not await self._commit(result, span):
                 return
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
 
+    def _link_submits(self, span: trace.Span, result: placement.Placement) -> None:
+        """Links the tick to the submit of every job it placed or left waiting, so a job's
+        trace leads to the ticks that considered it."""
+        jobs = {a.job_id for a in result.assignments} | {j for j, _ in result.pending_reasons}
+        for job_id in sorted(jobs):
+            headers = self.trace_headers.get(job_id)
+            if headers is None:
+                continue
+            submit = trace.get_current_span(telemetry.extract(headers)).get_span_context()
+            placed = any(a.job_id == job_id for a in result.assignments)
+            span.add_link(submit, {"berth.job_id": job_id, "berth.placed": placed})
+
     async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
         """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
+        with tracer.start_as_current_span("reserve") as reserve_span:
+            committed = await self._reserve(result, reserve_span)
+        if committed is None:
+            span.set_attribute("berth.outcome", "conflict")  # details on the reserve span
+            return False
+        for event in committed:
+            self.state.apply(0, event)
+        await asyncio.gather(*(self._dispatch(event) for event in committed))
+        return True
+
+    async def _reserve(self, result: placement.Placement, span: trace.Span
+                       ) -> list[TaskAssigned] | None:
+        """The Lua commit of a tick's placements: the TaskAssigned events to log and
+        dispatch, or None if Redis refused (the scheduler then resyncs with Redis)."""
         reservations = []
         events: list[TaskAssigned] = []
         now = time.time()
@@ -299,21 +326,29 @@ class Leader:
                 worker_id=a.worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
                 ports=a.ports, group=a.group, coordinator=a.coordinator,
             ))
+        span.set_attributes({
+            "berth.epoch": self.epoch,
+            "berth.reservations": len(reservations),
+            "berth.hosts": sorted({r.worker_id for r in reservations}
+                                  | {m for g in result.groups for m in g.members}),
+            "berth.groups": [f"{g.name}:{g.job_id}" for g in result.groups],
+        })
         try:
             await self.store.reserve(self.epoch, reservations, result.groups)
         except ReservationConflict as exc:
             # Redis refuses what our view allowed: never write it; resync and retry.
             self.refused_double_bookings += 1
             await self.store.count_refused_double_booking()
-            span.set_attribute("berth.conflict", str(exc))
-            span.set_attribute("berth.refused_double_bookings", 1)
+            span.set_attributes({"berth.outcome": "conflict", "berth.conflict": str(exc),
+                                 "berth.refused_double_bookings": 1})
             log.error("reservation refused (%s); re-reconciling with Redis", exc)
             await self._reconcile()
-            return False
-        for event in events:
-            self.state.apply(0, event)
-        await asyncio.gather(*(self._dispatch(event) for event in events))
-        return True
+            return None
+        except StaleEpochError as exc:
+            span.set_attributes({"berth.outcome": "stale_epoch", "berth.conflict": str(exc)})
+            raise
+        span.set_attribute("berth.outcome", "ok")
+        return events
 
     async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
         """Tasks this tick could not place whose scheduling_timeout has run out become
