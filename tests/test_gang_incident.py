@@ -224,6 +224,29 @@ async def test_recycled_gang_waits_for_its_old_attempts_to_exit(
     await assert_no_violations(stack)
 
 
+async def test_killing_the_leader_mid_tick_loses_nothing(make_stack, nc, tmp_path: Path
+                                                        ) -> None:
+    """SIGKILL the leader right after a burst of gangs is submitted (mid-tick, or between a
+    commit and its log entry): the standby takes over from the log and Redis; every gang
+    runs exactly once, whole, and nothing is double-booked."""
+    stack: Stack = make_stack(workers=0)
+    start_slices(stack, "slice-a", "slice-b")
+    stack.start_service("scheduler", label="scheduler-2")
+    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2 * SLICE_HOSTS,
+                     what="6 workers")
+    seqs = [await publish_submit(nc, encode(gang_spec(f"k{i}", tmp_path))) for i in range(4)]
+    stack.children.pop("scheduler").send_signal(signal.SIGKILL)
+    gangs = [str((await wait_for_outcome(nc, seq)).job_id) for seq in seqs]
+    for g in gangs[:2]:
+        await running(stack, g)
+    await assert_no_violations(stack)
+    for g in gangs:
+        (tmp_path / f"{g}.done").touch()
+    for g in gangs:
+        await wait_for_job(stack, g, {"succeeded"}, timeout=60)
+    await assert_no_violations(stack)
+
+
 @pytest.mark.parametrize("pause", [5.0])
 async def test_a_paused_leader_and_its_successor_never_double_book(
         make_stack, nc, tmp_path: Path, pause: float) -> None:
