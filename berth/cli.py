@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from nats.aio.client import Client as NATS
 
 from berth.client import (
     ApiError,
@@ -53,7 +57,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _submit(nats_url: str, payload: bytes) -> SubmitOutcome:
+@contextlib.asynccontextmanager
+async def _nats(nats_url: str) -> AsyncIterator[NATS]:
+    """A NATS connection for one command; an unreachable server is a clear exit."""
     import nats
 
     try:
@@ -61,10 +67,14 @@ async def _submit(nats_url: str, payload: bytes) -> SubmitOutcome:
     except Exception as exc:
         raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
     try:
-        seq = await publish_submit(nc, payload)
-        return await wait_for_outcome(nc, seq)
+        yield nc
     finally:
         await nc.close()
+
+
+async def _submit(nats_url: str, payload: bytes) -> SubmitOutcome:
+    async with _nats(nats_url) as nc:
+        return await wait_for_outcome(nc, await publish_submit(nc, payload))
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -174,16 +184,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _cancel(nats_url: str, job_id: str, reason: str, user: str) -> SubmitOutcome:
-    import nats
-
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2)
-    except Exception as exc:
-        raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
-    try:
+    async with _nats(nats_url) as nc:
         return await cancel_job(nc, job_id, reason, user)
-    finally:
-        await nc.close()
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -200,22 +202,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 async def _doctor(nats_url: str, redis_url: str) -> Any:
-    import nats
-
     from shared import redis_io
     from shared.checker import check_cluster
     from shared.reservations import ReservationStore
 
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2)
-    except Exception as exc:
-        raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
-    redis = redis_io.connect(redis_url)
-    try:
-        return await check_cluster(nc.jetstream(), ReservationStore(redis))
-    finally:
-        await nc.close()
-        await redis.aclose()
+    async with _nats(nats_url) as nc:
+        redis = redis_io.connect(redis_url)
+        try:
+            return await check_cluster(nc.jetstream(), ReservationStore(redis))
+        finally:
+            await redis.aclose()
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

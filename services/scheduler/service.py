@@ -78,7 +78,6 @@ class Leader:
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
         self.trace_headers: dict[str, dict[str, str]] = {}
-        self.refused_double_bookings = 0
         # Pending reasons published but perhaps not folded yet (see _announce_pending_reasons).
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
         self.reasons_in_flight_seq = 0
@@ -219,12 +218,16 @@ class Leader:
     # --- leadership ---------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        ttl_ms = int(self.settings.lease_ttl * 1000)
         while True:
             await asyncio.sleep(self.settings.lease_ttl / 3)
-            epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
-            if epoch != self.epoch:
-                raise LostLeadership(f"lease now at epoch {epoch or 'held by another'}")
+            await self._renew_lease()
+
+    async def _renew_lease(self) -> None:
+        """Renews the lease; raises LostLeadership if it is no longer ours at our epoch."""
+        ttl_ms = int(self.settings.lease_ttl * 1000)
+        epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
+        if epoch != self.epoch:
+            raise LostLeadership(f"lease now at epoch {epoch or 'held by another'}")
 
     # --- scheduling ---------------------------------------------------------------------
 
@@ -283,14 +286,13 @@ class Leader:
     def _link_submits(self, span: trace.Span, result: placement.Placement) -> None:
         """Links the tick to the submit of every job it placed or left waiting, so a job's
         trace leads to the ticks that considered it."""
-        jobs = {a.job_id for a in result.assignments} | {j for j, _ in result.pending_reasons}
-        for job_id in sorted(jobs):
+        placed = {a.job_id for a in result.assignments}
+        for job_id in sorted(placed | {j for j, _ in result.pending_reasons}):
             headers = self.trace_headers.get(job_id)
             if headers is None:
                 continue
             submit = trace.get_current_span(telemetry.extract(headers)).get_span_context()
-            placed = any(a.job_id == job_id for a in result.assignments)
-            span.add_link(submit, {"berth.job_id": job_id, "berth.placed": placed})
+            span.add_link(submit, {"berth.job_id": job_id, "berth.placed": job_id in placed})
 
     async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
         """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
@@ -337,7 +339,6 @@ class Leader:
             await self.store.reserve(self.epoch, reservations, result.groups)
         except ReservationConflict as exc:
             # Redis refuses what our view allowed: never write it; resync and retry.
-            self.refused_double_bookings += 1
             await self.store.count_refused_double_booking()
             span.set_attributes({"berth.outcome": "conflict", "berth.conflict": str(exc),
                                  "berth.refused_double_bookings": 1})
@@ -525,9 +526,7 @@ class Leader:
     async def _declare_dead(self, worker: WorkerView, silent: float) -> None:
         # Only a current leader may write a death off: a deposed one's event is void in the
         # fold anyway (epoch), but it should not even be published.
-        ttl_ms = int(self.settings.lease_ttl * 1000)
-        if await self.store.acquire_lease(self.scheduler_id, ttl_ms) != self.epoch:
-            raise LostLeadership("lease lost before declaring a worker dead")
+        await self._renew_lease()
         log.warning("worker %s silent for %.1fs: declaring it dead", worker.worker_id, silent)
         await nats_io.publish_event(
             self.js, subjects.worker_events(worker.worker_id),
