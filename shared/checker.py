@@ -15,6 +15,11 @@ from shared.capacity import Amounts
 from shared.lifecycle import ClusterState
 from shared.reservations import GroupUsage, HostUsage, ReservationStore
 
+# Violations that must never happen, not even for a moment.
+NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice")
+# Disagreements between Redis and the log: real only when they persist.
+PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
+
 
 @dataclass
 class Report:
@@ -37,9 +42,7 @@ class Report:
 
     def violations(self) -> list[str]:
         out = []
-        for name in ("over_committed", "groups_held_twice", "hosts_shared_by_gangs",
-                     "ports_given_twice", "reservations_without_attempt",
-                     "attempts_without_reservation"):
+        for name in NEVER + PERSISTENT:
             out += [f"{name}: {line}" for line in getattr(self, name)]
         return out
 
@@ -132,10 +135,9 @@ async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: f
         await events.aclose()
     first, second = reports
     merged = Report(events_seq=second.events_seq)
-    for name in ("over_committed", "groups_held_twice", "hosts_shared_by_gangs",
-                 "ports_given_twice"):
+    for name in NEVER:
         setattr(merged, name, sorted(set(getattr(first, name)) | set(getattr(second, name))))
-    for name in ("reservations_without_attempt", "attempts_without_reservation"):
+    for name in PERSISTENT:
         setattr(merged, name, sorted(set(getattr(first, name)) & set(getattr(second, name))))
     merged.refused_double_bookings = await store.refused_double_bookings()
     return merged
