@@ -472,14 +472,7 @@ class ClusterState:
             if attempt is task.current_attempt and task_rules.can_transition(
                 task.state, S.WORKER_FAILED
             ):
-                task.state = S.WORKER_FAILED
-                task.error = why
-                task.preemption_count += 1
-                decision = task_rules.retry_decision(
-                    S.WORKER_FAILED, task.preemption_count, job.spec.max_retries_preemption
-                )
-                if decision == task_rules.RetryDecision.SHOULD_RETRY:
-                    self._requeue(task, ts)
+                self._preempt(task, job, why, ts)
                 self._cascade_gang(job, task, ts, effects)
             touched[job_id] = job
         for job in touched.values():
@@ -495,7 +488,6 @@ class ClusterState:
             return
         finished = cause.state != S.PENDING
         reason = f"gang sibling task {cause.index} " + ("failed" if finished else "is retried")
-        limit = job.spec.max_retries_preemption
         for sibling in job.tasks:
             if sibling is cause:
                 continue
@@ -511,12 +503,19 @@ class ClusterState:
                 attempt.kill_requested = True
                 effects.append(Kill(attempt.worker_id, attempt.incarnation, job.job_id,
                                     sibling.index, attempt.attempt_id, reason))
-            sibling.state = S.WORKER_FAILED
-            sibling.error = reason
-            sibling.preemption_count = limit + 1 if finished else sibling.preemption_count + 1
-            decision = task_rules.retry_decision(S.WORKER_FAILED, sibling.preemption_count, limit)
-            if decision == task_rules.RetryDecision.SHOULD_RETRY:
-                self._requeue(sibling, ts)
+            self._preempt(sibling, job, reason, ts, exhaust=finished)
+
+    def _preempt(self, task: TaskView, job: JobView, why: str, ts: float,
+                 exhaust: bool = False) -> None:
+        """WORKER_FAILED under the preemption budget: retried while it lasts (`exhaust`:
+        the budget is used up at once, so the task is finished)."""
+        limit = job.spec.max_retries_preemption
+        task.state = S.WORKER_FAILED
+        task.error = why
+        task.preemption_count = limit + 1 if exhaust else task.preemption_count + 1
+        decision = task_rules.retry_decision(S.WORKER_FAILED, task.preemption_count, limit)
+        if decision == task_rules.RetryDecision.SHOULD_RETRY:
+            self._requeue(task, ts)
 
     def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect]) -> None:
         """Kills the job's unfinished tasks; the job becomes KILLED, which cancels its
