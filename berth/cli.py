@@ -172,9 +172,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     _, api_url = _urls(args)
     try:
         if args.job is None:
-            for job in api_get(api_url, "/api/jobs"):
+            page = api_get(api_url, "/api/jobs?limit=100")
+            for job in page["jobs"]:
                 counts = " ".join(f"{n} {s}" for s, n in sorted(job["task_counts"].items()))
                 print(f"{job['job_id']:<16} {job['name']:<24} {job['state']:<14} {counts}")
+            if page["next_cursor"]:
+                print("(the 100 newest jobs; see /api/jobs?cursor=... for older ones)")
         else:
             print(_format_job(api_get(api_url, f"/api/jobs/{args.job}")))
     except ApiError as exc:
@@ -262,7 +265,9 @@ def _start(args: argparse.Namespace) -> Any:
     )
     print(f"  NATS       {stack.nats.url}\n  Redis      {stack.redis.url}\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
-          f"  logs       {data_dir / 'logs'}", file=sys.stderr)
+          f"  logs       {data_dir / 'logs'}\n"
+          f"  API token  {data_dir / 'api-token'} (for submit and cancel over HTTP)",
+          file=sys.stderr)
     return stack
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 import uuid
@@ -101,8 +102,12 @@ def api_get(api_url: str, path: str, timeout: float = 10) -> Any:
 
 def api_fetch(api_url: str, path: str, timeout: float = 10) -> bytes:
     """The body of GET `path`; any failure is an ApiError saying what went wrong."""
+    # Needed only where the dashboard runs with BERTH_API_CLOSED_READS.
+    token = os.environ.get("BERTH_API_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(api_url.rstrip("/") + path, headers=headers)
     try:
-        with urllib.request.urlopen(api_url.rstrip("/") + path, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             body: bytes = resp.read()
             return body
     except urllib.error.HTTPError as exc:

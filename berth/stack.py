@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +23,9 @@ SERVICE_MODULES = {
 }
 
 
+API_TOKEN_FILE = "api-token"
+
+
 @dataclass
 class Stack:
     data_dir: Path
@@ -35,6 +39,10 @@ class Stack:
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def api_token(self) -> str:
+        return self.env["BERTH_API_TOKEN"]
 
     def start_service(self, name: str, *args: str, label: str | None = None,
                       env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -134,6 +142,7 @@ def start_services(
     api_port = api_port or servers.free_port()
     env = servers.service_env(nats.url, redis.url, data_dir, BERTH_API_PORT=str(api_port),
                               **(extra_env or {}))
+    env["BERTH_API_TOKEN"] = env.get("BERTH_API_TOKEN") or api_token(data_dir)
     stack = Stack(data_dir, nats, redis, api_port, env, owns_servers=owns_servers)
     try:
         for name in ("submitter", "scheduler", "dashboard"):
@@ -146,6 +155,19 @@ def start_services(
         raise
     stack.write_info()
     return stack
+
+
+def api_token(data_dir: Path) -> str:
+    """The local cluster's API token: made once, kept (owner-only) in the data dir so a
+    restarted `berth up` keeps it."""
+    path = data_dir / API_TOKEN_FILE
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    return token
 
 
 def wait_for_api(stack: Stack, timeout: float = 30) -> None:

@@ -27,6 +27,15 @@ def _env_int(name: str, default: int) -> int:
         raise SystemExit(f"{name}={raw!r} is not an integer") from None
 
 
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise SystemExit(f"{name}={raw!r} is not one of 1, true, yes, 0, false, no")
+
+
 @dataclass(frozen=True)
 class Settings:
     nats_url: str
@@ -41,6 +50,9 @@ class Settings:
     max_submit_bytes: int
     tick_interval: float
     pending_reason_interval: float
+    api_token: str
+    api_closed_reads: bool
+    snapshot_interval: float
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -57,4 +69,7 @@ class Settings:
             max_submit_bytes=_env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024),
             tick_interval=_env_float("BERTH_TICK_INTERVAL", 0.5),
             pending_reason_interval=_env_float("BERTH_PENDING_REASON_INTERVAL", 1.0),
+            api_token=os.environ.get("BERTH_API_TOKEN", ""),
+            api_closed_reads=_env_flag("BERTH_API_CLOSED_READS"),
+            snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
         )

@@ -170,7 +170,7 @@ class ClusterState:
         # Tasks waiting for placement, in the order they became schedulable.
         self.pending: dict[tuple[str, int], None] = {}
         self.groups: dict[str, GroupView] = {}
-        self._incarnations: set[tuple[str, str]] = set()
+        self.seen_incarnations: set[tuple[str, str]] = set()
         # Jobs to cancel (job id, reason, time), drained at the end of each apply: a cascade
         # through generations of children is a loop, never a deep recursion.
         self._cancellations: deque[tuple[str, str, float]] = deque()
@@ -261,9 +261,9 @@ class ClusterState:
 
     def _worker_registered(self, event: WorkerRegistered, effects: list[Effect]) -> None:
         old = self.workers.get(event.worker_id)
-        if (event.worker_id, event.incarnation) in self._incarnations:
+        if (event.worker_id, event.incarnation) in self.seen_incarnations:
             return  # this incarnation registered before; it is current or long gone
-        self._incarnations.add((event.worker_id, event.incarnation))
+        self.seen_incarnations.add((event.worker_id, event.incarnation))
         if old is not None:
             # A new incarnation means the old agent and every process it ran are gone.
             self._fail_worker_attempts(old, event.ts, "worker restarted", effects)

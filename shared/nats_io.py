@@ -117,14 +117,24 @@ class EventRecord:
     headers: dict[str, str]
 
 
-async def follow_events(
-    js: JetStreamContext,
-    start_seq: int = 1,
-    filter_subject: str = subjects.EVENTS_ALL,
-    on_bad: Callable[[int, Exception], None] | None = None,
-) -> AsyncGenerator[EventRecord]:
-    """Yields every event from `start_seq` on, in stream order, forever (an ordered consumer:
-    the client detects gaps and re-creates it, so nothing is skipped)."""
+@dataclass
+class RawEvent:
+    """An events-stream message as stored: its sequence, JSON bytes and headers."""
+
+    seq: int
+    data: bytes
+    headers: dict[str, str]
+
+
+def raw_event(msg: Msg) -> RawEvent:
+    return RawEvent(msg.metadata.sequence.stream, msg.data, dict(msg.headers or {}))
+
+
+async def follow_raw_events(
+    js: JetStreamContext, start_seq: int = 1, filter_subject: str = subjects.EVENTS_ALL
+) -> AsyncGenerator[RawEvent]:
+    """Yields every events-stream message from `start_seq` on, in stream order, forever (an
+    ordered consumer: the client detects gaps and re-creates it, so nothing is skipped)."""
     sub = await js.subscribe(
         filter_subject,
         stream=subjects.EVENTS_STREAM,
@@ -136,18 +146,28 @@ async def follow_events(
     )
     try:
         async for msg in sub.messages:
-            seq = msg.metadata.sequence.stream
-            try:
-                event = event_decoder.decode(msg.data)
-            except msgspec.DecodeError as exc:
-                # An event we cannot read is logged and skipped, never fatal.
-                if on_bad:
-                    on_bad(seq, exc)
-                log.error("event %d is unreadable: %s", seq, exc)
-                continue
-            yield EventRecord(seq=seq, event=event, headers=dict(msg.headers or {}))
+            yield raw_event(msg)
     finally:
         await sub.unsubscribe()
+
+
+async def follow_events(
+    js: JetStreamContext,
+    start_seq: int = 1,
+    filter_subject: str = subjects.EVENTS_ALL,
+    on_bad: Callable[[int, Exception], None] | None = None,
+) -> AsyncGenerator[EventRecord]:
+    """Every event from `start_seq` on, decoded, in stream order, forever."""
+    async for raw in follow_raw_events(js, start_seq, filter_subject):
+        try:
+            event = event_decoder.decode(raw.data)
+        except msgspec.DecodeError as exc:
+            # An event we cannot read is logged and skipped, never fatal.
+            if on_bad:
+                on_bad(raw.seq, exc)
+            log.error("event %d is unreadable: %s", raw.seq, exc)
+            continue
+        yield EventRecord(seq=raw.seq, event=event, headers=raw.headers)
 
 
 async def last_event_seq(js: JetStreamContext) -> int:

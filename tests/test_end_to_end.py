@@ -40,7 +40,8 @@ async def test_three_replicas_succeed_on_two_workers(make_stack, nc: NATS) -> No
         )
         assert logs.strip() == f"task {task['index']}"
     listed = get_json(stack, "/api/jobs")
-    assert [j["job_id"] for j in listed] == [job["job_id"]]
+    assert [j["job_id"] for j in listed["jobs"]] == [job["job_id"]]
+    assert listed["next_cursor"] is None
     # Every reservation was released once the workers confirmed the exits.
     workers = get_json(stack, "/api/workers")
     assert all(w["cpu_free"] == 2.0 and w["running_attempts"] == [] for w in workers)
@@ -128,7 +129,7 @@ async def test_duplicate_submit_with_same_msg_id_makes_one_job(make_stack, nc: N
     assert first == second, "JetStream dedups on Nats-Msg-Id"
     outcome = await wait_for_outcome(nc, first)
     await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
-    assert len(get_json(stack, "/api/jobs")) == 1
+    assert len(get_json(stack, "/api/jobs")["jobs"]) == 1
 
 
 async def test_api_answers_404_for_unknown_ids(make_stack) -> None:

@@ -199,7 +199,9 @@ async def test_cancel_mid_run_kills_the_processes(make_stack, nc, tmp_path: Path
                                                               subject=subjects.SUBMIT_CANCEL))
     assert outcome.accepted and outcome.job_id == stubborn
     # The dashboard API.
-    resp = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel", json={"reason": "done"})
+    auth = {"Authorization": f"Bearer {stack.api_token}"}
+    resp = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel", json={"reason": "done"},
+                      headers=auth)
     assert resp.status_code == 202, resp.text
     assert get_json(stack, f"/api/submits/{resp.json()['submit_seq']}")["kind"] == "cancel"
 
@@ -226,10 +228,12 @@ async def test_cancel_mid_run_kills_the_processes(make_stack, nc, tmp_path: Path
                      what="capacity released")
 
     # Cancelling again: the API says it already ended; an unknown job is a clear rejection.
-    again = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel")
+    again = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel", headers=auth)
     assert again.status_code == 409 and "already killed" in again.json()["detail"]
-    assert httpx.post(f"{stack.api_url}/api/jobs/j999-abcd/cancel").status_code == 404
-    bad = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel", json={"reason": 3})
+    assert httpx.post(f"{stack.api_url}/api/jobs/j999-abcd/cancel",
+                      headers=auth).status_code == 404
+    bad = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel", json={"reason": 3},
+                     headers=auth)
     assert bad.status_code == 400 and "reason" in bad.text
     unknown = await cancel_job(nc, "j999-abcd")
     assert not unknown.accepted and unknown.reason == "job_id: no job 'j999-abcd'"

@@ -1,63 +1,142 @@
-"""The HTTP API (Litestar, msgspec structs) over the projection. OpenAPI at /schema."""
+"""The HTTP API (Litestar, msgspec structs) over the projection, and the web pages.
+OpenAPI at /schema (JSON at /schema/openapi.json). Reads are open unless
+BERTH_API_CLOSED_READS is set; actions need the bearer token (see auth.py)."""
 
 from __future__ import annotations
 
-from importlib import resources
-from typing import Annotated, NoReturn
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Annotated
 
-from litestar import Litestar, MediaType, get, post
-from litestar.exceptions import ClientException, NotFoundException
+from litestar import Litestar, MediaType, Request, Router, get, post
+from litestar.exceptions import ClientException, NotFoundException, ValidationException
 from litestar.openapi import OpenAPIConfig
 from litestar.params import Parameter
+from litestar.response import Response, Stream
+from litestar.static_files import create_static_files_router
 from nats.js import JetStreamContext
 
-from services.dashboard_api import views
+from services.dashboard_api import auth, live, views
 from services.dashboard_api.projection import Projection
 from shared import nats_io, subjects
-from shared.lifecycle import JobView
-from shared.messages import CancelRequest, encode
+from shared.lifecycle import JobView, TaskView
+from shared.messages import CancelRequest, JobSpec, encode
 from shared.states import JOB_TERMINAL, JobState
 
+STATIC = Path(__file__).parent / "static"
+MAX_PAGE = 1000
 
-def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
-    state = projection.state
 
+def create_app(projection: Projection, js: JetStreamContext, token: str = "",
+               closed_reads: bool = False) -> Litestar:
     def find_job(job_id: str) -> JobView:
-        job = state.jobs.get(job_id)
+        job = projection.state.jobs.get(job_id)
         if job is None:
             raise NotFoundException(f"no job {job_id!r}")
         return job
 
-    @get("/healthz", sync_to_thread=False)
-    def healthz() -> dict[str, object]:
-        return {"status": "ok", "events_seq": state.last_seq}
+    def find_task(job_id: str, index: int) -> tuple[JobView, TaskView]:
+        job = find_job(job_id)
+        if not 0 <= index < len(job.tasks):
+            raise NotFoundException(f"job {job_id!r} has no task {index} "
+                                    f"(it has {len(job.tasks)})")
+        return job, job.tasks[index]
 
-    @get("/api/jobs", sync_to_thread=False)
+    # --- jobs -----------------------------------------------------------------------------
+
+    @get("/jobs", sync_to_thread=False)
     def list_jobs(
-        state_filter: Annotated[
-            str | None,
-            Parameter(query="state", description="only jobs in this state, e.g. running"),
-        ] = None,
-        name_prefix: Annotated[str | None, Parameter(description="only names with this prefix")]
-        = None,
-    ) -> list[views.JobSummary]:
-        if state_filter is not None and state_filter.upper() not in JobState.__members__:
-            names = ", ".join(s.display for s in JobState)
-            raise_bad_request(f"state: {state_filter!r} is not one of {names}")
-        jobs = [
-            views.job_summary(job)
-            for job in state.jobs.values()
-            if (state_filter is None or job.state.display == state_filter.lower())
-            and (name_prefix is None or job.spec.name.startswith(name_prefix))
-        ]
-        jobs.sort(key=lambda j: j.submitted_at, reverse=True)
-        return jobs
+        state_filter: Annotated[str | None, Parameter(
+            query="state", description="only jobs in this state, e.g. running")] = None,
+        name_prefix: Annotated[str | None, Parameter(
+            description="only jobs whose name starts with this")] = None,
+        parent: Annotated[str | None, Parameter(
+            description="only children of this job")] = None,
+        user: Annotated[str | None, Parameter(description="only jobs of this user")] = None,
+        limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE,
+                                        description="jobs per page")] = 100,
+        cursor: Annotated[str | None, Parameter(
+            description="next_cursor of the previous page")] = None,
+    ) -> views.JobPage:
+        """Jobs, newest first, one page at a time."""
+        wanted_state: str | None = None
+        if state_filter is not None:
+            if state_filter.upper() not in JobState.__members__:
+                names = ", ".join(s.display for s in JobState)
+                raise ValidationException(f"state: {state_filter!r} is not one of {names}")
+            wanted_state = state_filter.lower()
+        before: int | None = None
+        if cursor is not None:
+            if not cursor.isdigit():
+                raise ValidationException(f"cursor: {cursor!r} is not a cursor from this API")
+            before = int(cursor)
 
-    @get("/api/jobs/{job_id:str}", sync_to_thread=False)
+        def wanted(job: JobView) -> bool:
+            return ((wanted_state is None or job.state.display == wanted_state)
+                    and (name_prefix is None or job.spec.name.startswith(name_prefix))
+                    and (user is None or job.spec.user == user)
+                    and (before is None or job.submit_seq < before))
+
+        if parent is not None:
+            candidates = sorted((projection.state.jobs[c] for c in find_job(parent).children),
+                                key=lambda j: j.submit_seq, reverse=True)
+        else:
+            order = projection.job_order
+            candidates = [order[i] for i in projection.jobs_before(before)]
+        page: list[JobView] = []
+        more = False
+        for job in filter(wanted, candidates):
+            if len(page) == limit:
+                more = True
+                break
+            page.append(job)
+        return views.JobPage(
+            jobs=[views.job_summary(j) for j in page],
+            next_cursor=str(page[-1].submit_seq) if more else None)
+
+    @get("/jobs/{job_id:str}", sync_to_thread=False)
     def job_detail(job_id: str) -> views.JobDetail:
+        """A job with its task-state counts, its tasks and each task's attempt history."""
         return views.job_detail(find_job(job_id))
 
-    @post("/api/jobs/{job_id:str}/cancel", status_code=202)
+    @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
+    def task_detail(job_id: str, index: int) -> views.TaskDetail:
+        """One task: state, current attempt, attempt history, pending_reason, exit, error."""
+        job, task = find_task(job_id, index)
+        return views.task_detail(job, task)
+
+    @post("/jobs", guards=[auth.action_guard(token)], status_code=202)
+    async def submit(
+        data: JobSpec,
+        request: Request,  # type: ignore[type-arg]
+        wait: Annotated[float, Parameter(
+            ge=0, le=60, description="seconds to wait for the submitter's verdict")] = 10.0,
+    ) -> Response[views.SubmitAccepted]:
+        """Submits a job: the same JSON as a message on berth.submit.job (`berth schema`).
+        201 with the job id once accepted within `wait`; 400 naming the problem if the
+        submitter rejects it; 202 with the submit sequence if the verdict is still to come.
+        An Idempotency-Key header makes a retried request the same submission."""
+        msg_id = request.headers.get("idempotency-key") or uuid.uuid4().hex
+        ack = await js.publish(subjects.SUBMIT_JOB, encode(data),
+                               headers={"Nats-Msg-Id": msg_id}, stream=subjects.SUBMIT_STREAM)
+        seq = int(ack.seq)
+        outcome = f"/api/submits/{seq}"
+        deadline = time.monotonic() + wait
+        while True:
+            if seq in projection.state.rejections:
+                raise ClientException(projection.state.rejections[seq],
+                                      extra={"submit_seq": seq})
+            job_id = projection.state.job_by_submit.get(seq)
+            if job_id is not None:
+                return Response(views.SubmitAccepted(seq, job_id, outcome), status_code=201)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Response(views.SubmitAccepted(seq, None, outcome), status_code=202)
+            await projection.wait_for_change(left)
+
+    @post("/jobs/{job_id:str}/cancel", guards=[auth.action_guard(token)], status_code=202)
     async def cancel(job_id: str, data: views.CancelBody | None = None) -> views.CancelAccepted:
         """Cancels a job: its unfinished tasks are killed (SIGTERM, then SIGKILL after the
         grace period) and its child jobs cancelled. The same as publishing a cancel message
@@ -71,63 +150,123 @@ def create_app(projection: Projection, js: JetStreamContext) -> Litestar:
                                stream=subjects.SUBMIT_STREAM)
         return views.CancelAccepted(job_id=job_id, submit_seq=int(ack.seq))
 
-    @get("/api/workers", sync_to_thread=False)
-    def list_workers() -> list[views.WorkerOut]:
-        return [
-            views.worker_out(w, projection.last_heartbeat.get(w.worker_id),
-                             projection.worker_healthy(w.worker_id))
-            for w in sorted(state.workers.values(), key=lambda w: w.worker_id)
-        ]
-
-    @get("/api/submits/{submit_seq:int}", sync_to_thread=False)
-    def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
-        """What became of submit stream message N: its job, or the reason it was rejected."""
-        if submit_seq in state.rejections:
-            return views.SubmitOutcome(submit_seq, False, reason=state.rejections[submit_seq])
-        job_id = state.job_by_submit.get(submit_seq)
-        if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
-        job_id = state.cancel_by_submit.get(submit_seq)
-        if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
-        raise NotFoundException(f"no outcome yet for submit {submit_seq}")
-
-    @get("/api/jobs/{job_id:str}/tasks/{index:int}/logs", media_type=MediaType.TEXT)
+    @get("/jobs/{job_id:str}/tasks/{index:int}/logs", media_type=MediaType.TEXT)
     async def task_logs(
         job_id: str,
         index: int,
         attempt: Annotated[int | None, Parameter(description="default: the latest")] = None,
-    ) -> str:
-        job = find_job(job_id)
-        if not 0 <= index < len(job.tasks):
-            raise NotFoundException(f"job {job_id!r} has no task {index}")
-        task = job.tasks[index]
+        tail: Annotated[int | None, Parameter(ge=0, description="only the last N lines")]
+        = None,
+        follow: Annotated[bool, Parameter(
+            description="keep streaming until the attempt has exited")] = False,
+    ) -> Response[str] | Stream:
+        """A task attempt's stdout and stderr, interleaved as written."""
+        _, task = find_task(job_id, index)
         if attempt is None:
             current = task.current_attempt
             if current is None:
-                return ""
+                return Response("", media_type=MediaType.TEXT)
             attempt = current.attempt_id
         elif task.attempt(attempt) is None:
             raise NotFoundException(f"task {job_id}/{index} has no attempt {attempt}")
-        msgs = await nats_io.read_subject(
-            js, subjects.LOGS_STREAM, subjects.attempt_logs(job_id, index, attempt)
-        )
-        return b"".join(m.data for m in msgs).decode(errors="replace")
+        subject = subjects.attempt_logs(job_id, index, attempt)
+        msgs = await nats_io.read_subject(js, subjects.LOGS_STREAM, subject)
+        text = b"".join(m.data for m in msgs).decode(errors="replace")
+        if tail is not None:
+            text = live.tail_lines(text, tail)
+        if not follow:
+            return Response(text, media_type=MediaType.TEXT)
+        attempt_id = attempt
+        seen = len(msgs)
 
-    @get("/", media_type=MediaType.HTML, include_in_schema=False, sync_to_thread=False)
-    def index() -> str:
-        page = resources.files("services.dashboard_api").joinpath("static", "index.html")
-        return page.read_text()
+        def exited() -> bool:
+            view = task.attempt(attempt_id)
+            return view is None or view.exited
 
-    return Litestar(
-        route_handlers=[healthz, list_jobs, job_detail, cancel, list_workers, submit_outcome,
-                        task_logs, index],
-        openapi_config=OpenAPIConfig(title="berth dashboard API", version="0.1.0",
-                                     path="/schema"),
+        async def body() -> AsyncGenerator[bytes]:
+            yield text.encode()
+            skipped = 0
+            async for chunk in live.follow_log(js, subject, exited):
+                if skipped < seen:  # already sent above
+                    skipped += 1
+                    continue
+                yield chunk
+
+        return Stream(body(), media_type=MediaType.TEXT)
+
+    # --- workers, submits, live -------------------------------------------------------------
+
+    def worker_out(worker_id: str) -> views.WorkerOut:
+        w = projection.state.workers[worker_id]
+        return views.worker_out(w, projection.last_heartbeat.get(worker_id),
+                                projection.worker_healthy(worker_id))
+
+    @get("/workers", sync_to_thread=False)
+    def list_workers() -> list[views.WorkerOut]:
+        """Every worker: resources, free capacity, attributes, heartbeat, running attempts."""
+        return [worker_out(w) for w in sorted(projection.state.workers)]
+
+    @get("/workers/{worker_id:str}", sync_to_thread=False)
+    def worker_detail(worker_id: str) -> views.WorkerOut:
+        if worker_id not in projection.state.workers:
+            raise NotFoundException(f"no worker {worker_id!r}")
+        return worker_out(worker_id)
+
+    @get("/submits/{submit_seq:int}", sync_to_thread=False)
+    def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
+        """What became of submit stream message N: its job, or the reason it was rejected."""
+        s = projection.state
+        if submit_seq in s.rejections:
+            return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
+        job_id = s.job_by_submit.get(submit_seq)
+        if job_id is not None:
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
+        job_id = s.cancel_by_submit.get(submit_seq)
+        if job_id is not None:
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
+        raise NotFoundException(f"no outcome yet for submit {submit_seq}")
+
+    @get("/events", media_type="text/event-stream")
+    async def events(
+        request: Request,  # type: ignore[type-arg]
+        after: Annotated[int | None, Parameter(
+            ge=0, description="start after this stream sequence (Last-Event-ID wins); "
+                              "default: only events from now on")] = None,
+    ) -> Stream:
+        """Server-Sent Events: each event of the events stream as JSON, with its stream
+        sequence as the SSE id. Reconnecting with Last-Event-ID resumes without a gap."""
+        header = request.headers.get("last-event-id")
+        if header is not None:
+            if not header.strip().isdigit():
+                raise ValidationException(f"Last-Event-ID: {header!r} is not a sequence")
+            after = int(header)
+        start = projection.state.last_seq if after is None else after
+        return Stream(live.sse_events(projection, start), media_type="text/event-stream",
+                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    api = Router(
+        path="/api",
+        guards=[auth.read_guard(token, closed_reads)],
+        route_handlers=[list_jobs, job_detail, task_detail, submit, cancel, task_logs,
+                        list_workers, worker_detail, submit_outcome, events],
     )
 
+    # --- open to all ------------------------------------------------------------------------
 
-def raise_bad_request(detail: str) -> NoReturn:
-    from litestar.exceptions import ValidationException
+    @get("/healthz", sync_to_thread=False)
+    def healthz() -> dict[str, object]:
+        return {"status": "ok", "events_seq": projection.state.last_seq,
+                "caught_up": projection.caught_up.is_set()}
 
-    raise ValidationException(detail)
+    @get(["/", "/jobs/{job_id:str}", "/workers"], media_type=MediaType.HTML,
+         include_in_schema=False, sync_to_thread=False)
+    def page(job_id: str | None = None) -> str:
+        return (STATIC / "index.html").read_text()
+
+    return Litestar(
+        route_handlers=[api, healthz, page,
+                        create_static_files_router(path="/static", directories=[STATIC],
+                                                   include_in_schema=False)],
+        openapi_config=OpenAPIConfig(title="berth dashboard API", version="0.2.0",
+                                     path="/schema"),
+    )

@@ -1,44 +1,166 @@
-"""Keeps a ClusterState folded from the events stream, plus worker heartbeats."""
+"""The dashboard's ClusterState, folded from the events stream through a durable consumer,
+saved as a snapshot so a restart continues instead of starting over, plus the recent
+events (for live updates) and worker heartbeats (not events: liveness only)."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
 import logging
+import os
 import time
+from collections import deque
+from pathlib import Path
 
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
-from shared import nats_io, subjects
-from shared.lifecycle import ClusterState
-from shared.messages import heartbeat_decoder
+from shared import nats_io, state_snapshot, subjects
+from shared.durable_feed import DurableEventFeed
+from shared.lifecycle import ClusterState, JobView
+from shared.messages import JobSubmitted, event_decoder, heartbeat_decoder
 
 log = logging.getLogger("berth.dashboard.projection")
 
+CONSUMER = "berth-dashboard"
+
 
 class Projection:
-    def __init__(self, nc: NATS, worker_dead_after: float) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        worker_dead_after: float,
+        snapshot_path: Path | None = None,
+        snapshot_interval: float = 30.0,
+        recent_events: int = 10_000,
+    ) -> None:
         self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
         self.state = ClusterState()
         self.last_heartbeat: dict[str, float] = {}
         self.worker_dead_after = worker_dead_after
+        self.snapshot_path = snapshot_path
+        self.snapshot_interval = snapshot_interval
+        # Every folded event's JSON, newest last, for live updates (seq, data or None when
+        # the event was unreadable).
+        self.recent: deque[tuple[int, bytes | None]] = deque(maxlen=recent_events)
         self.changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
+        self.caught_up = asyncio.Event()
+        # Jobs in submission order (their submit sequences alongside), for paging.
+        self.job_order: list[JobView] = []
+        self.job_order_seqs: list[int] = []
+        self._feed = DurableEventFeed(self.js, CONSUMER)
+        self._saved_seq = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._load_snapshot()
+        self._catch_up_to = await nats_io.last_event_seq(self.js)
+        if self.state.last_seq >= self._catch_up_to:
+            self.caught_up.set()
         await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
-        self._task = asyncio.create_task(self._follow())
+        self._tasks = [asyncio.create_task(self._follow()),
+                       asyncio.create_task(self._save_periodically())]
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.save_snapshot()
+        with contextlib.suppress(Exception):
+            await self._feed.ack()
+
+    # --- folding --------------------------------------------------------------------------
 
     async def _follow(self) -> None:
-        async for record in nats_io.follow_events(self.nc.jetstream()):
-            self.state.apply(record.seq, record.event)
+        async for batch in self._feed.batches(self.state.last_seq):
+            for raw in batch:
+                self._apply(raw.seq, raw.data)
+            await self._feed.ack()
+            if not self.caught_up.is_set() and self.state.last_seq >= self._catch_up_to:
+                log.info("caught up at event %d", self.state.last_seq)
+                self.caught_up.set()
             async with self.changed:
                 self.changed.notify_all()
+
+    def _apply(self, seq: int, data: bytes) -> None:
+        try:
+            event = event_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            # An unreadable event is skipped (and said), never fatal: the rest still folds.
+            log.error("event %d is unreadable, skipped: %s", seq, exc)
+            self.state.last_seq = max(self.state.last_seq, seq)
+            self.recent.append((seq, None))
+            return
+        known = len(self.state.jobs)
+        self.state.apply(seq, event)
+        if isinstance(event, JobSubmitted) and len(self.state.jobs) != known:
+            self._index_job(self.state.jobs[event.job_id])
+        self.recent.append((seq, data))
+
+    async def wait_for_change(self, timeout: float) -> bool:
+        """Waits until more events are folded; False if `timeout` passed first."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout)
+            except TimeoutError:
+                return False
+            return True
+
+    def _index_job(self, job: JobView) -> None:
+        self.job_order.append(job)
+        self.job_order_seqs.append(job.submit_seq)
+
+    def jobs_before(self, submit_seq: int | None) -> range:
+        """Indexes into job_order, newest first, of jobs submitted before `submit_seq`."""
+        end = (len(self.job_order_seqs) if submit_seq is None
+               else bisect.bisect_left(self.job_order_seqs, submit_seq))
+        return range(end - 1, -1, -1)
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    def _load_snapshot(self) -> None:
+        if self.snapshot_path is None or not self.snapshot_path.exists():
+            return
+        try:
+            self.state = state_snapshot.load(self.snapshot_path.read_bytes())
+        except state_snapshot.UnusableSnapshot as exc:
+            log.warning("snapshot %s not used (%s): rebuilding from the first event",
+                        self.snapshot_path, exc)
+            return
+        for job in sorted(self.state.jobs.values(), key=lambda j: j.submit_seq):
+            self._index_job(job)
+        self._saved_seq = self.state.last_seq
+        log.info("snapshot loaded: %d jobs, %d workers, up to event %d",
+                 len(self.state.jobs), len(self.state.workers), self.state.last_seq)
+
+    async def save_snapshot(self) -> None:
+        if self.snapshot_path is None or self.state.last_seq == self._saved_seq:
+            return
+        # Encoded here, between two folds, so it is one consistent state; written by a
+        # thread, then renamed into place so a crash never leaves half a snapshot.
+        data = state_snapshot.dump(self.state)
+        seq = self.state.last_seq
+        await asyncio.to_thread(_write_atomically, self.snapshot_path, data)
+        self._saved_seq = seq
+        log.debug("snapshot saved up to event %d (%d bytes)", seq, len(data))
+
+    async def _save_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.snapshot_interval)
+            try:
+                await self.save_snapshot()
+            except OSError as exc:
+                log.error("cannot save snapshot %s: %s", self.snapshot_path, exc)
+
+    # --- heartbeats -----------------------------------------------------------------------
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -52,3 +174,13 @@ class Projection:
         seen = self.last_heartbeat.get(worker_id)
         return bool(worker and worker.alive and seen
                     and time.time() - seen < self.worker_dead_after)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

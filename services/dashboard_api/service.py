@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
@@ -29,11 +30,19 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     nc = await nats_io.connect(settings.nats_url, "berth-dashboard")
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
-    projection = Projection(nc, settings.worker_dead_after)
+    projection = Projection(
+        nc, settings.worker_dead_after,
+        snapshot_path=Path(settings.data_dir) / "dashboard" / "projection.snapshot",
+        snapshot_interval=settings.snapshot_interval,
+    )
     await projection.start()
+    if not settings.api_token:
+        log.warning("BERTH_API_TOKEN is not set: submit and cancel over HTTP are disabled")
     config = uvicorn.Config(
-        create_app(projection, js), host=settings.api_host, port=settings.api_port,
-        log_level="warning", lifespan="on",
+        create_app(projection, js, settings.api_token, settings.api_closed_reads),
+        host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="on",
+        # Live streams (SSE, followed logs) never end by themselves.
+        timeout_graceful_shutdown=2,
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
@@ -50,4 +59,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     settings = Settings.from_env()
+    if settings.api_closed_reads and not settings.api_token:
+        raise SystemExit("BERTH_API_CLOSED_READS needs BERTH_API_TOKEN: reads would be "
+                         "closed to everyone")
     service.run("dashboard", lambda stop: run(settings, stop))

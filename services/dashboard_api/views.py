@@ -54,6 +54,17 @@ class JobSummary(msgspec.Struct):
     error: str
 
 
+class JobPage(msgspec.Struct):
+    jobs: list[JobSummary]
+    # Pass as `cursor` for the next page (older jobs); null on the last page.
+    next_cursor: str | None
+
+
+class TaskDetail(TaskOut):
+    job_id: str
+    job_state: str
+
+
 class JobDetail(JobSummary):
     spec: JobSpec
     children: list[str]
@@ -91,6 +102,13 @@ class CancelBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     user: User = ""
 
 
+class SubmitAccepted(msgspec.Struct):
+    submit_seq: int
+    # Set once the submitter has accepted it (within the request's wait).
+    job_id: str | None = None
+    outcome: str = ""  # where the outcome can be read
+
+
 class CancelAccepted(msgspec.Struct):
     job_id: str
     submit_seq: int
@@ -115,6 +133,11 @@ def task_out(t: TaskView) -> TaskOut:
         pending_since=t.pending_since if t.state == TaskState.PENDING else None,
         attempts=[attempt_out(a) for a in t.attempts], refused_reports=list(t.refused_reports),
     )
+
+
+def task_detail(job: JobView, task: TaskView) -> TaskDetail:
+    return TaskDetail(**msgspec.structs.asdict(task_out(task)), job_id=job.job_id,
+                      job_state=job.state.display)
 
 
 def _summary_fields(job: JobView) -> dict[str, object]:

@@ -1,0 +1,78 @@
+"""Streams for clients that watch: Server-Sent Events of the events stream (ids are stream
+sequences, so a client that reconnects with Last-Event-ID misses nothing), and a task
+attempt's log, followed until the attempt has exited."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import AsyncGenerator, Callable
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from services.dashboard_api.projection import Projection
+from shared import nats_io, subjects
+
+RETRY_MS = 2000
+
+
+def sse_frame(seq: int, data: bytes) -> bytes:
+    # msgspec writes JSON on one line, so one data: field carries it whole.
+    return b"id: %d\ndata: %s\n\n" % (seq, data)
+
+
+async def sse_events(projection: Projection, after_seq: int,
+                     keepalive: float = 15.0) -> AsyncGenerator[bytes]:
+    """Every event after `after_seq`, as SSE frames, then each new one as it is folded. An
+    event is sent only once the projection has folded it, so a client that fetches the API
+    on an event sees that event's effect."""
+    yield b"retry: %d\n\n" % RETRY_MS
+    next_seq = after_seq + 1
+    recent = projection.recent
+    while True:
+        oldest = recent[0][0] if recent else projection.state.last_seq + 1
+        if next_seq < oldest:
+            # Older than the memory window: read that stretch from the stream itself.
+            async for raw in nats_io.follow_raw_events(projection.js, next_seq):
+                yield sse_frame(raw.seq, raw.data)
+                next_seq = raw.seq + 1
+                if next_seq >= oldest:
+                    break
+            continue
+        if next_seq <= projection.state.last_seq:
+            start = bisect.bisect_left(recent, next_seq, key=lambda item: item[0])
+            for seq, data in list(itertools.islice(recent, start, None)):
+                if data is not None:
+                    yield sse_frame(seq, data)
+                next_seq = seq + 1
+            continue
+        if not await projection.wait_for_change(keepalive):
+            yield b": keepalive\n\n"
+
+
+async def follow_log(js: JetStreamContext, subject: str, exited: Callable[[], bool],
+                     quiet_after_exit: float = 1.0) -> AsyncGenerator[bytes]:
+    """The attempt's output so far, then as it is written; ends once the attempt has exited
+    and its last output has had `quiet_after_exit` seconds to arrive."""
+    sub = await js.subscribe(subject, stream=subjects.LOGS_STREAM, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.ALL)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=quiet_after_exit)
+            except nats.errors.TimeoutError:
+                if exited():
+                    return
+                continue
+            yield msg.data
+    finally:
+        await sub.unsubscribe()
+
+
+def tail_lines(text: str, lines: int) -> str:
+    if lines <= 0:
+        return ""
+    kept = text.splitlines(keepends=True)[-lines:]
+    return "".join(kept)

@@ -1,0 +1,125 @@
+"""The events stream read through a named durable JetStream consumer, strictly in order.
+
+The consumer's position lives on the NATS server (`nats consumer info EVENTS <name>` shows
+how far its reader got). A reader that resumes with the state it saved at sequence S binds
+to the consumer if the consumer stands exactly at S with nothing in flight; otherwise (a
+crash left deliveries unacknowledged, or the state is older) it re-creates the consumer to
+deliver from S+1. Either way the reader sees every event after S once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+
+import nats
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from shared import subjects
+from shared.nats_io import RawEvent, raw_event
+
+log = logging.getLogger(__name__)
+
+
+class DurableEventFeed:
+    def __init__(self, js: JetStreamContext, name: str, batch: int = 1000,
+                 fetch_wait: float = 1.0) -> None:
+        self.js = js
+        self.name = name
+        self.batch = batch
+        self.fetch_wait = fetch_wait
+        self.resumed = False  # the last open bound to the consumer as it stood
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._unacked: Msg | None = None
+
+    async def open(self, after_seq: int) -> None:
+        try:
+            info = await self.js.consumer_info(subjects.EVENTS_STREAM, self.name)
+        except NotFoundError:
+            info = None
+        self.resumed = bool(
+            info is not None
+            and info.ack_floor is not None and info.delivered is not None
+            and info.ack_floor.stream_seq == after_seq
+            and info.delivered.stream_seq == after_seq
+            and not info.num_ack_pending
+        )
+        if not self.resumed:
+            if info is not None:
+                await self.js.delete_consumer(subjects.EVENTS_STREAM, self.name)
+            await self.js.add_consumer(subjects.EVENTS_STREAM, ConsumerConfig(
+                durable_name=self.name,
+                description="the dashboard's projection of the events stream",
+                filter_subject=subjects.EVENTS_ALL,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=after_seq + 1,
+                # Acknowledging a message acknowledges everything before it.
+                ack_policy=AckPolicy.ALL,
+                ack_wait=60.0,
+                max_ack_pending=self.batch * 4,
+            ))
+        self._sub = await self.js.pull_subscribe_bind(self.name, stream=subjects.EVENTS_STREAM)
+        self._unacked = None
+        log.info("events consumer %s %s after sequence %d", self.name,
+                 "resumed" if self.resumed else "created", after_seq)
+
+    async def batches(self, after_seq: int) -> AsyncGenerator[list[RawEvent]]:
+        """Batches of the events after `after_seq`, in order, forever. Call `ack()` once a
+        batch is applied."""
+        await self.open(after_seq)
+        expected = after_seq + 1
+        reopened_at: int | None = None
+        while True:
+            assert self._sub is not None
+            try:
+                msgs = await self._sub.fetch(self.batch, timeout=self.fetch_wait)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                log.warning("events consumer %s: %s; reopening after %d", self.name, exc,
+                            expected - 1)
+                await asyncio.sleep(0.5)
+                await self._reopen(expected - 1)
+                continue
+            batch: list[RawEvent] = []
+            for msg in msgs:
+                seq = msg.metadata.sequence.stream
+                if seq < expected:
+                    continue  # a redelivery of something already passed on
+                if seq > expected and reopened_at != expected:
+                    # Out of order (an earlier delivery is still due) or missing from the
+                    # stream: read again from the expected sequence, once.
+                    reopened_at = expected
+                    await self._reopen(expected - 1)
+                    break
+                if seq > expected:
+                    log.warning("events %d..%d are not in the stream; going on", expected,
+                                seq - 1)
+                batch.append(raw_event(msg))
+                self._unacked = msg
+                expected = seq + 1
+            if batch:
+                yield batch
+
+    async def ack(self) -> None:
+        if self._unacked is not None:
+            await self._unacked.ack()
+            self._unacked = None
+
+    async def _reopen(self, after_seq: int) -> None:
+        while True:
+            try:
+                if self._sub is not None:
+                    await self._sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+            try:
+                await self.open(after_seq)
+                return
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                log.warning("events consumer %s: reopen failed (%s)", self.name, exc)
+                await asyncio.sleep(1.0)

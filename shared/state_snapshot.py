@@ -1,0 +1,70 @@
+"""A ClusterState saved as bytes and loaded back, so a projection restarts from where it
+was instead of folding the whole events stream again. Loading a snapshot and folding the
+events after it gives exactly the state a fold from sequence 1 gives (tested)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.lifecycle import ClusterState, GroupView, JobView, WorkerView
+
+# Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
+# ignored and the projection rebuilds from sequence 1.
+FORMAT = 1
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    format: int
+    last_seq: int
+    epoch: int
+    jobs: list[JobView]
+    workers: list[WorkerView]
+    rejections: dict[int, str]
+    cancel_by_submit: dict[int, str]
+    pending: list[tuple[str, int]]
+    groups: list[GroupView]
+    seen_incarnations: list[tuple[str, str]]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Snapshot)
+
+
+def dump(state: ClusterState) -> bytes:
+    return _encoder.encode(Snapshot(
+        format=FORMAT,
+        last_seq=state.last_seq,
+        epoch=state.epoch,
+        jobs=list(state.jobs.values()),
+        workers=list(state.workers.values()),
+        rejections=state.rejections,
+        cancel_by_submit=state.cancel_by_submit,
+        pending=list(state.pending),
+        groups=list(state.groups.values()),
+        seen_incarnations=sorted(state.seen_incarnations),
+    ))
+
+
+class UnusableSnapshot(Exception):
+    """The bytes are not a snapshot this version can continue from."""
+
+
+def load(data: bytes) -> ClusterState:
+    try:
+        snap = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise UnusableSnapshot(f"unreadable: {exc}") from exc
+    if snap.format != FORMAT:
+        raise UnusableSnapshot(f"format {snap.format}, this version reads {FORMAT}")
+    state = ClusterState()
+    state.last_seq = snap.last_seq
+    state.epoch = snap.epoch
+    state.jobs = {job.job_id: job for job in snap.jobs}
+    state.job_by_submit = {job.submit_seq: job.job_id for job in snap.jobs}
+    state.workers = {worker.worker_id: worker for worker in snap.workers}
+    state.rejections = snap.rejections
+    state.cancel_by_submit = snap.cancel_by_submit
+    state.pending = dict.fromkeys(snap.pending)
+    state.groups = {group.name: group for group in snap.groups}
+    state.seen_incarnations = set(snap.seen_incarnations)
+    return state
