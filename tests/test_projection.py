@@ -1,0 +1,164 @@
+"""The dashboard's projection: a durable consumer that resumes or re-reads exactly from where
+the saved state stands, and a projection that, after retries, cancellations, a worker's
+death and two restarts of the dashboard (one SIGKILL, one clean), equals a fresh fold of the
+whole events stream."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+
+from berth.client import cancel_job
+from berth.stack import Stack, wait_for_api
+from services.dashboard_api import views
+from services.dashboard_api.projection import CONSUMER
+from shared import nats_io, state_snapshot, subjects
+from shared.durable_feed import DurableEventFeed
+from shared.lifecycle import ClusterState
+from shared.messages import JobSpec, LeaderElected, encode
+from tests.conftest import get_json, wait_for_job, wait_until
+from tests.test_lifecycle_e2e import SMALL, accepted, long_task, pids_of, task
+
+
+async def publish_events(nc: NATS, count: int, first_epoch: int = 1) -> None:
+    js = nc.jetstream()
+    for epoch in range(first_epoch, first_epoch + count):
+        await nats_io.publish_event(js, "berth.events.leader",
+                                    LeaderElected(scheduler_id="test", epoch=epoch),
+                                    f"test-{epoch}")
+
+
+async def take(feed: DurableEventFeed, after: int, count: int) -> list[int]:
+    seqs: list[int] = []
+    async for batch in feed.batches(after):
+        seqs += [raw.seq for raw in batch]
+        await feed.ack()
+        if len(seqs) >= count:
+            return seqs
+    raise AssertionError("the feed ended")
+
+
+async def test_durable_feed_resumes_where_it_stands_and_rereads_otherwise(nc: NATS) -> None:
+    await publish_events(nc, 10)
+    js = nc.jetstream()
+    feed = DurableEventFeed(js, "test-feed", batch=4)
+    assert await take(feed, 0, 10) == list(range(1, 11))
+    assert not feed.resumed
+
+    # Saved state at 10, the consumer acknowledged up to 10: bind to it as it stands.
+    await publish_events(nc, 3, first_epoch=11)
+    again = DurableEventFeed(js, "test-feed", batch=4)
+    assert await take(again, 10, 3) == [11, 12, 13]
+    assert again.resumed
+    info = await js.consumer_info(subjects.EVENTS_STREAM, "test-feed")
+    assert info.ack_floor.stream_seq == 13
+
+    # Saved state older than the consumer (a crash before the snapshot): read again.
+    older = DurableEventFeed(js, "test-feed", batch=4)
+    assert await take(older, 5, 8) == list(range(6, 14))
+    assert not older.resumed
+
+
+async def folded_stream(nc: NATS, upto: int) -> ClusterState:
+    state = ClusterState()
+    async for record in nats_io.follow_events(nc.jetstream()):
+        state.apply(record.seq, record.event)
+        if record.seq >= upto:
+            return state
+    raise AssertionError("the stream ended")
+
+
+def restart_dashboard(stack: Stack) -> None:
+    stack.start_service("dashboard")
+    wait_for_api(stack)
+
+
+def as_json(value: msgspec.Struct) -> Any:
+    return json.loads(msgspec.json.encode(value))
+
+
+async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_and_restarts(
+        make_stack: Any, nc: NATS, tmp_path: Path) -> None:
+    stack: Stack = make_stack(workers=2, extra_env={"BERTH_SNAPSHOT_INTERVAL": "0.3"})
+    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
+    flaky = await accepted(nc, JobSpec(
+        name="flaky", max_retries_failure=2, resources=SMALL, command=[
+            "python3", "-c",
+            "import os, sys; sys.exit(0 if int(os.environ['BERTH_ATTEMPT_ID']) >= 2 else 7)"]))
+    survivor = await accepted(nc, long_task(tmp_path / "survivor",
+                                            env={"FINISH_ATTEMPTS": "1,2,3"}))
+    doomed = await accepted(nc, long_task(tmp_path / "doomed", name="doomed"))
+    await pids_of(tmp_path / "survivor")
+    await pids_of(tmp_path / "doomed")
+    await wait_for_job(stack, flaky, {"succeeded"})
+
+    # 1. The dashboard is SIGKILLed: it restarts from its last snapshot and the stream.
+    stack.children.pop("dashboard").send_signal(signal.SIGKILL)
+    restart_dashboard(stack)
+
+    # 2. The survivor's worker dies: its task fails over to the other worker.
+    victim = task(get_json(stack, f"/api/jobs/{survivor}"))["attempts"][0]["worker_id"]
+    stack.children.pop(victim).send_signal(signal.SIGKILL)
+    await wait_for_job(stack, survivor, {"succeeded"}, timeout=40)
+
+    # 3. The dashboard stops cleanly; a cancel happens while it is down; it comes back.
+    stack.stop_child("dashboard")
+    assert (await cancel_job(nc, doomed, reason="enough")).accepted
+    restart_dashboard(stack)
+    await wait_for_job(stack, doomed, {"killed"})
+    log = (stack.data_dir / "logs" / "dashboard.log").read_text()
+    assert f"events consumer {CONSUMER} resumed after sequence" in log
+
+    js = nc.jetstream()
+    await wait_until(lambda: task(get_json(stack, f"/api/jobs/{doomed}"))["attempts"][0]
+                     ["exited"], what="the cancelled task's exit")
+    last = await nats_io.last_event_seq(js)
+    await wait_until(lambda: get_json(stack, "/healthz")["events_seq"] == last,
+                     what="the dashboard to catch up")
+    fresh = await folded_stream(nc, last)
+
+    # Every job as the API shows it equals the same view of a fresh fold from sequence 1.
+    assert set(fresh.jobs) == {flaky, survivor, doomed}
+    for job_id, job in fresh.jobs.items():
+        assert get_json(stack, f"/api/jobs/{job_id}") == as_json(views.job_detail(job))
+    flaky_task = fresh.jobs[flaky].tasks[0]
+    assert flaky_task.failure_count == 2 and len(flaky_task.attempts) == 3
+    survivor_task = fresh.jobs[survivor].tasks[0]
+    assert [a.state.display for a in survivor_task.attempts] == ["worker_failed", "succeeded"]
+    shown = {w["worker_id"]: w for w in get_json(stack, "/api/workers")}
+    for worker_id, worker in fresh.workers.items():
+        expected = as_json(views.worker_out(worker, None, False))
+        for live_only in ("healthy", "last_heartbeat"):
+            del expected[live_only], shown[worker_id][live_only]
+        assert shown[worker_id] == expected
+
+    # Its saved state, written as it stopped, is the fresh fold exactly.
+    stack.stop_child("dashboard")
+    saved = (stack.data_dir / "dashboard" / "projection.snapshot").read_bytes()
+    assert state_snapshot.load(saved).last_seq == last
+    assert msgspec.msgpack.decode(saved) == msgspec.msgpack.decode(state_snapshot.dump(fresh))
+
+
+async def test_an_unreadable_snapshot_means_a_rebuild_not_a_crash(
+        make_stack: Any, nc: NATS) -> None:
+    stack: Stack = make_stack(workers=1)
+    job_id = await accepted(nc, JobSpec(name="ok", command=["true"], resources=SMALL))
+    await wait_for_job(stack, job_id, {"succeeded"})
+    stack.stop_child("dashboard")
+    snapshot = stack.data_dir / "dashboard" / "projection.snapshot"
+    snapshot.write_bytes(b"not a snapshot")
+    restart_dashboard(stack)
+    job = await wait_for_job(stack, job_id, {"succeeded"})
+    assert job["task_counts"] == {"succeeded": 1}
+    log = (stack.data_dir / "logs" / "dashboard.log").read_text()
+    assert "not used (unreadable" in log and "rebuilding from the first event" in log
+    # A later message on the stream is still folded.
+    await nc.jetstream().publish(subjects.SUBMIT_JOB, encode(JobSpec(
+        name="after", command=["true"], resources=SMALL)), stream=subjects.SUBMIT_STREAM)
+    await wait_until(lambda: len(get_json(stack, "/api/jobs")["jobs"]) == 2,
+                     what="the next job")
