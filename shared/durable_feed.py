@@ -77,7 +77,7 @@ class DurableEventFeed:
             assert self._sub is not None
             try:
                 msgs = await self._sub.fetch(self.batch, timeout=self.fetch_wait)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nothing new (nats-py raises the builtin one too)
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 log.warning("events consumer %s: %s; reopening after %d", self.name, exc,

@@ -80,6 +80,16 @@ class Projection:
     # --- folding --------------------------------------------------------------------------
 
     async def _follow(self) -> None:
+        while True:
+            try:
+                await self._fold_batches()
+            except Exception:
+                # The projection must never stop silently: say why, and go on from where
+                # the state stands.
+                log.exception("folding the events stream failed; resuming in 1 s")
+                await asyncio.sleep(1.0)
+
+    async def _fold_batches(self) -> None:
         async for batch in self._feed.batches(self.state.last_seq):
             for raw in batch:
                 self._apply(raw.seq, raw.data)
