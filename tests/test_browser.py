@@ -4,6 +4,7 @@ succeeded without a reload, with the attempt history marking the worker failure.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,11 +24,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-sync", "--disable-dev-shm-usage"]
 
 # Attempt 0 runs until its worker is killed; the retry finishes at once.
-SPEC = """{
-  "name": "browser-demo",
-  "command": ["sh", "-c", "echo attempt $BERTH_ATTEMPT_ID; [ $BERTH_ATTEMPT_ID = 0 ] && exec sleep 120; exit 0"],
-  "resources": {"cpu": 0.5, "memory_mb": 64}
-}"""
+SCRIPT = "echo attempt $BERTH_ATTEMPT_ID; [ $BERTH_ATTEMPT_ID = 0 ] && exec sleep 120; exit 0"
+SPEC = json.dumps({"name": "browser-demo", "command": ["sh", "-c", SCRIPT],
+                   "resources": {"cpu": 0.5, "memory_mb": 64}}, indent=2)
 
 
 def chromium_or_skip() -> str:
