@@ -98,12 +98,11 @@ class JobView(msgspec.Struct, kw_only=True):
     finished_at: float | None = None
     error: str = ""
     children: list[str] = []
+    # How many of its tasks are in each state, kept as they change (ClusterState._set_state).
+    state_counts: dict[TaskState, int] = {}
 
     def task_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for task in self.tasks:
-            counts[task.state.display] = counts.get(task.state.display, 0) + 1
-        return counts
+        return {state.display: n for state, n in self.state_counts.items()}
 
 
 class WorkerView(msgspec.Struct, kw_only=True):
@@ -241,6 +240,7 @@ class ClusterState:
             submitted_at=event.ts,
             tasks=[TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
                    for i in range(event.spec.replicas)],
+            state_counts={S.PENDING: event.spec.replicas},
         )
         self.jobs[event.job_id] = job
         self.job_by_submit[event.submit_seq] = event.job_id
@@ -322,7 +322,7 @@ class ClusterState:
                          attempt.attempt_id, f"task is {task.state.display}")
                 )
         else:
-            task.state = S.ASSIGNED
+            self._set_state(job, task, S.ASSIGNED)
             task.pending_reason = ""
             self.pending.pop(task.key, None)
             self._update_job(job, event.ts, effects)
@@ -334,7 +334,7 @@ class ClusterState:
         task = self.task(event.job_id, event.task_index)
         if task is None or not task_rules.can_transition(task.state, S.UNSCHEDULABLE):
             return  # placed or ended before the timeout was folded
-        task.state = S.UNSCHEDULABLE
+        self._set_state(self.jobs[event.job_id], task, S.UNSCHEDULABLE)
         task.error = event.reason
         task.pending_reason = ""
         self.pending.pop(task.key, None)
@@ -381,7 +381,7 @@ class ClusterState:
                                    f"{event.state.display} (attempt {attempt.attempt_id})")
             return
         job = self.jobs[event.job_id]
-        task.state = event.state
+        self._set_state(job, task, event.state)
         if event.state in (S.SUCCEEDED, S.FAILED, S.KILLED):
             task.exit_code = event.exit_code
             task.error = event.error
@@ -391,7 +391,7 @@ class ClusterState:
                 S.FAILED, task.failure_count, job.spec.max_retries_failure
             )
             if decision == task_rules.RetryDecision.SHOULD_RETRY:
-                self._requeue(task, event.ts)
+                self._requeue(job, task, event.ts)
             self._cascade_gang(job, task, event.ts, effects)
         self._update_job(job, event.ts, effects)
 
@@ -401,8 +401,19 @@ class ClusterState:
         task.refused_reports.append(why)
         del task.refused_reports[:-MAX_REFUSALS_KEPT]
 
-    def _requeue(self, task: TaskView, ts: float) -> None:
-        task.state = S.PENDING
+    @staticmethod
+    def _set_state(job: JobView, task: TaskView, state: TaskState) -> None:
+        """Every change of a task's state goes through here, so the job's counts (from
+        which its state is derived) never need a walk over its tasks."""
+        counts = job.state_counts
+        counts[task.state] -= 1
+        if not counts[task.state]:
+            del counts[task.state]
+        counts[state] = counts.get(state, 0) + 1
+        task.state = state
+
+    def _requeue(self, job: JobView, task: TaskView, ts: float) -> None:
+        self._set_state(job, task, S.PENDING)
         task.pending_since = ts
         self.pending[task.key] = None
 
@@ -492,7 +503,8 @@ class ClusterState:
             if sibling is cause:
                 continue
             if finished and sibling.state == S.PENDING:
-                sibling.state = S.KILLED  # it can never run as part of a whole gang now
+                # It can never run as part of a whole gang now.
+                self._set_state(job, sibling, S.KILLED)
                 sibling.error = reason
                 self.pending.pop(sibling.key, None)
                 continue
@@ -510,12 +522,12 @@ class ClusterState:
         """WORKER_FAILED under the preemption budget: retried while it lasts (`exhaust`:
         the budget is used up at once, so the task is finished)."""
         limit = job.spec.max_retries_preemption
-        task.state = S.WORKER_FAILED
+        self._set_state(job, task, S.WORKER_FAILED)
         task.error = why
         task.preemption_count = limit + 1 if exhaust else task.preemption_count + 1
         decision = task_rules.retry_decision(S.WORKER_FAILED, task.preemption_count, limit)
         if decision == task_rules.RetryDecision.SHOULD_RETRY:
-            self._requeue(task, ts)
+            self._requeue(job, task, ts)
 
     def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect]) -> None:
         """Kills the job's unfinished tasks; the job becomes KILLED, which cancels its
@@ -530,9 +542,8 @@ class ClusterState:
     def _update_job(self, job: JobView, ts: float, effects: list[Effect]) -> None:
         if job.state in JOB_TERMINAL:
             return
-        new_state = task_rules.derive_job_state(
-            (t.state for t in job.tasks), job.spec.max_task_failures
-        )
+        new_state = task_rules.job_state_from_counts(
+            job.state_counts, len(job.tasks), job.spec.max_task_failures)
         if new_state == job.state:
             return
         job.state = new_state
@@ -562,7 +573,7 @@ class ClusterState:
         for task in job.tasks:
             if not task_rules.can_transition(task.state, S.KILLED):
                 continue
-            task.state = S.KILLED
+            self._set_state(job, task, S.KILLED)
             task.error = reason
             task.pending_reason = ""
             self.pending.pop(task.key, None)

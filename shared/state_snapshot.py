@@ -10,7 +10,7 @@ from shared.lifecycle import ClusterState, GroupView, JobView, WorkerView
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 1
+FORMAT = 2
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

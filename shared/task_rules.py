@@ -6,7 +6,7 @@ asks these functions every question about what a state change means.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import Enum
 
 from shared.states import JobState, TaskState
@@ -121,6 +121,12 @@ def derive_job_state(task_states: Iterable[TaskState], max_task_failures: int) -
     for state in task_states:
         counts[state] = counts.get(state, 0) + 1
         total += 1
+    return job_state_from_counts(counts, total, max_task_failures)
+
+
+def job_state_from_counts(counts: Mapping[TaskState, int], total: int,
+                          max_task_failures: int) -> JobState:
+    """derive_job_state over `total` tasks given as a count per state."""
     if total and counts.get(S.SUCCEEDED, 0) == total:
         return JobState.SUCCEEDED
     if counts.get(S.FAILED, 0) > max_task_failures:

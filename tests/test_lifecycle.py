@@ -419,6 +419,11 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
                 # When a job has ended, none of its tasks is left unfinished.
                 if job.state in JOB_TERMINAL:
                     assert done, (job.state, task)
+            # The kept counts are the counts of its tasks' states.
+            recount: dict[TaskState, int] = {}
+            for task in job.tasks:
+                recount[task.state] = recount.get(task.state, 0) + 1
+            assert job.state_counts == recount
             # Job state always equals the derivation of its task states.
             assert job.state == task_rules.derive_job_state(
                 (t.state for t in job.tasks), spec.max_task_failures)

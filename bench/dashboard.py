@@ -1,0 +1,239 @@
+"""The dashboard with 100,000 tasks projected: how fast it catches up, how fast it answers.
+
+Writes a realistic history into a real nats-server's events stream (workers registered,
+jobs submitted, every task assigned, building, running and succeeded: four events per task
+and one per job), then starts the real dashboard service as a process and measures:
+
+1. catch-up from sequence 0: events folded per second, and the wall time from process start
+   until /healthz says it has caught up;
+2. restart from its snapshot (saved on a clean stop): wall time until caught up again;
+3. p50/p99 latency of job list pages, filtered lists, job details and task details, over
+   HTTP with keep-alive, one request at a time;
+4. the dashboard's resident memory.
+
+    .venv/bin/python bench/dashboard.py [--tasks 100000] [--tasks-per-job 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import nats
+
+from shared import nats_io, servers, subjects
+from shared.messages import (
+    AttemptReported,
+    JobSpec,
+    JobSubmitted,
+    LeaderElected,
+    Resources,
+    TaskAssigned,
+    WorkerRegistered,
+    encode,
+)
+from shared.states import TaskState
+
+WORKERS = 100
+
+
+def history(tasks: int, per_job: int) -> list[tuple[str, bytes]]:
+    """(subject, event JSON) in stream order."""
+    out: list[tuple[str, bytes]] = [("berth.events.leader", encode(
+        LeaderElected(scheduler_id="bench", epoch=1, ts=time.time())))]
+    for w in range(WORKERS):
+        out.append((f"berth.events.worker.w{w}", encode(WorkerRegistered(
+            worker_id=f"w{w}", incarnation="i1", host=f"host{w}", address=f"10.0.0.{w}",
+            resources=Resources(cpu=1000, memory_mb=1_000_000), ts=time.time()))))
+    now = time.time()
+    jobs = tasks // per_job
+    for j in range(jobs):
+        seq = j + 1
+        job_id = f"j{seq}-{seq % 65536:04x}"
+        spec = JobSpec(name=f"sweep-{j % 10}-{j}", user=f"user{j % 7}", replicas=per_job,
+                       command=["python3", "train.py", f"--seed={j}"],
+                       resources=Resources(cpu=1, memory_mb=100))
+        subject = subjects.task_events(job_id)
+        out.append((subject, encode(JobSubmitted(job_id=job_id, submit_seq=seq, spec=spec,
+                                                 ts=now))))
+        for i in range(per_job):
+            worker = f"w{(j * per_job + i) % WORKERS}"
+            out.append((subject, encode(TaskAssigned(
+                job_id=job_id, task_index=i, attempt_id=0, worker_id=worker,
+                incarnation="i1", epoch=1, ts=now))))
+            for state in (TaskState.BUILDING, TaskState.RUNNING, TaskState.SUCCEEDED):
+                out.append((subject, encode(AttemptReported(
+                    job_id=job_id, task_index=i, attempt_id=0, worker_id=worker,
+                    state=state, exit_code=0 if state == TaskState.SUCCEEDED else None,
+                    ts=now))))
+    return out
+
+
+async def fill_stream(url: str, events: list[tuple[str, bytes]]) -> int:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await nats_io.ensure_streams(js)
+    # Plain publishes from one connection keep their order; the stream stores them all.
+    for i, (subject, data) in enumerate(events):
+        await nc.publish(subject, data)
+        if i % 5000 == 0:
+            await nc.flush()
+    await nc.flush()
+    deadline = time.monotonic() + 120
+    while (last := await nats_io.last_event_seq(js)) < len(events):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the stream holds {last} of {len(events)} events")
+        await asyncio.sleep(0.2)
+    await nc.close()
+    return last
+
+
+def start_dashboard(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "services.dashboard_api"], env=env,
+                                stdout=f, stderr=subprocess.STDOUT)
+
+
+def wait_caught_up(client: httpx.Client, last: int, proc: subprocess.Popen[bytes]
+                   ) -> dict[str, float]:
+    """Polls /healthz; returns when the first event was seen folded and when all were."""
+    first_seen: tuple[float, int] | None = None
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"the dashboard exited with {proc.returncode}")
+        try:
+            health = client.get("/healthz").json()
+        except httpx.HTTPError:
+            time.sleep(0.05)
+            continue
+        now = time.monotonic()
+        seq = health["events_seq"]
+        if first_seen is None and seq > 0:
+            first_seen = (now, seq)
+        if seq >= last and health["caught_up"]:
+            assert first_seen is not None
+            return {"done": now, "first": first_seen[0], "first_seq": first_seen[1]}
+        time.sleep(0.05)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def latencies(client: httpx.Client, paths: list[str]) -> dict[str, float]:
+    times = []
+    for path in paths:
+        t0 = time.perf_counter()
+        resp = client.get(path)
+        times.append((time.perf_counter() - t0) * 1000)
+        resp.raise_for_status()
+    times.sort()
+    return {"p50_ms": round(statistics.median(times), 2),
+            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2),
+            "requests": len(times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--tasks-per-job", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=300, help="per kind of request")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
+        data = Path(tmp)
+        nats_server = servers.start_nats(data)
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            t0 = time.monotonic()
+            events = history(args.tasks, args.tasks_per_job)
+            last = asyncio.run(fill_stream(nats_server.url, events))
+            print(f"wrote {last} events in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+
+            port = servers.free_port()
+            env = servers.service_env(nats_server.url, "redis://127.0.0.1:1/0", data,
+                                      BERTH_API_PORT=str(port), BERTH_LOG_LEVEL="WARNING")
+            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+            log = data / "dashboard.log"
+
+            started = time.monotonic()
+            proc = start_dashboard(env, log)
+            cold = wait_caught_up(client, last, proc)
+            folded = last - cold["first_seq"]
+            rate = folded / max(cold["done"] - cold["first"], 1e-9)
+            cold_wall = cold["done"] - started
+            rss_after_catch_up = rss_mib(proc.pid)
+
+            jobs = client.get("/api/jobs?limit=1000").json()["jobs"]
+            ids = [j["job_id"] for j in jobs]
+            rng = random.Random(7)
+            n = args.requests
+            results = {
+                "list_page_50": latencies(client, ["/api/jobs?limit=50"] * n),
+                "list_filtered": latencies(client, [
+                    f"/api/jobs?limit=50&name_prefix=sweep-{rng.randrange(10)}"
+                    f"&user=user{rng.randrange(7)}&state=succeeded" for _ in range(n)]),
+                "list_deep_page": latencies(client, [
+                    f"/api/jobs?limit=50&cursor={rng.randrange(2, len(ids) + 1)}"
+                    for _ in range(n)]),
+                "job_detail": latencies(client, [
+                    f"/api/jobs/{rng.choice(ids)}" for _ in range(n)]),
+                "task_detail": latencies(client, [
+                    f"/api/jobs/{rng.choice(ids)}/tasks/{rng.randrange(args.tasks_per_job)}"
+                    for _ in range(n)]),
+            }
+            rss_after_requests = rss_mib(proc.pid)
+
+            # A clean stop saves the snapshot; the restart loads it and resumes the consumer.
+            proc.terminate()
+            proc.wait(30)
+            snapshot = data / "dashboard" / "projection.snapshot"
+            started = time.monotonic()
+            proc = start_dashboard(env, log)
+            warm = wait_caught_up(client, last, proc)
+            warm_wall = warm["done"] - started
+
+            report = {
+                "bench": "dashboard",
+                "tasks": args.tasks,
+                "jobs": len(ids) if len(ids) < 1000 else args.tasks // args.tasks_per_job,
+                "events": last,
+                "catch_up_events_per_s": round(rate),
+                "cold_start_to_caught_up_s": round(cold_wall, 2),
+                "snapshot_mib": round(snapshot.stat().st_size / 2**20, 1),
+                "restart_from_snapshot_s": round(warm_wall, 2),
+                "rss_mib": round(max(rss_after_catch_up, rss_after_requests)),
+                **{f"{kind}_{k}": v for kind, r in results.items() for k, v in r.items()
+                   if k != "requests"},
+                "requests_per_kind": n,
+                "cpus": os.cpu_count(),
+            }
+            print(json.dumps(report))
+            print(f"\n{'request':<16}{'p50 ms':>10}{'p99 ms':>10}", file=sys.stderr)
+            for kind, r in results.items():
+                print(f"{kind:<16}{r['p50_ms']:>10}{r['p99_ms']:>10}", file=sys.stderr)
+            print(f"catch-up {rate:,.0f} events/s ({last:,} events, cold start to caught up "
+                  f"{cold_wall:.1f} s); restart from a {report['snapshot_mib']} MiB snapshot "
+                  f"{warm_wall:.1f} s; RSS {report['rss_mib']} MiB", file=sys.stderr)
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+            nats_server.stop()
+
+
+if __name__ == "__main__":
+    main()
