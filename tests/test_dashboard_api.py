@@ -81,8 +81,10 @@ async def test_task_and_worker_detail_and_unknown_ids_are_404(make_stack: Any, n
         failed = t
     assert failed["exit_code"] == 3 and "exited with code 3" in failed["error"]
 
-    worker = get_json(stack, "/api/workers/local-0")
-    assert worker["healthy"] and worker["cpu_free"] == 2.0
+    # The job ends when one task fails; the other's kill is confirmed a little later.
+    worker = await wait_until(lambda: (w := get_json(stack, "/api/workers/local-0"))
+                              ["cpu_free"] == 2.0 and w, what="the kill confirmed")
+    assert worker["healthy"]
     assert worker["resources"]["cpu"] == 2.0 and worker["running_attempts"] == []
     assert worker["last_heartbeat"] is not None
 
