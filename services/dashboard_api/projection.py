@@ -73,9 +73,10 @@ class Projection:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.save_snapshot()
-        with contextlib.suppress(Exception):
-            await self._feed.ack()
+        try:
+            await self.save_snapshot()
+        except OSError as exc:  # the next start rebuilds from the stream instead
+            log.error("cannot save snapshot %s: %s", self.snapshot_path, exc)
 
     # --- folding --------------------------------------------------------------------------
 
