@@ -81,10 +81,11 @@ async def test_task_and_worker_detail_and_unknown_ids_are_404(make_stack: Any, n
         failed = t
     assert failed["exit_code"] == 3 and "exited with code 3" in failed["error"]
 
-    # The job ends when one task fails; the other's kill is confirmed a little later.
+    # The job ends when one task fails; the other's kill is confirmed a little later (and
+    # the worker is healthy once the dashboard has heard its heartbeat).
     worker = await wait_until(lambda: (w := get_json(stack, "/api/workers/local-0"))
-                              ["cpu_free"] == 2.0 and w, what="the kill confirmed")
-    assert worker["healthy"]
+                              ["cpu_free"] == 2.0 and w["healthy"] and w,
+                              what="the kill confirmed, the worker heard")
     assert worker["resources"]["cpu"] == 2.0 and worker["running_attempts"] == []
     assert worker["last_heartbeat"] is not None
 
