@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 OutputSink = Callable[[str, bytes], Awaitable[None]]
 
@@ -44,6 +45,19 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"terminated by signal {-returncode}"
     return f"exited with code {returncode}" if returncode else ""
+
+
+class Runnable(Protocol):
+    """What the agent runs an attempt as: a real process, or a simulated one."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def start(self) -> None: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace: float) -> None: ...
 
 
 class AttemptProcess:

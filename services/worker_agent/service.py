@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent.process import AttemptProcess, describe_exit, signal_group
+from services.worker_agent import simulation
+from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.messages import (
@@ -48,7 +50,7 @@ MAX_REMEMBERED_ATTEMPTS = 10000
 @dataclass
 class RunningAttempt:
     command: RunAttempt
-    process: AttemptProcess | None = None
+    process: Runnable | None = None
     kill_reason: str = ""
     task: asyncio.Task[None] | None = None
     killed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -63,6 +65,7 @@ class WorkerAgent:
         resources: Resources,
         attributes: dict[str, str],
         address: str = "",
+        simulate: Callable[[], Runnable] | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -82,22 +85,31 @@ class WorkerAgent:
         self.winding_down = False
         self.refused_commands = 0
         self.background: set[asyncio.Task[None]] = set()
+        # Simulated hosts (--simulate): each attempt is a SimulatedProcess, not a process.
+        self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
 
     # --- life -------------------------------------------------------------------------
 
-    async def serve(self, stop: asyncio.Event) -> None:
-        self._kill_orphans()
+    async def serve(self, stop: asyncio.Event, follow_leader: bool = True,
+                    first_heartbeat_after: float = 0.0) -> None:
+        """Runs until `stop`. Hosts sharing a process may leave `follow_leader` to one
+        subscription that calls `on_leader` for all of them."""
+        if self.simulate is None:
+            self._kill_orphans()
         cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
                                           cb=self._on_command)
-        leader_sub = await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
+        leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
+                      if follow_leader else None)
         await self._register()
+        await service.wait_or_stop(stop, first_heartbeat_after)
         while not stop.is_set():
             await self._heartbeat()
             await service.wait_or_stop(stop, self.settings.heartbeat_interval)
         await cmd_sub.unsubscribe()
-        await leader_sub.unsubscribe()
+        if leader_sub is not None:
+            await leader_sub.unsubscribe()
         await self._shutdown()
 
     async def _register(self) -> None:
@@ -165,8 +177,10 @@ class WorkerAgent:
 
     async def _on_leader(self, msg: Msg) -> None:
         with contextlib.suppress(msgspec.DecodeError):
-            ann = msgspec.json.decode(msg.data, type=LeaderAnnouncement)
-            self.max_epoch = max(self.max_epoch, ann.epoch)
+            self.on_leader(msgspec.json.decode(msg.data, type=LeaderAnnouncement))
+
+    def on_leader(self, ann: LeaderAnnouncement) -> None:
+        self.max_epoch = max(self.max_epoch, ann.epoch)
 
     async def _on_command(self, msg: Msg) -> None:
         try:
@@ -260,18 +274,10 @@ class WorkerAgent:
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command
         await self._report(cmd, TaskState.BUILDING)
-        workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
-        workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **cmd.env, "BERTH_WORKER_ID": self.worker_id}
-        log_subject = subjects.attempt_logs(cmd.job_id, cmd.task_index, cmd.attempt_id)
-
-        async def sink(stream: str, chunk: bytes) -> None:
-            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
-
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
             return
-        process = AttemptProcess(cmd.command, env, str(workdir), sink)
+        process = self.simulate() if self.simulate is not None else self._process(cmd)
         try:
             await process.start()
         except OSError as exc:
@@ -280,7 +286,8 @@ class WorkerAgent:
             return
         attempt.process = process
         pid_file = self.pid_dir / key.replace("/", "_")
-        pid_file.write_text(str(process.pid))
+        if process.pid is not None:
+            pid_file.write_text(str(process.pid))
         if attempt.killed.is_set():  # a kill that arrived while the process was starting
             self._spawn(process.stop(self.settings.kill_grace))
         timer = None
@@ -293,7 +300,8 @@ class WorkerAgent:
         finally:
             if timer is not None:
                 timer.cancel()
-            pid_file.unlink(missing_ok=True)
+            if process.pid is not None:
+                pid_file.unlink(missing_ok=True)
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason)
         elif code == 0:
@@ -301,6 +309,16 @@ class WorkerAgent:
         else:
             await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
 
+    def _process(self, cmd: RunAttempt) -> AttemptProcess:
+        workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **cmd.env, "BERTH_WORKER_ID": self.worker_id}
+        log_subject = subjects.attempt_logs(cmd.job_id, cmd.task_index, cmd.attempt_id)
+
+        async def sink(stream: str, chunk: bytes) -> None:
+            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
+
+        return AttemptProcess(cmd.command, env, str(workdir), sink)
 
     def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
         if attempt.killed.is_set():
@@ -334,7 +352,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--address", default="",
                         help="address other tasks reach this worker's tasks at "
                         "(default: this host's IP)")
+    sim = parser.add_argument_group(
+        "simulated hosts", "Host N simulated workers in this process (for benchmarks): each "
+        "speaks the real worker protocol, with the resources and attributes above, and "
+        "'runs' a task for a drawn time instead of starting its command.")
+    sim.add_argument("--simulate", type=int, default=0, metavar="N",
+                     help="number of simulated workers, named <id>-00000 ... (default: 0, a "
+                     "real worker)")
+    sim.add_argument("--sim-runtime", default="exp:1.0", metavar="DIST",
+                     help="task run time in seconds: const:S, uniform:A:B, exp:MEAN or "
+                     "lognormal:MU:SIGMA (default: exp:1.0)")
+    sim.add_argument("--sim-fail-rate", type=float, default=0.0, metavar="P",
+                     help="probability that a task exits 1 (default: 0)")
+    sim.add_argument("--sim-slice-size", type=int, default=0, metavar="K",
+                     help="group consecutive workers into slices of K: attributes "
+                     "tpu-name=<id>-slice-J and tpu-worker-id=0..K-1 (default: no slices)")
+    sim.add_argument("--sim-seed", type=int, default=None, help="seed for the run times")
     args = parser.parse_args(argv)
+    if args.simulate < 0:
+        parser.error("--simulate: must be 0 or more")
+    if not 0 <= args.sim_fail_rate <= 1:
+        parser.error("--sim-fail-rate: must be between 0 and 1")
+    if args.sim_slice_size < 0:
+        parser.error("--sim-slice-size: must be 0 or more")
+    try:
+        args.run_time = simulation.RunTime.parse(args.sim_runtime)
+    except ValueError as exc:
+        parser.error(f"--sim-runtime {exc}")
     attributes = {}
     for item in args.attribute:
         name, sep, value = item.partition("=")
@@ -384,10 +428,41 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
     nc = await nats_io.connect(settings.nats_url, f"berth-worker-{args.id}")
     await nats_io.ensure_streams(nc.jetstream())
     try:
-        await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
-                          args.address).serve(stop)
+        if args.simulate:
+            await run_simulated(settings, args, nc, stop)
+        else:
+            await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
+                              args.address).serve(stop)
     finally:
         await nats_io.close(nc)
+
+
+async def run_simulated(settings: Settings, args: argparse.Namespace, nc: NATS,
+                        stop: asyncio.Event) -> None:
+    hosts = simulation.simulated_hosts(args.id, args.simulate, args.resources,
+                                       args.attributes, args.sim_slice_size)
+    make_process = simulation.process_factory(args.run_time, args.sim_fail_rate, args.sim_seed)
+    agents = [WorkerAgent(settings, nc, h.worker_id, h.resources, h.attributes,
+                          args.address or "127.0.0.1", simulate=make_process) for h in hosts]
+
+    async def on_leader(msg: Msg) -> None:  # one subscription for all of them
+        with contextlib.suppress(msgspec.DecodeError):
+            ann = msgspec.json.decode(msg.data, type=LeaderAnnouncement)
+            for agent in agents:
+                agent.on_leader(ann)
+
+    leader_sub = await nc.subscribe(subjects.LEADER, cb=on_leader)
+    log.info("simulating %d workers (%s each; run time %s, fail rate %g)", len(agents),
+             args.resources, args.sim_runtime, args.sim_fail_rate)
+    # Heartbeats spread over the interval, as independent hosts' would be.
+    rng = random.Random(args.sim_seed)
+    try:
+        await asyncio.gather(*(
+            agent.serve(stop, follow_leader=False,
+                        first_heartbeat_after=rng.uniform(0, settings.heartbeat_interval))
+            for agent in agents))
+    finally:
+        await leader_sub.unsubscribe()
 
 
 def main(argv: list[str] | None = None) -> None:
