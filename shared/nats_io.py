@@ -4,6 +4,7 @@ dedup ids and trace context, and reading the events stream in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -148,7 +149,9 @@ async def follow_raw_events(
         async for msg in sub.messages:
             yield raw_event(msg)
     finally:
-        await sub.unsubscribe()
+        # The connection may be closing under a cancelled reader: nothing left to undo.
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
 
 
 async def follow_events(

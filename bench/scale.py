@@ -1,0 +1,358 @@
+"""Scale benchmark: the real control plane (nats-server, valkey, submitter, scheduler,
+dashboard) against simulated hosts (`berth run worker --simulate N`), measured the way
+kube-scheduler's scheduler_perf, Armada's fake executor and Volcano's KWOK runs measure.
+
+    .venv/bin/python bench/scale.py            # W1-W4 at full size (many minutes)
+    .venv/bin/python bench/scale.py --quick    # a small version of each, under a minute
+    .venv/bin/python bench/scale.py --only W2,W3
+
+Workloads (each on a fresh stack):
+  W1 throughput  hosts x 4 cpu; single-task 1-cpu jobs submitted as fast as the client can:
+                 placements/s (submit -> ASSIGNED), completions/s, p50/p99 submit->ASSIGNED
+                 and submit->RUNNING, scheduler peak RSS.
+  W2 gangs       64 hosts in 8 slices of 8; 200 coscheduled 8-task jobs submitted at once:
+                 time to place all, gang placements/s, the checker's (`berth doctor`) result.
+  W3 latency     an idle cluster; 200 single-task jobs one after another: submit->RUNNING.
+  W4 growth      W1 at 1,000, 5,000 and 10,000 hosts, tasks = 20 x hosts (capped by time).
+
+Prints one JSON line per workload on stdout, then a table on stderr. Times are the events'
+own timestamps (every process is on this machine's clock) against the client's publish
+time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+
+from berth.stack import Stack, start_stack
+from shared import nats_io, redis_io, subjects
+from shared.checker import check_cluster
+from shared.messages import (
+    AttemptReported,
+    Coscheduling,
+    JobSpec,
+    JobSubmitted,
+    Resources,
+    SubmitRejected,
+    TaskAssigned,
+    TpuDevice,
+    encode,
+)
+from shared.reservations import ReservationStore
+from shared.states import TaskState
+
+TPU = TpuDevice(variant="v5p", topology="2x2x1", count=4)
+
+
+@dataclass
+class Observed:
+    """What the events stream says about the submitted jobs, folded as it arrives."""
+
+    submitted_at: dict[int, float] = field(default_factory=dict)  # submit seq -> publish time
+    job_seq: dict[str, int] = field(default_factory=dict)  # job id -> submit seq
+    assigned: dict[tuple[str, int], float] = field(default_factory=dict)  # first assignment
+    running: dict[tuple[str, int], float] = field(default_factory=dict)
+    finished: dict[tuple[str, int], float] = field(default_factory=dict)
+    rejected: int = 0
+    last_seq: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def latencies(self, stamps: dict[tuple[str, int], float]) -> list[float]:
+        out = []
+        for (job_id, _), ts in stamps.items():
+            sent = self.submitted_at.get(self.job_seq.get(job_id, -1))
+            if sent is not None:
+                out.append(max(0.0, ts - sent))
+        return out
+
+
+async def observe(nc: NATS, seen: Observed) -> None:
+    async for record in nats_io.follow_events(nc.jetstream()):
+        event = record.event
+        seen.last_seq = record.seq
+        if isinstance(event, JobSubmitted):
+            seen.job_seq[event.job_id] = event.submit_seq
+        elif isinstance(event, SubmitRejected):
+            seen.rejected += 1
+        elif isinstance(event, TaskAssigned):
+            seen.assigned.setdefault((event.job_id, event.task_index), event.ts)
+        elif isinstance(event, AttemptReported):
+            key = (event.job_id, event.task_index)
+            if event.state == TaskState.RUNNING:
+                seen.running.setdefault(key, event.ts)
+            elif event.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED):
+                seen.finished[key] = event.ts
+        seen.changed.set()
+
+
+async def wait_for(seen: Observed, done: Any, timeout: float, what: str) -> bool:
+    """Waits until `done()`; False (and a note on stderr) if `timeout` passed first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            print(f"  {what}: stopped waiting after {timeout:.0f} s", file=sys.stderr)
+            return False
+        seen.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(seen.changed.wait(), min(left, 1.0))
+    return True
+
+
+async def submit_all(nc: NATS, seen: Observed, specs: list[bytes], window: int = 256) -> float:
+    """Publishes as fast as JetStream acknowledges, `window` in flight; returns the
+    offered rate (jobs/s)."""
+    js = nc.jetstream()
+    t0 = time.time()
+
+    async def one(payload: bytes) -> None:
+        sent = time.time()
+        ack = await js.publish(subjects.SUBMIT_JOB, payload, stream=subjects.SUBMIT_STREAM)
+        seen.submitted_at[int(ack.seq)] = sent
+
+    for start in range(0, len(specs), window):
+        await asyncio.gather(*(one(p) for p in specs[start:start + window]))
+    return len(specs) / max(time.time() - t0, 1e-9)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+class Cluster:
+    """A fresh stack with `hosts` simulated workers."""
+
+    def __init__(self, root: Path, name: str, hosts: int, sim_args: list[str]) -> None:
+        self.data = root / name
+        # Heartbeats of thousands of simulated hosts are real load: spread them as a real
+        # cluster would (documented in docs/performance.md).
+        interval = 1.0 if hosts <= 1000 else 5.0
+        env = {"BERTH_HEARTBEAT_INTERVAL": str(interval),
+               "BERTH_WORKER_DEAD_AFTER": str(interval * 6),
+               "BERTH_LOG_LEVEL": "WARNING"}
+        self.stack: Stack = start_stack(self.data, workers=0, extra_env=env)
+        self.hosts = hosts
+        self.stack.start_service("worker", "--id", "sim", "--simulate", str(hosts),
+                                 "--address", "127.0.0.1", *sim_args, label="sim")
+        self.nc: NATS | None = None
+        self.seen = Observed()
+        self._observer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Cluster:
+        self.nc = await nats.connect(self.stack.nats.url)
+        self._observer = asyncio.create_task(observe(self.nc, self.seen))
+        await self.wait_for_hosts()
+        return self
+
+    async def wait_for_hosts(self) -> None:
+        from shared.messages import WorkerRegistered
+
+        assert self.nc is not None
+        deadline = time.monotonic() + 120
+        registered: set[str] = set()
+        async for record in nats_io.follow_events(self.nc.jetstream()):
+            if isinstance(record.event, WorkerRegistered):
+                registered.add(record.event.worker_id)
+            if len(registered) >= self.hosts:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(registered)} of {self.hosts} hosts registered")
+
+    def scheduler_pid(self) -> int:
+        return self.stack.children["scheduler"].pid
+
+    async def doctor(self) -> dict[str, int]:
+        assert self.nc is not None
+        redis = redis_io.connect(self.stack.redis.url)
+        try:
+            report = await check_cluster(self.nc.jetstream(), ReservationStore(redis),
+                                         settle=0.5)
+        finally:
+            await redis.aclose()
+        return {"violations": len(report.violations()),
+                "double_booked_hosts": report.double_booked_hosts}
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._observer:
+            self._observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._observer
+        if self.nc:
+            await self.nc.close()
+        self.stack.stop()
+
+
+def single(i: int, cpu: float = 1) -> bytes:
+    return encode(JobSpec(name=f"t{i}", command=["sim"],
+                          resources=Resources(cpu=cpu, memory_mb=100)))
+
+
+async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
+                     run_time: str) -> dict[str, Any]:
+    async with Cluster(root, name, hosts, ["--cpu", "4", "--memory-mb", "4096",
+                                           "--sim-runtime", run_time]) as c:
+        seen = c.seen
+        specs = [single(i) for i in range(jobs)]
+        t0 = time.time()
+        offered = await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
+        complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
+                                  f"{name}: all {jobs} tasks to finish")
+        placed_times = sorted(seen.assigned.values())
+        done_times = sorted(seen.finished.values())
+        placements = len(placed_times) / max(placed_times[-1] - t0, 1e-9) if placed_times else 0
+        completions = len(done_times) / max(done_times[-1] - t0, 1e-9) if done_times else 0
+        to_assigned = seen.latencies(seen.assigned)
+        to_running = seen.latencies(seen.running)
+        return {
+            "workload": name, "hosts": hosts, "jobs": jobs, "complete": complete,
+            "offered_jobs_per_s": round(offered),
+            "placed": len(placed_times), "finished": len(done_times),
+            "placements_per_s": round(placements), "completions_per_s": round(completions),
+            "submit_to_assigned_p50_ms": pct(to_assigned, 0.5),
+            "submit_to_assigned_p99_ms": pct(to_assigned, 0.99),
+            "submit_to_running_p50_ms": pct(to_running, 0.5),
+            "submit_to_running_p99_ms": pct(to_running, 0.99),
+            "scheduler_peak_rss_mib": peak_rss_mib(c.scheduler_pid()),
+            "rejected": seen.rejected,
+        }
+
+
+async def gangs(root: Path, slices: int, size: int, count: int, cap: float,
+                run_time: str) -> dict[str, Any]:
+    hosts = slices * size
+    async with Cluster(root, "W2", hosts, [
+            "--cpu", "4", "--memory-mb", "4096", "--tpu", "v5p:2x2x1:4",
+            "--sim-slice-size", str(size), "--sim-runtime", run_time]) as c:
+        seen = c.seen
+        specs = [encode(JobSpec(
+            name=f"gang{i}", replicas=size, command=["sim"],
+            resources=Resources(cpu=1, memory_mb=100, device=TPU),
+            coscheduling=Coscheduling(group_by="tpu-name", order_by="tpu-worker-id")))
+            for i in range(count)]
+        t0 = time.time()
+        await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
+        tasks = count * size
+        complete = await wait_for(seen, lambda: len(seen.assigned) >= tasks, cap,
+                                  f"W2: all {count} gangs placed")
+        place_all = max(seen.assigned.values()) - t0 if seen.assigned else None
+        await wait_for(seen, lambda: len(seen.finished) >= tasks, cap, "W2: gangs finished")
+        doctor = await c.doctor()
+        gangs_placed = len({job for job, _ in seen.assigned})
+        return {
+            "workload": "W2", "hosts": hosts, "slices": slices, "gangs": count,
+            "gang_size": size, "complete": complete, "gangs_placed": gangs_placed,
+            "time_to_place_all_s": round(place_all, 2) if place_all is not None else None,
+            "gang_placements_per_s": round(gangs_placed / place_all, 1) if place_all else None,
+            **{f"doctor_{k}": v for k, v in doctor.items()},
+        }
+
+
+async def latency(root: Path, hosts: int, jobs: int) -> dict[str, Any]:
+    async with Cluster(root, "W3", hosts, ["--cpu", "4", "--memory-mb", "4096",
+                                           "--sim-runtime", "const:0.05"]) as c:
+        seen = c.seen
+        for i in range(jobs):
+            await submit_all(c.nc, seen, [single(i)])  # type: ignore[arg-type]
+            await wait_for(seen, lambda n=i + 1: len(seen.running) >= n, 30, "W3: running")
+        to_running = seen.latencies(seen.running)
+        to_assigned = seen.latencies(seen.assigned)
+        return {
+            "workload": "W3", "hosts": hosts, "jobs": jobs,
+            "submit_to_assigned_p50_ms": pct(to_assigned, 0.5),
+            "submit_to_running_p50_ms": pct(to_running, 0.5),
+            "submit_to_running_p99_ms": pct(to_running, 0.99),
+            "submit_to_running_mean_ms": round(1000 * statistics.mean(to_running), 1)
+            if to_running else None,
+        }
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [f"{'workload':<10}{'hosts':>7}  result"]
+    for r in results:
+        if r["workload"] == "W2":
+            what = (f"{r['gangs_placed']}/{r['gangs']} gangs placed in "
+                    f"{r['time_to_place_all_s']} s ({r['gang_placements_per_s']}/s), "
+                    f"doctor violations={r['doctor_violations']}")
+        elif r["workload"] == "W3":
+            what = (f"submit->RUNNING p50 {r['submit_to_running_p50_ms']} ms, "
+                    f"p99 {r['submit_to_running_p99_ms']} ms")
+        else:
+            what = (f"{r['placements_per_s']} placements/s, {r['completions_per_s']} "
+                    f"completions/s, submit->ASSIGNED p50 {r['submit_to_assigned_p50_ms']} ms "
+                    f"p99 {r['submit_to_assigned_p99_ms']} ms, scheduler peak RSS "
+                    f"{r['scheduler_peak_rss_mib']} MiB ({r['placed']}/{r['jobs']} placed)")
+        lines.append(f"{r['workload']:<10}{r['hosts']:>7}  {what}")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    quick = args.quick
+    only = {w.strip().upper() for w in args.only.split(",")} if args.only else None
+    results: list[dict[str, Any]] = []
+
+    def wanted(name: str) -> bool:
+        return only is None or name in only
+
+    def emit(result: dict[str, Any]) -> None:
+        result["machine_cpus"] = os.cpu_count()
+        results.append(result)
+        print(json.dumps(result), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="berth-scale-") as tmp:
+        root = Path(tmp)
+        if wanted("W1"):
+            emit(await throughput(root, "W1", 40 if quick else 1000,
+                                  400 if quick else 20_000, 20 if quick else 300,
+                                  "uniform:0.1:0.3" if quick else "uniform:0.5:1.5"))
+        if wanted("W2"):
+            emit(await gangs(root, 4 if quick else 8, 8, 20 if quick else 200,
+                             20 if quick else 300, "uniform:0.05:0.15"))
+        if wanted("W3"):
+            emit(await latency(root, 10 if quick else 100, 20 if quick else 200))
+        if wanted("W4"):
+            sizes = [20, 40] if quick else [1000, 5000, 10_000]
+            for hosts in sizes:
+                emit(await throughput(root, "W4", hosts, 20 * hosts,
+                                      8 if quick else args.w4_cap, "uniform:0.5:1.5"))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="berth's scale benchmark (see the module docstring)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small version of each workload, under a minute")
+    parser.add_argument("--only", help="comma-separated workloads, e.g. W1,W3")
+    parser.add_argument("--w4-cap", type=float, default=180,
+                        help="seconds each W4 size may run (default 180)")
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    print("\n" + table(results), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
