@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.matching import holds, matches
@@ -186,3 +186,49 @@ def test_never_over_commits_a_host_nor_shares_a_group(
         assert len(mine) in (0, 2)
     owners = [c.name for c in result.groups]
     assert len(owners) == len(set(owners))
+
+
+def naive_place(units: list[Unit], hosts: list[Host]) -> list[tuple[str, int, str]]:
+    """The reference: for each task, scan every host; most free cpu that fits, ties to the
+    lowest worker id (what placement's heaps must reproduce exactly)."""
+    free = {h.worker_id: h.free for h in hosts}
+    chosen = []
+    for unit in units:
+        for index in unit.indices:
+            best = None
+            for h in hosts:
+                if not matches(h.attributes, unit.constraints):
+                    continue
+                if unit.need.dev and h.device_kind != unit.device_kind:
+                    continue
+                if not unit.need.fits_in(free[h.worker_id]):
+                    continue
+                if best is None or (free[h.worker_id].cpu, best.worker_id) > (
+                        free[best.worker_id].cpu, h.worker_id):
+                    best = h
+            if best is not None:
+                free[best.worker_id] = free[best.worker_id] - unit.need
+                chosen.append((unit.job_id, index, best.worker_id))
+    return chosen
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 3000), st.integers(0, 2),
+                       st.sampled_from(["", "a", "b"])), max_size=40),
+    st.lists(st.tuples(st.integers(0, 6000), st.integers(0, 6000), st.integers(0, 4),
+                       st.sampled_from(["a", "b"])), max_size=12),
+)
+def test_single_task_placement_equals_a_scan_of_every_host(
+        tasks: list[tuple[int, int, int, str]], hosts: list[tuple[int, int, int, str]]) -> None:
+    units = [task(f"t{i}", 0, 1, need=Amounts(c, m, 0, d),
+                  device_kind="gpu:x" if d else "",
+                  constraints=(Constraint(key="pool", op=Op.EQ, value=pool),) if pool else ())
+             for i, (c, m, d, pool) in enumerate(tasks)]
+    caps = [Host(f"h{i:02d}", Amounts(c, m, 0, d), "gpu:x" if d else "", {"pool": pool})
+            for i, (c, m, d, pool) in enumerate(hosts)]
+    expected = naive_place(units, [Host(h.worker_id, h.free, h.device_kind, h.attributes)
+                                   for h in caps])
+    result = place(units, caps)
+    assert [(a.job_id, a.task_index, a.worker_id) for a in result.assignments] == expected
+    assert len(result.assignments) + len(result.pending_reasons) == 2 * len(tasks)

@@ -8,6 +8,7 @@ over-commits a host, never gives one port twice, and never gives one group to tw
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -110,20 +111,62 @@ def _mib(mb: int) -> str:
     return f"{mb} MiB"
 
 
-def _place_one(unit: Unit, index: int, hosts: Sequence[Host], out: Placement) -> None:
-    candidates = _candidates(unit, hosts)
-    best: Host | None = None
-    for host in candidates:
-        if not unit.need.fits_in(host.free):
-            continue
-        if best is None or (host.free.cpu, best.worker_id) > (best.free.cpu, host.worker_id):
-            best = host
-    if best is None:
-        out.pending_reasons[(unit.job_id, index)] = _why_not(unit, hosts, candidates)
-        return
-    ports = _free_ports(best, unit.ports)
-    _take(best, unit.need, ports)
-    out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports))
+class _SingleTasks:
+    """Places single tasks fast, choosing exactly what a scan of every host would (the
+    matching host with the most free cpu that fits, ties to the lowest worker id):
+
+    - the hosts matching a (constraints, device) shape are found once per call, and kept in
+      a heap by free cpu; a host whose free cpu has since dropped is re-pushed when met
+      (free capacity only shrinks during a call, so a stale entry is never too low);
+    - a shape and need that found no host cannot find one later in the same call, so its
+      reason is remembered and reused."""
+
+    def __init__(self, hosts: Sequence[Host]) -> None:
+        self.hosts = hosts
+        self.heaps: dict[tuple[object, ...], list[tuple[int, str, int]]] = {}
+        self.candidates: dict[tuple[object, ...], list[Host]] = {}
+        self.failed: dict[tuple[object, ...], str] = {}
+
+    def place(self, unit: Unit, index: int, out: Placement) -> None:
+        shape = (unit.constraints, unit.device_kind if unit.need.dev else None)
+        failed_key = (shape, unit.need)
+        reason = self.failed.get(failed_key)
+        if reason is not None:
+            out.pending_reasons[(unit.job_id, index)] = reason
+            return
+        heap = self.heaps.get(shape)
+        if heap is None:
+            candidates = self.candidates[shape] = _candidates(unit, self.hosts)
+            position = {id(h): i for i, h in enumerate(self.hosts)}
+            heap = self.heaps[shape] = [(-h.free.cpu, h.worker_id, position[id(h)])
+                                        for h in candidates]
+            heapq.heapify(heap)
+        best = self._best(heap, unit.need)
+        if best is None:
+            reason = _why_not(unit, self.hosts, self.candidates[shape])
+            self.failed[failed_key] = reason
+            out.pending_reasons[(unit.job_id, index)] = reason
+            return
+        ports = _free_ports(best, unit.ports)
+        _take(best, unit.need, ports)
+        out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports))
+
+    def _best(self, heap: list[tuple[int, str, int]], need: Amounts) -> Host | None:
+        passed_over: list[tuple[int, str, int]] = []
+        best: Host | None = None
+        while heap:
+            neg_cpu, worker_id, i = heap[0]
+            host = self.hosts[i]
+            if -neg_cpu != host.free.cpu:  # taken from since it was pushed
+                heapq.heapreplace(heap, (-host.free.cpu, worker_id, i))
+                continue
+            if need.fits_in(host.free):
+                best = host
+                break
+            passed_over.append(heapq.heappop(heap))  # short of memory, disk or devices
+        for entry in passed_over:
+            heapq.heappush(heap, entry)
+        return best
 
 
 def _order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
@@ -195,10 +238,11 @@ def place(units: Sequence[Unit], hosts: Sequence[Host]) -> Placement:
     free = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
                  set(h.ports_used)) for h in hosts]
     out = Placement()
+    singles = _SingleTasks(free)
     for unit in units:
         if unit.gang is not None:
             _place_gang(unit, free, out)
         else:
             for index in unit.indices:
-                _place_one(unit, index, free, out)
+                singles.place(unit, index, out)
     return out

@@ -82,6 +82,12 @@ class Leader:
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
         self.reasons_in_flight_seq = 0
         self.reasons_announced_at = -float("inf")
+        # Releases folded but not yet written to Redis: written together, as soon as the
+        # fold pauses, and always before a tick reserves (the Lua must never find in Redis
+        # what the fold has already freed).
+        self.unreleased: list[tuple[str, str]] = []
+        self.release_lock = asyncio.Lock()
+        self.release_task: asyncio.Task[None] | None = None
 
     # --- term ---------------------------------------------------------------------------
 
@@ -133,6 +139,7 @@ class Leader:
 
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
+        await self._flush_releases()
         live: dict[str, set[str]] = {}
         for worker in self.state.workers.values():
             if worker.alive:
@@ -210,10 +217,29 @@ class Leader:
     async def _carry_out(self, effects: list[Effect]) -> None:
         releases = [(e.worker_id, e.attempt_key) for e in effects if isinstance(e, Release)]
         if releases:
-            await self.store.release(self.epoch, releases)
+            self.unreleased.extend(releases)
+            if self.release_task is None or self.release_task.done():
+                self.release_task = asyncio.create_task(self._release_in_background())
         for effect in effects:
             if isinstance(effect, Kill):
                 await self._send_kill(effect)
+
+    async def _flush_releases(self) -> None:
+        async with self.release_lock:
+            while self.unreleased:
+                batch = self.unreleased
+                self.unreleased = []
+                try:
+                    await self.store.release(self.epoch, batch)
+                except BaseException:
+                    self.unreleased[:0] = batch  # still owed; the next flush retries
+                    raise
+
+    async def _release_in_background(self) -> None:
+        try:
+            await self._flush_releases()
+        except Exception as exc:  # the next tick flushes again, and raises there
+            log.warning("releasing in Redis failed (%s); retrying before the next commit", exc)
 
     # --- leadership ---------------------------------------------------------------------
 
@@ -296,6 +322,7 @@ class Leader:
 
     async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
         """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
+        await self._flush_releases()
         with tracer.start_as_current_span("reserve") as reserve_span:
             committed = await self._reserve(result, reserve_span)
         if committed is None:
