@@ -153,7 +153,7 @@ class Cluster:
         interval = 1.0 if hosts <= 1000 else 5.0
         env = {"BERTH_HEARTBEAT_INTERVAL": str(interval),
                "BERTH_WORKER_DEAD_AFTER": str(interval * 6),
-               "BERTH_LOG_LEVEL": "WARNING"}
+               "BERTH_LOG_LEVEL": "INFO"}
         self.stack: Stack = start_stack(self.data, workers=0, extra_env=env)
         self.hosts = hosts
         self.stack.start_service("worker", "--id", "sim", "--simulate", str(hosts),
@@ -322,11 +322,15 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         results.append(result)
         print(json.dumps(result), flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="berth-scale-") as tmp:
-        root = Path(tmp)
+    with contextlib.ExitStack() as cleanup:
+        if args.keep:
+            root = Path(tempfile.mkdtemp(prefix="berth-scale-"))
+            print(f"keeping data and logs in {root}", file=sys.stderr)
+        else:
+            root = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="berth-scale-")))
         if wanted("W1"):
             emit(await throughput(root, "W1", 40 if quick else 1000,
-                                  400 if quick else 20_000, 20 if quick else 300,
+                                  args.jobs or (400 if quick else 20_000), 20 if quick else 300,
                                   "uniform:0.1:0.3" if quick else "uniform:0.5:1.5"))
         if wanted("W2"):
             emit(await gangs(root, 4 if quick else 8, 8, 20 if quick else 200,
@@ -347,6 +351,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a small version of each workload, under a minute")
     parser.add_argument("--only", help="comma-separated workloads, e.g. W1,W3")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each stack's data and service logs (the path is printed)")
+    parser.add_argument("--jobs", type=int, help="W1's job count (default 20,000)")
     parser.add_argument("--w4-cap", type=float, default=180,
                         help="seconds each W4 size may run (default 180)")
     args = parser.parse_args()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -25,7 +26,7 @@ from services.scheduler import placement
 from shared import nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import Settings
-from shared.lifecycle import ClusterState, Effect, Kill, Release, TaskView, WorkerView
+from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
 from shared.messages import (
     AnyEvent,
     Command,
@@ -57,6 +58,41 @@ class LostLeadership(Exception):
     pass
 
 
+MAX_TICK_LINKS = 128
+TICK_STATS_EVERY = 10.0
+
+
+class TickStats:
+    """Logs, every TICK_STATS_EVERY seconds with activity, how many ticks ran, how long
+    they took and how much they placed: where a busy scheduler's time goes."""
+
+    def __init__(self) -> None:
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self.since = now
+        self.ticks = 0
+        self.seconds = 0.0
+        self.longest = 0.0
+        self.placed = 0
+
+    def add(self, seconds: float, placed: int, pending: int) -> None:
+        self.ticks += 1
+        self.seconds += seconds
+        self.longest = max(self.longest, seconds)
+        self.placed += placed
+        now = time.monotonic()
+        if now - self.since < TICK_STATS_EVERY:
+            return
+        if self.placed or pending:
+            window = now - self.since
+            log.info("ticks: %d in %.0f s (%.0f%% busy, mean %.1f ms, longest %.0f ms), "
+                     "placed %d (%.0f/s), %d pending", self.ticks, window,
+                     100 * self.seconds / window, 1000 * self.seconds / self.ticks,
+                     1000 * self.longest, self.placed, self.placed / window, pending)
+        self._reset(now)
+
+
 class Leader:
     """Everything one term of leadership holds; a new term starts from a fresh fold."""
 
@@ -82,6 +118,7 @@ class Leader:
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
         self.reasons_in_flight_seq = 0
         self.reasons_announced_at = -float("inf")
+        self.unit_templates: dict[str, tuple[tuple[int, int], placement.Unit]] = {}
         # Releases folded but not yet written to Redis: written together, as soon as the
         # fold pauses, and always before a tick reserves (the Lua must never find in Redis
         # what the fold has already freed).
@@ -196,16 +233,22 @@ class Leader:
     async def _follow(self, events: AsyncIterator[nats_io.EventRecord]) -> None:
         async for record in events:
             self._remember(record)
+            pending = len(self.state.pending)
             effects = self.state.apply(record.seq, record.event)
             await self._on_event(record.event)
             await self._carry_out(effects)
+            # Only what can let more work be placed wakes a tick (new or requeued tasks,
+            # freed capacity, a new worker), not every report: ticks must leave the fold
+            # time to keep up.
+            if (len(self.state.pending) > pending or isinstance(record.event, WorkerRegistered)
+                    or any(isinstance(e, Release) for e in effects)):
+                self.wake.set()
 
     async def _on_event(self, event: AnyEvent) -> None:
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
                 await self._register_host(worker)
-        self.wake.set()
 
     async def _register_host(self, worker: WorkerView) -> None:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
@@ -258,11 +301,18 @@ class Leader:
     # --- scheduling ---------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
+        stats = TickStats()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.settings.tick_interval)
             self.wake.clear()
-            await self.tick()
+            started = time.perf_counter()
+            placed = await self.tick()
+            took = time.perf_counter() - started
+            stats.add(took, placed, len(self.state.pending))
+            # At most half the time in ticks: the fold of reports (which frees capacity)
+            # and heartbeats get the other half, however busy placement is.
+            await asyncio.sleep(took)
 
     def _live_workers(self) -> list[WorkerView]:
         return [w for w in self.state.workers.values() if w.alive]
@@ -276,16 +326,25 @@ class Leader:
         units = []
         for job_id, indices in by_job.items():
             job = self.state.jobs[job_id]
-            spec = job.spec
-            if spec.coscheduling and any(t.state in ATTEMPT_LIVE for t in job.tasks):
+            if job.spec.coscheduling and any(t.state in ATTEMPT_LIVE for t in job.tasks):
                 continue
-            units.append((spec.priority.rank, job.submit_seq, placement.Unit(
-                job_id=job_id, indices=tuple(sorted(indices)), need=spec.resources.amounts,
+            order, template = self._unit_template(job)
+            units.append((order, dataclasses.replace(template, indices=tuple(sorted(indices)))))
+        units.sort(key=lambda u: u[0])
+        return [u for _, u in units]
+
+    def _unit_template(self, job: JobView) -> tuple[tuple[int, int], placement.Unit]:
+        """A job's placement order and unit, built once: its spec never changes."""
+        cached = self.unit_templates.get(job.job_id)
+        if cached is None:
+            spec = job.spec
+            cached = self.unit_templates[job.job_id] = ((spec.priority.rank, job.submit_seq),
+                                                        placement.Unit(
+                job_id=job.job_id, indices=(), need=spec.resources.amounts,
                 device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
                 ports=tuple(spec.ports), gang=spec.coscheduling,
-            )))
-        units.sort(key=lambda u: (u[0], u[1]))
-        return [u for _, _, u in units]
+            ))
+        return cached
 
     def _hosts(self) -> list[placement.Host]:
         return [
@@ -294,9 +353,10 @@ class Leader:
             for w in self._live_workers()
         ]
 
-    async def tick(self) -> None:
+    async def tick(self) -> int:
+        """One round of placement; returns how many tasks it placed."""
         if not self.state.pending:
-            return
+            return 0
         units = self._units()
         with tracer.start_as_current_span("schedule.tick") as span:
             result = placement.place(units, self._hosts())
@@ -305,15 +365,19 @@ class Leader:
             span.set_attribute("berth.epoch", self.epoch)
             self._link_submits(span, result)
             if result.assignments and not await self._commit(result, span):
-                return
+                return 0
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
+            return len(result.assignments)
 
     def _link_submits(self, span: trace.Span, result: placement.Placement) -> None:
         """Links the tick to the submit of every job it placed or left waiting, so a job's
         trace leads to the ticks that considered it."""
         placed = {a.job_id for a in result.assignments}
-        for job_id in sorted(placed | {j for j, _ in result.pending_reasons}):
+        # A span keeps at most 128 links (OTEL_SPAN_LINK_COUNT_LIMIT): the placed jobs
+        # first, then the first of those left waiting.
+        waiting = sorted({j for j, _ in result.pending_reasons} - placed)
+        for job_id in (sorted(placed) + waiting)[:MAX_TICK_LINKS]:
             headers = self.trace_headers.get(job_id)
             if headers is None:
                 continue
