@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 class DurableEventFeed:
     def __init__(self, js: JetStreamContext, name: str, batch: int = 5000,
-                 fetch_wait: float = 1.0) -> None:
+                 fetch_wait: float = 0.1) -> None:
+        # nats-py's fetch, once a first message is in, waits up to `fetch_wait` for the
+        # batch to fill: that is the most a new event waits before it is folded.
         self.js = js
         self.name = name
         self.batch = batch

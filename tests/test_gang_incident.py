@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 import pytest
 from nats.aio.client import Client as NATS
@@ -97,6 +98,16 @@ def job_now(stack: Stack, job_id: str) -> dict[str, Any]:
     return result
 
 
+def job_if_shown(stack: Stack, job_id: str) -> dict[str, Any] | None:
+    """The job, or None while the dashboard has not folded its submission yet."""
+    resp = httpx.get(f"{stack.api_url}/api/jobs/{job_id}", timeout=10)
+    if resp.status_code == 404:
+        return None
+    resp.raise_for_status()
+    result: dict[str, Any] = resp.json()
+    return result
+
+
 def current_hosts(job: dict[str, Any]) -> list[str]:
     return [t["attempts"][-1]["worker_id"] for t in job["tasks"]]
 
@@ -141,8 +152,9 @@ async def test_three_gangs_in_one_tick_onto_two_slices(make_stack, nc, tmp_path:
     slices = {assert_whole_slice_in_order(job_now(stack, g), tmp_path) for g in (g1, g2)}
     assert slices == {"slice-a", "slice-b"}
     assert set(current_hosts(jobs[0])).isdisjoint(current_hosts(jobs[1]))
-    waiting = await wait_until(lambda: job_now(stack, g3)["tasks"][0]["pending_reason"],
-                               what="the third gang's pending reason")
+    waiting = await wait_until(
+        lambda: (job := job_if_shown(stack, g3)) and job["tasks"][0]["pending_reason"],
+        what="the third gang's pending reason")
     assert "no tpu-name group can take all 3 tasks" in waiting and "held by" in waiting
     assert job_now(stack, g3)["task_counts"] == {"pending": SLICE_HOSTS}
     await assert_no_violations(stack)
@@ -174,8 +186,8 @@ async def test_gangs_submitted_apart_placed_in_one_tick_when_capacity_frees(
     await asyncio.sleep(1.5)
     (second,) = await submit_at_once(nc, [gang_spec("p33m67", tmp_path)])
     for g in (first, second):
-        await wait_until(lambda g=g: job_now(stack, g)["tasks"][0]["pending_reason"],
-                         what="pending reasons")
+        await wait_until(lambda g=g: (job := job_if_shown(stack, g))
+                         and job["tasks"][0]["pending_reason"], what="pending reasons")
     await assert_no_violations(stack)
     for b in blockers:
         (tmp_path / f"{b}.done").touch()
