@@ -74,7 +74,16 @@ async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.Serve
     for config in nats_io.STREAMS:
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(config.name)
-    await nats_io.ensure_streams(js)
+    # nats-server may still be removing a just-deleted stream's files ("error creating
+    # store for stream"): give it a moment rather than fail the next test's setup.
+    for attempt in range(10):
+        try:
+            await nats_io.ensure_streams(js)
+            break
+        except nats.js.errors.ServerError:
+            if attempt == 9:
+                raise
+            await asyncio.sleep(0.3)
     await nc.close()
     sync_redis.Redis.from_url(redis_server.url).flushall()
     return real_servers
