@@ -177,7 +177,8 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
         if not follow:
             return Response(text, media_type=MediaType.TEXT)
         attempt_id = attempt
-        seen = len(msgs)
+        # Followed from just after what was read above, so nothing is read twice.
+        after = msgs[-1].metadata.sequence.stream if msgs else None
 
         def exited() -> bool:
             view = task.attempt(attempt_id)
@@ -185,11 +186,7 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
 
         async def body() -> AsyncGenerator[bytes]:
             yield text.encode()
-            skipped = 0
-            async for chunk in live.follow_log(js, subject, exited):
-                if skipped < seen:  # already sent above
-                    skipped += 1
-                    continue
+            async for chunk in live.follow_log(js, subject, exited, after):
                 yield chunk
 
         return Stream(body(), media_type=MediaType.TEXT)

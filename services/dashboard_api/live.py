@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, Callable
 
 import nats
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.dashboard_api.projection import Projection
 from shared import nats_io, subjects
@@ -53,11 +53,16 @@ async def sse_events(projection: Projection, after_seq: int,
 
 
 async def follow_log(js: JetStreamContext, subject: str, exited: Callable[[], bool],
-                     quiet_after_exit: float = 1.0) -> AsyncGenerator[bytes]:
-    """The attempt's output so far, then as it is written; ends once the attempt has exited
-    and its last output has had `quiet_after_exit` seconds to arrive."""
+                     after_seq: int | None = None, quiet_after_exit: float = 1.0
+                     ) -> AsyncGenerator[bytes]:
+    """The attempt's output (after stream sequence `after_seq`, or all of it), then as it is
+    written; ends once the attempt has exited and its last output has had
+    `quiet_after_exit` seconds to arrive."""
+    policy, config = ((DeliverPolicy.ALL, None) if after_seq is None else
+                      (DeliverPolicy.BY_START_SEQUENCE,
+                       ConsumerConfig(opt_start_seq=after_seq + 1)))
     sub = await js.subscribe(subject, stream=subjects.LOGS_STREAM, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.ALL)
+                             deliver_policy=policy, config=config)
     try:
         while True:
             try:
