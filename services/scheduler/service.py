@@ -237,11 +237,10 @@ class Leader:
             effects = self.state.apply(record.seq, record.event)
             await self._on_event(record.event)
             await self._carry_out(effects)
-            # Only what can let more work be placed wakes a tick (new or requeued tasks,
-            # freed capacity, a new worker), not every report: ticks must leave the fold
-            # time to keep up.
-            if (len(self.state.pending) > pending or isinstance(record.event, WorkerRegistered)
-                    or any(isinstance(e, Release) for e in effects)):
+            # Only what can let more work be placed wakes a tick (new or requeued tasks here,
+            # a new worker or freed capacity below), not every report: ticks must leave
+            # the fold time to keep up.
+            if len(self.state.pending) > pending:
                 self.wake.set()
 
     async def _on_event(self, event: AnyEvent) -> None:
@@ -249,6 +248,7 @@ class Leader:
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
                 await self._register_host(worker)
+                self.wake.set()
 
     async def _register_host(self, worker: WorkerView) -> None:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
@@ -263,6 +263,7 @@ class Leader:
             self.unreleased.extend(releases)
             if self.release_task is None or self.release_task.done():
                 self.release_task = asyncio.create_task(self._release_in_background())
+            self.wake.set()  # freed capacity may let waiting work in
         for effect in effects:
             if isinstance(effect, Kill):
                 await self._send_kill(effect)
