@@ -73,10 +73,7 @@ class Projection:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        try:
-            await self.save_snapshot()
-        except OSError as exc:  # the next start rebuilds from the stream instead
-            log.error("cannot save snapshot %s: %s", self.snapshot_path, exc)
+        await self.save_snapshot()
 
     # --- folding --------------------------------------------------------------------------
 
@@ -159,17 +156,18 @@ class Projection:
         # thread, then renamed into place so a crash never leaves half a snapshot.
         data = state_snapshot.dump(self.state)
         seq = self.state.last_seq
-        await asyncio.to_thread(_write_atomically, self.snapshot_path, data)
+        try:
+            await asyncio.to_thread(_write_atomically, self.snapshot_path, data)
+        except OSError as exc:  # kept in memory; a start without it rebuilds from the stream
+            log.error("cannot save snapshot %s: %s", self.snapshot_path, exc)
+            return
         self._saved_seq = seq
         log.debug("snapshot saved up to event %d (%d bytes)", seq, len(data))
 
     async def _save_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.snapshot_interval)
-            try:
-                await self.save_snapshot()
-            except OSError as exc:
-                log.error("cannot save snapshot %s: %s", self.snapshot_path, exc)
+            await self.save_snapshot()
 
     # --- heartbeats -----------------------------------------------------------------------
 
