@@ -44,6 +44,19 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
                                     f"(it has {len(job.tasks)})")
         return job, job.tasks[index]
 
+    def outcome_of(submit_seq: int) -> views.SubmitOutcome | None:
+        """The submitter's verdict on submit N, once folded."""
+        s = projection.state
+        if submit_seq in s.rejections:
+            return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
+        job_id = s.job_by_submit.get(submit_seq)
+        if job_id is not None:
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
+        job_id = s.cancel_by_submit.get(submit_seq)
+        if job_id is not None:
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
+        return None
+
     # --- jobs -----------------------------------------------------------------------------
 
     @get("/jobs", sync_to_thread=False)
@@ -125,12 +138,12 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
         outcome = f"/api/submits/{seq}"
         deadline = time.monotonic() + wait
         while True:
-            if seq in projection.state.rejections:
-                raise ClientException(projection.state.rejections[seq],
-                                      extra={"submit_seq": seq})
-            job_id = projection.state.job_by_submit.get(seq)
-            if job_id is not None:
-                return Response(views.SubmitAccepted(seq, job_id, outcome), status_code=201)
+            verdict = outcome_of(seq)
+            if verdict is not None and not verdict.accepted:
+                raise ClientException(verdict.reason, extra={"submit_seq": seq})
+            if verdict is not None:
+                return Response(views.SubmitAccepted(seq, verdict.job_id, outcome),
+                                status_code=201)
             left = deadline - time.monotonic()
             if left <= 0:
                 return Response(views.SubmitAccepted(seq, None, outcome), status_code=202)
@@ -212,16 +225,10 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
     def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
         """What became of submit stream message N: its job, or the reason it was rejected."""
-        s = projection.state
-        if submit_seq in s.rejections:
-            return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
-        job_id = s.job_by_submit.get(submit_seq)
-        if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
-        job_id = s.cancel_by_submit.get(submit_seq)
-        if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
-        raise NotFoundException(f"no outcome yet for submit {submit_seq}")
+        verdict = outcome_of(submit_seq)
+        if verdict is None:
+            raise NotFoundException(f"no outcome yet for submit {submit_seq}")
+        return verdict
 
     @get("/events", media_type="text/event-stream")
     async def events(
