@@ -50,6 +50,7 @@ from shared.messages import (
     SubmitRejected,
     TaskAssigned,
     TpuDevice,
+    WorkerRegistered,
     encode,
 )
 from shared.reservations import ReservationStore
@@ -68,6 +69,7 @@ class Observed:
     running: dict[tuple[str, int], float] = field(default_factory=dict)
     finished: dict[tuple[str, int], float] = field(default_factory=dict)
     rejected: int = 0
+    registered: set[str] = field(default_factory=set)  # worker ids
     last_seq: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -84,7 +86,9 @@ async def observe(nc: NATS, seen: Observed) -> None:
     async for record in nats_io.follow_events(nc.jetstream()):
         event = record.event
         seen.last_seq = record.seq
-        if isinstance(event, JobSubmitted):
+        if isinstance(event, WorkerRegistered):
+            seen.registered.add(event.worker_id)
+        elif isinstance(event, JobSubmitted):
             seen.job_seq[event.job_id] = event.submit_seq
         elif isinstance(event, SubmitRejected):
             seen.rejected += 1
@@ -169,18 +173,10 @@ class Cluster:
         return self
 
     async def wait_for_hosts(self) -> None:
-        from shared.messages import WorkerRegistered
-
-        assert self.nc is not None
-        deadline = time.monotonic() + 120
-        registered: set[str] = set()
-        async for record in nats_io.follow_events(self.nc.jetstream()):
-            if isinstance(record.event, WorkerRegistered):
-                registered.add(record.event.worker_id)
-            if len(registered) >= self.hosts:
-                return
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(registered)} of {self.hosts} hosts registered")
+        seen = self.seen
+        if not await wait_for(seen, lambda: len(seen.registered) >= self.hosts, 120,
+                              "hosts to register"):
+            raise SystemExit(f"only {len(seen.registered)} of {self.hosts} hosts registered")
 
     def scheduler_pid(self) -> int:
         return self.stack.children["scheduler"].pid
