@@ -126,7 +126,7 @@ async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: f
             if attempt:
                 await asyncio.sleep(settle)
             until = await nats_io.last_event_seq(js)
-            hosts, groups = await store.host_usage(), await store.group_usage()
+            hosts, groups = await store.usage()
             while state.last_seq < until:
                 record = await anext(events)
                 state.apply(record.seq, record.event)

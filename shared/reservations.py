@@ -142,19 +142,26 @@ class ReservationStore:
         args: list[str | int] = [epoch, *(key for _, key in releases)]
         return _check(await self._release(keys=keys, args=args))
 
-    async def host_usage(self) -> list[HostUsage]:
-        """A read of every host's capacity and reservations (for reconciliation and checks)."""
-        usage: list[HostUsage] = []
+    async def usage(self) -> tuple[list[HostUsage], list[GroupUsage]]:
+        """Every host's capacity and reservations and every group claim (for reconciliation
+        and checks), read in one MULTI: a commit landing between two reads would otherwise
+        look like a disagreement, e.g. between a host's counters and its reservations."""
         # The client decodes responses (redis_io.connect), so every value here is a str.
-        members: set[str] = await self.client.smembers(redis_keys.HOSTS)  # type: ignore[assignment]
-        for worker_id in sorted(members):
-            h: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
-                redis_keys.host(worker_id))
-            allocs: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
-                redis_keys.host_allocations(worker_id))
-            ports: dict[str, str] = await self.client.hgetall(  # type: ignore[assignment]
-                redis_keys.host_ports(worker_id))
-            usage.append(HostUsage(
+        hosts: set[str] = await self.client.smembers(redis_keys.HOSTS)  # type: ignore[assignment]
+        groups: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
+        worker_ids, group_keys = sorted(hosts), sorted(groups)
+        async with self.client.pipeline(transaction=True) as pipe:
+            for worker_id in worker_ids:
+                pipe.hgetall(redis_keys.host(worker_id))
+                pipe.hgetall(redis_keys.host_allocations(worker_id))
+                pipe.hgetall(redis_keys.host_ports(worker_id))
+            for key in group_keys:
+                pipe.hgetall(key)
+            replies: list[dict[str, str]] = await pipe.execute()
+        host_usage: list[HostUsage] = []
+        for n, worker_id in enumerate(worker_ids):
+            h, allocs, ports = replies[3 * n:3 * n + 3]
+            host_usage.append(HostUsage(
                 worker_id=worker_id,
                 capacity=_amounts(h, "cap"),
                 used=_amounts(h, "used"),
@@ -163,7 +170,23 @@ class ReservationStore:
                 allocations={key: _allocation(raw) for key, raw in allocs.items()},
                 ports={int(p): key for p, key in ports.items()},
             ))
-        return usage
+        group_usage: list[GroupUsage] = []
+        for key, g in zip(group_keys, replies[3 * len(worker_ids):], strict=True):
+            if not g:
+                continue  # released since the set was read
+            members = json.loads(g.get("members", "[]")) or []
+            group_usage.append(GroupUsage(
+                name=g.get("name", _group_name_of_key(key)), owner=g.get("owner", ""),
+                members=tuple(_worker_of_host_key(m) for m in members),
+                exclusive=g.get("exclusive") == "1", live=int(g.get("live", 0)),
+            ))
+        return host_usage, group_usage
+
+    async def host_usage(self) -> list[HostUsage]:
+        return (await self.usage())[0]
+
+    async def group_usage(self) -> list[GroupUsage]:
+        return (await self.usage())[1]
 
     async def count_refused_double_booking(self) -> None:
         """A counter, not state: written unfenced so a refused commit is always counted."""
@@ -172,21 +195,6 @@ class ReservationStore:
     async def refused_double_bookings(self) -> int:
         raw = await self.client.hget(redis_keys.METRICS, "refused_double_bookings")
         return int(raw or 0)
-
-    async def group_usage(self) -> list[GroupUsage]:
-        keys: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
-        out = []
-        for key in sorted(keys):
-            g: dict[str, str] = await self.client.hgetall(key)  # type: ignore[assignment]
-            if not g:
-                continue
-            members = json.loads(g.get("members", "[]")) or []
-            out.append(GroupUsage(
-                name=g.get("name", _group_name_of_key(key)), owner=g.get("owner", ""),
-                members=tuple(_worker_of_host_key(m) for m in members),
-                exclusive=g.get("exclusive") == "1", live=int(g.get("live", 0)),
-            ))
-        return out
 
 
 def _amounts(h: dict[str, str], suffix: str) -> Amounts:
