@@ -383,6 +383,10 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     incarnation: str
     ts: float
     attempts: list[str] = []
+    # The events-stream sequence of this worker's latest report. An attempt leaves
+    # `attempts` only once its exit is reported, so a scheduler whose fold has reached this
+    # sequence knows every attempt missing from the list has exited or never arrived.
+    reported_seq: int = 0
 
 
 # --- codecs --------------------------------------------------------------------------------

@@ -27,14 +27,21 @@ from shared.messages import (
 log = logging.getLogger("berth.submitter")
 tracer = telemetry.tracer("berth.submitter")
 
+# Submits fetched, and outcomes in flight, at once. Bounded by the ack wait: a batch's last
+# submit must be stored well inside 30 s even with retries.
+SUBMIT_BATCH = 256
 
-async def handle(js: JetStreamContext, msg: Msg, max_bytes: int) -> None:
+
+async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Msg,
+                 max_bytes: int, earlier: list[asyncio.Task[None]]) -> None:
+    """Decides one submit and stores its outcome; `earlier` are the batch's submits before
+    it, still being stored (a cancel or a child may name a job one of them creates)."""
     seq = msg.metadata.sequence.stream
     with tracer.start_as_current_span(
         "submit", context=telemetry.extract(msg.headers),
         attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
     ) as span:
-        outcome = await decide(js, msg, max_bytes)
+        outcome = await decide(js, msg, max_bytes, earlier)
         if isinstance(outcome, JobSubmitted):
             span.set_attribute("berth.job_id", outcome.job_id)
             log.info("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name, seq)
@@ -45,40 +52,65 @@ async def handle(js: JetStreamContext, msg: Msg, max_bytes: int) -> None:
             span.set_attribute("berth.rejected", outcome.reason)
             log.info("submit %d rejected: %s", seq, outcome.reason)
         # The dedup id is the submit sequence: a redelivered submit is the same outcome.
-        await nats_io.publish_event(
-            js, subjects.submit_outcome(seq), outcome, msg_id=f"submit-outcome:{seq}"
-        )
-    await msg.ack()
+        await outcomes.publish(subjects.submit_outcome(seq), outcome,
+                               msg_id=f"submit-outcome:{seq}")
 
 
-async def decide(js: JetStreamContext, msg: Msg, max_bytes: int
+async def handle_batch(js: JetStreamContext, outcomes: nats_io.EventPublisher,
+                       batch: list[Msg], max_bytes: int) -> None:
+    """Stores the outcomes of a fetched batch with their publishes in flight together (one
+    round trip per batch, not per submit), then acknowledges each submit whose outcome is
+    stored. Tasks start in batch order, so outcomes reach the stream in submit order."""
+    handled: list[asyncio.Task[None]] = []
+    for msg in batch:
+        handled.append(asyncio.create_task(
+            handle(js, outcomes, msg, max_bytes, list(handled))))
+    for msg, task in zip(batch, handled, strict=True):
+        try:
+            await task
+        except Exception:
+            # Input never gets here (intake cannot raise); this is NATS trouble.
+            # Leave the message unacked: it is redelivered and handled again.
+            log.exception("could not record the outcome of a submit; will retry")
+            await msg.nak(delay=1.0)
+        else:
+            await msg.ack()
+
+
+async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
+                 earlier: list[asyncio.Task[None]]
                  ) -> JobSubmitted | JobCancelRequested | SubmitRejected:
     """The outcome of one submit stream message: the pure intake, then a check that any job
-    it names exists (so a typo in a job id is a clear rejection, not a silent no-op)."""
+    it names exists (so a typo in a job id is a clear rejection, not a silent no-op). The
+    check waits for `earlier` outcomes to be stored first, as if handled one by one."""
     seq = msg.metadata.sequence.stream
     if msg.subject == subjects.SUBMIT_JOB:
         outcome: JobSubmitted | JobCancelRequested | SubmitRejected = intake(
             msg.data, seq, _stored_ns(msg), max_bytes)
         parent = outcome.spec.parent if isinstance(outcome, JobSubmitted) else None
-        if parent is not None and not await job_exists(js, parent):
+        if parent is not None and not await job_exists(js, parent, earlier):
             return SubmitRejected(submit_seq=seq, ts=outcome.ts,
                                   reason=f"parent: no job {parent!r}")
         return outcome
     if msg.subject == subjects.SUBMIT_CANCEL:
         outcome = intake_cancel(msg.data, seq, max_bytes)
-        if isinstance(outcome, JobCancelRequested) and not await job_exists(js, outcome.job_id):
+        if isinstance(outcome, JobCancelRequested) and not await job_exists(
+                js, outcome.job_id, earlier):
             return SubmitRejected(submit_seq=seq, ts=outcome.ts,
                                   reason=f"job_id: no job {outcome.job_id!r}")
         return outcome
     return unknown_subject(msg.subject, seq)
 
 
-async def job_exists(js: JetStreamContext, job_id: str) -> bool:
+async def job_exists(js: JetStreamContext, job_id: str,
+                     earlier: list[asyncio.Task[None]]) -> bool:
     """A job id names its submit sequence; the job exists iff that submit's stored outcome
     created exactly this id. One direct read, no fold needed."""
     submit_seq = submit_seq_of(job_id)
     if submit_seq is None:
         return False
+    # Whether an earlier one failed is its own task's business (it is redelivered).
+    await asyncio.gather(*earlier, return_exceptions=True)
     try:
         stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.submit_outcome(submit_seq))
     except nats.js.errors.NotFoundError:
@@ -107,11 +139,12 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, deliver_policy=DeliverPolicy.ALL
         ),
     )
+    outcomes = nats_io.EventPublisher(js)
     log.info("serving %s and %s", subjects.SUBMIT_JOB, subjects.SUBMIT_CANCEL)
     try:
         while not stop.is_set():
             try:
-                batch = await sub.fetch(batch=64, timeout=0.5)
+                batch = await sub.fetch(batch=SUBMIT_BATCH, timeout=0.5)
             except (nats.errors.TimeoutError, TimeoutError):
                 continue  # nothing to do; nats-py raises either class for an idle fetch
             except nats.errors.Error as exc:
@@ -119,14 +152,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                 log.warning("fetching submits failed (%s); retrying", exc)
                 await service.wait_or_stop(stop, 0.5)
                 continue
-            for msg in batch:
-                try:
-                    await handle(js, msg, settings.max_submit_bytes)
-                except Exception:
-                    # Input never gets here (intake cannot raise); this is NATS trouble.
-                    # Leave the message unacked: it is redelivered and handled again.
-                    log.exception("could not record the outcome of a submit; will retry")
-                    await msg.nak(delay=1.0)
+            await handle_batch(js, outcomes, batch, settings.max_submit_bytes)
     finally:
         await sub.unsubscribe()
         await nats_io.close(nc)

@@ -66,10 +66,13 @@ class WorkerAgent:
         attributes: dict[str, str],
         address: str = "",
         simulate: Callable[[], Runnable] | None = None,
+        reports: nats_io.EventPublisher | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
+        # Simulated hosts share one publisher, so their reports go out in batches.
+        self.reports = reports or nats_io.EventPublisher(self.js)
         self.worker_id = worker_id
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
@@ -84,6 +87,7 @@ class WorkerAgent:
         # WorkerDeclaredDead, already accounts for every one of them).
         self.winding_down = False
         self.refused_commands = 0
+        self.reported_seq = 0  # see Heartbeat.reported_seq
         self.background: set[asyncio.Task[None]] = set()
         # Simulated hosts (--simulate): each attempt is a SimulatedProcess, not a process.
         self.simulate = simulate
@@ -169,7 +173,7 @@ class WorkerAgent:
 
     async def _heartbeat(self) -> None:
         hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
-                       attempts=list(self.running))
+                       attempts=list(self.running), reported_seq=self.reported_seq)
         with contextlib.suppress(Exception):
             await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
 
@@ -254,8 +258,9 @@ class WorkerAgent:
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
             ts=time.time(),
         )
-        await nats_io.publish_event(self.js, subjects.attempt_reports(self.worker_id), report,
-                                    msg_id=f"report:{key}:{state.name}")
+        seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
+                                         msg_id=f"report:{key}:{state.name}")
+        self.reported_seq = max(self.reported_seq, seq)
 
     async def _run(self, key: str, attempt: RunningAttempt, ctx: object) -> None:
         cmd = attempt.command
@@ -442,8 +447,10 @@ async def run_simulated(settings: Settings, args: argparse.Namespace, nc: NATS,
     hosts = simulation.simulated_hosts(args.id, args.simulate, args.resources,
                                        args.attributes, args.sim_slice_size)
     make_process = simulation.process_factory(args.run_time, args.sim_fail_rate, args.sim_seed)
+    reports = nats_io.EventPublisher(nc.jetstream())
     agents = [WorkerAgent(settings, nc, h.worker_id, h.resources, h.attributes,
-                          args.address or "127.0.0.1", simulate=make_process) for h in hosts]
+                          args.address or "127.0.0.1", simulate=make_process, reports=reports)
+              for h in hosts]
 
     async def on_leader(msg: Msg) -> None:  # one subscription for all of them
         with contextlib.suppress(msgspec.DecodeError):
