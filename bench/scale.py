@@ -209,8 +209,9 @@ def single(i: int, cpu: float = 1) -> bytes:
 
 async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
                      run_time: str) -> dict[str, Any]:
-    async with Cluster(root, name, hosts, ["--cpu", "4", "--memory-mb", "4096",
-                                           "--sim-runtime", run_time]) as c:
+    # One data directory per run: W4's sizes must not share (and replay) each other's log.
+    async with Cluster(root, f"{name}-{hosts}", hosts, ["--cpu", "4", "--memory-mb", "4096",
+                                                        "--sim-runtime", run_time]) as c:
         seen = c.seen
         specs = [single(i) for i in range(jobs)]
         t0 = time.time()

@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -21,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import trace
 
-from services.scheduler import placement
+from services.scheduler import heartbeats, placement
 from shared import nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import Settings
@@ -139,31 +140,51 @@ class Leader:
             msg_id=f"leader:{self.epoch}",
         )
         events = nats_io.follow_events(self.js)
+        # The lease is kept from the start: catching up on a long log can outlast its TTL,
+        # and a lease lost then would be won again, and lost again, on every take-over.
+        taking_over = asyncio.create_task(self._take_over(events, elected_seq))
+        tasks: list[asyncio.Task[Any]] = [
+            asyncio.create_task(self._keep_lease(), name="lease"),
+            asyncio.create_task(stop.wait(), name="stop"),
+            taking_over,
+        ]
+        hb_sub = None
+        try:
+            if await self._until_first_ends(tasks) != taking_over:
+                return  # stopped while taking over
+            tasks.remove(taking_over)
+            hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
+            tasks += [
+                asyncio.create_task(self._follow(events), name="follow"),
+                asyncio.create_task(self._tick_loop(), name="tick"),
+                asyncio.create_task(self._watch_workers(), name="watch"),
+            ]
+            await self._until_first_ends(tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if hb_sub is not None:
+                await hb_sub.unsubscribe()
+            await events.aclose()
+
+    @staticmethod
+    async def _until_first_ends(tasks: list[asyncio.Task[Any]]) -> asyncio.Task[Any]:
+        """Waits for the first task to end and returns it; re-raises what ended it
+        (LostLeadership, StaleEpochError or a crash). The others go on running."""
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        first = done.pop()
+        first.result()
+        return first
+
+    async def _take_over(self, events: AsyncGenerator[nats_io.EventRecord],
+                         elected_seq: int) -> None:
         await self._replay(events, elected_seq)
         await self._reconcile()
         log.info(
             "leading with epoch %d: %d jobs, %d workers, %d pending tasks",
             self.epoch, len(self.state.jobs), len(self.state.workers), len(self.state.pending),
         )
-        hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
-        tasks = [
-            asyncio.create_task(self._follow(events), name="follow"),
-            asyncio.create_task(self._keep_lease(), name="lease"),
-            asyncio.create_task(self._tick_loop(), name="tick"),
-            asyncio.create_task(self._watch_workers(), name="watch"),
-            asyncio.create_task(stop.wait(), name="stop"),
-        ]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t.get_name() != "stop":
-                    t.result()  # re-raise LostLeadership, StaleEpochError or a crash
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await hb_sub.unsubscribe()
-            await events.aclose()
 
     async def _replay(self, events: AsyncGenerator[nats_io.EventRecord], until: int) -> None:
         """Folds the log up to our own LeaderElected; effects are not carried out here but
@@ -172,6 +193,9 @@ class Leader:
             record = await anext(events)
             self._remember(record)
             self.state.apply(record.seq, record.event)
+            if record.seq % 1000 == 0:
+                # Buffered messages are read without suspending: let the lease be renewed.
+                await asyncio.sleep(0)
 
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
@@ -581,36 +605,22 @@ class Leader:
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
-        running = set(hb.attempts)
-        for key in running:
-            job_id, index, attempt_id = parse_attempt_key(key)
-            task = self.state.task(job_id, index) if key in worker.live_attempts else None
-            live = task.attempt(attempt_id) if task else None
-            if live is None or live.kill_requested:
-                await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
-                                           index, attempt_id, "not a live attempt"))
-        if hb.reported_seq > self.state.last_seq:
-            # The fold has not reached this worker's latest reports: an attempt missing
-            # from the list may have exited, with its report not folded yet. Judge later.
-            return
-        grace = 2 * self.settings.heartbeat_interval
-        for key, (job_id, index, attempt_id) in list(worker.live_attempts.items()):
-            if key in running:
-                continue
+        verdict = heartbeats.judge(self.state, worker, hb, time.time(),
+                                   grace=2 * self.settings.heartbeat_interval)
+        for job_id, index, attempt_id in verdict.strays:
+            await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
+                                       index, attempt_id, "not a live attempt"))
+        for job_id, index, attempt_id in verdict.unconfirmed_kills:
+            # Killed before it started: the worker confirms with a KILLED report (and will
+            # refuse the run command from now on), which frees the reservation.
+            await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
+                                       index, attempt_id, "killed before it started"))
+        for job_id, index, attempt_id in verdict.lost_runs:
+            log.info("re-sending lost assignment %s to %s",
+                     attempt_key(job_id, index, attempt_id), worker.worker_id)
             task = self.state.task(job_id, index)
-            attempt = task.attempt(attempt_id) if task else None
-            if task is None or attempt is None or attempt.state != TaskState.ASSIGNED:
-                continue  # started and since exited: its report is on its way
-            if time.time() - attempt.assigned_at <= grace:
-                continue
-            if attempt.kill_requested:
-                # Killed before it started: the worker confirms with a KILLED report (and
-                # will refuse the run command from now on), which frees the reservation.
-                await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
-                                           index, attempt_id, "killed before it started"))
-            else:
-                log.info("re-sending lost assignment %s to %s", key, worker.worker_id)
-                await self._send_run(worker, task, attempt_id)
+            assert task is not None
+            await self._send_run(worker, task, attempt_id)
 
     async def _watch_workers(self) -> None:
         interval = self.settings.heartbeat_interval

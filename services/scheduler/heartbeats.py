@@ -1,0 +1,53 @@
+"""What a worker's heartbeat tells the leader to re-send: a pure function over the fold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.lifecycle import ClusterState, WorkerView
+from shared.messages import Heartbeat, parse_attempt_key
+from shared.states import TaskState
+
+AttemptRef = tuple[str, int, int]  # job id, task index, attempt id
+
+
+@dataclass
+class Verdict:
+    # Running on the worker but not a live attempt here (or one being killed): kill it.
+    strays: list[AttemptRef] = field(default_factory=list)
+    # Assigned, killed before it started, never confirmed: send the kill again.
+    unconfirmed_kills: list[AttemptRef] = field(default_factory=list)
+    # Assigned long ago and unknown to the worker: the run command was lost; send it again.
+    lost_runs: list[AttemptRef] = field(default_factory=list)
+
+
+def judge(state: ClusterState, worker: WorkerView, hb: Heartbeat, now: float,
+          grace: float) -> Verdict:
+    """Compares the attempts a heartbeat lists with the fold's live attempts on that worker.
+    An attempt leaves the list only once its exit is reported (Heartbeat.reported_seq), so
+    one missing from it is judged only once the fold has reached that report: before, it
+    may simply have finished."""
+    verdict = Verdict()
+    running = set(hb.attempts)
+    for key in running:
+        job_id, index, attempt_id = parse_attempt_key(key)
+        task = state.task(job_id, index) if key in worker.live_attempts else None
+        live = task.attempt(attempt_id) if task else None
+        if live is None or live.kill_requested:
+            verdict.strays.append((job_id, index, attempt_id))
+    if hb.reported_seq > state.last_seq:
+        return verdict
+    for key, (job_id, index, attempt_id) in worker.live_attempts.items():
+        if key in running:
+            continue
+        task = state.task(job_id, index)
+        attempt = task.attempt(attempt_id) if task else None
+        if attempt is None or attempt.state != TaskState.ASSIGNED:
+            continue  # started and since exited: its report is on its way
+        if now - attempt.assigned_at <= grace:
+            continue  # the run command may still be on its way
+        if attempt.kill_requested:
+            verdict.unconfirmed_kills.append((job_id, index, attempt_id))
+        else:
+            verdict.lost_runs.append((job_id, index, attempt_id))
+    return verdict
