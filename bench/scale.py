@@ -117,9 +117,10 @@ async def wait_for(seen: Observed, done: Any, timeout: float, what: str) -> bool
     return True
 
 
-async def submit_all(nc: NATS, seen: Observed, specs: list[bytes], window: int = 256) -> float:
-    """Publishes as fast as JetStream acknowledges, `window` in flight; returns the
-    offered rate (jobs/s)."""
+async def submit_all(nc: NATS, seen: Observed, specs: list[bytes], window: int = 256,
+                     rate: float | None = None) -> float:
+    """Publishes as fast as JetStream acknowledges, `window` in flight, or at `rate` jobs/s
+    (in 10 ms steps); returns the offered rate (jobs/s)."""
     js = nc.jetstream()
     t0 = time.time()
 
@@ -128,8 +129,19 @@ async def submit_all(nc: NATS, seen: Observed, specs: list[bytes], window: int =
         ack = await js.publish(subjects.SUBMIT_JOB, payload, stream=subjects.SUBMIT_STREAM)
         seen.submitted_at[int(ack.seq)] = sent
 
-    for start in range(0, len(specs), window):
-        await asyncio.gather(*(one(p) for p in specs[start:start + window]))
+    step = window if rate is None else max(1, round(rate / 100))
+    in_flight: set[asyncio.Task[None]] = set()
+    for start in range(0, len(specs), step):
+        if rate is not None:
+            await asyncio.sleep(max(0.0, t0 + start / rate - time.time()))
+        batch = [asyncio.create_task(one(p)) for p in specs[start:start + step]]
+        if rate is None:
+            await asyncio.gather(*batch)
+        else:  # paced: never wait for acks before the next step is due
+            in_flight.update(batch)
+            for task in batch:
+                task.add_done_callback(in_flight.discard)
+    await asyncio.gather(*in_flight)
     return len(specs) / max(time.time() - t0, 1e-9)
 
 
@@ -208,14 +220,14 @@ def single(i: int, cpu: float = 1) -> bytes:
 
 
 async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
-                     run_time: str) -> dict[str, Any]:
+                     run_time: str, rate: float | None = None) -> dict[str, Any]:
     # One data directory per run: W4's sizes must not share (and replay) each other's log.
     async with Cluster(root, f"{name}-{hosts}", hosts, ["--cpu", "4", "--memory-mb", "4096",
                                                         "--sim-runtime", run_time]) as c:
         seen = c.seen
         specs = [single(i) for i in range(jobs)]
         t0 = time.time()
-        offered = await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
+        offered = await submit_all(c.nc, seen, specs, rate=rate)  # type: ignore[arg-type]
         complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
                                   f"{name}: all {jobs} tasks to finish")
         placed_times = sorted(seen.assigned.values())
@@ -328,7 +340,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if wanted("W1"):
             emit(await throughput(root, "W1", 40 if quick else 1000,
                                   args.jobs or (400 if quick else 20_000), 20 if quick else 300,
-                                  "uniform:0.1:0.3" if quick else "uniform:0.5:1.5"))
+                                  "uniform:0.1:0.3" if quick else "uniform:0.5:1.5",
+                                  rate=args.rate))
         if wanted("W2"):
             emit(await gangs(root, 4 if quick else 8, 8, 20 if quick else 200,
                              20 if quick else 300, "uniform:0.05:0.15"))
@@ -351,6 +364,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true",
                         help="keep each stack's data and service logs (the path is printed)")
     parser.add_argument("--jobs", type=int, help="W1's job count (default 20,000)")
+    parser.add_argument("--rate", type=float,
+                        help="W1's offered load in jobs/s (default: as fast as the client can)")
     parser.add_argument("--w4-cap", type=float, default=180,
                         help="seconds each W4 size may run (default 180)")
     args = parser.parse_args()

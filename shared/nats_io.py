@@ -106,12 +106,14 @@ RETRIABLE = (nats.errors.TimeoutError, TimeoutError, nats.errors.ConnectionClose
 
 
 async def publish_event(
-    js: JetStreamContext, subject: str, event: msgspec.Struct, msg_id: str, attempts: int = 0
+    js: JetStreamContext, subject: str, event: msgspec.Struct, msg_id: str, attempts: int = 0,
+    timeout: float = 5.0,
 ) -> int:
     """Publishes one event with a dedup id; retries while NATS is unreachable so a
     state change is never dropped (attempts=0: retry forever). Returns the stream sequence."""
     [seq] = await publish_events(
-        js, [Outgoing(subject, encode(event), message_headers(msg_id))], attempts=attempts)
+        js, [Outgoing(subject, encode(event), message_headers(msg_id))], attempts=attempts,
+        timeout=timeout)
     return seq
 
 
@@ -286,4 +288,6 @@ async def close(nc: NATS, timeout: float = 5.0) -> None:
         log.debug("drain did not finish (%s); closing", exc)
     finally:
         if not nc.is_closed:
-            await nc.close()
+            # With the server gone, closing fails flushing what it could not send anyway.
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await nc.close()

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -21,11 +22,23 @@ def setup_logging(service: str) -> None:
     )
 
 
+# A stop that takes longer than this is stuck (seen: a client library task that would not
+# end once its server was gone): the process exits anyway, so a supervisor never waits.
+STOP_DEADLINE = 20.0
+
+
 def run(service: str, main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
     """Runs `main(stop)` until it returns; SIGTERM/SIGINT set `stop` so it can shut down
-    cleanly, and a second signal cancels it outright."""
+    cleanly, a second signal cancels it outright, and a stop still not done after
+    STOP_DEADLINE seconds exits the process."""
     setup_logging(service)
     telemetry.setup_tracing(f"berth-{service}")
+    log = logging.getLogger(service)
+
+    def exit_now() -> None:
+        log.error("did not stop within %gs; exiting", STOP_DEADLINE)
+        logging.shutdown()
+        os._exit(1)
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -35,6 +48,11 @@ def run(service: str, main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]
         def on_signal() -> None:
             if stop.is_set() and task is not None:
                 task.cancel()
+            else:
+                # A thread, not the loop: the loop may be what is stuck.
+                deadline = threading.Timer(STOP_DEADLINE, exit_now)
+                deadline.daemon = True
+                deadline.start()
             stop.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -47,7 +65,7 @@ def run(service: str, main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]
         pass
     finally:
         telemetry.shutdown_tracing()
-        logging.getLogger(service).info("stopped")
+        log.info("stopped")
 
 
 async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:

@@ -232,3 +232,24 @@ def test_single_task_placement_equals_a_scan_of_every_host(
     result = place(units, caps)
     assert [(a.job_id, a.task_index, a.worker_id) for a in result.assignments] == expected
     assert len(result.assignments) + len(result.pending_reasons) == 2 * len(tasks)
+
+
+def test_a_limit_stops_placing_without_splitting_a_gang_and_says_so() -> None:
+    hosts = [Host(f"h{i}", Amounts(cpu=4000, mem=4096), attributes={"slice": f"s{i // 2}"})
+             for i in range(4)]
+    singles = Unit("j1", tuple(range(5)), Amounts(cpu=1000, mem=10))
+    gang = Unit("j2", (0, 1), Amounts(cpu=1000, mem=10),
+                gang=Coscheduling(group_by="slice"))
+    limited = place([singles, gang, singles_of("j3", 2)], hosts, limit=3)
+    assert limited.truncated and len(limited.assignments) == 3
+    assert {a.job_id for a in limited.assignments} == {"j1"}
+    at_six = place([singles, gang, singles_of("j3", 2)], hosts, limit=6)
+    assert at_six.truncated  # the gang went whole (7 placed), j3 was not examined
+    assert [a.job_id for a in at_six.assignments].count("j2") == 2
+    assert all(a.job_id != "j3" for a in at_six.assignments)
+    unlimited = place([singles, gang, singles_of("j3", 2)], hosts)
+    assert not unlimited.truncated and len(unlimited.assignments) == 9
+
+
+def singles_of(job_id: str, n: int) -> Unit:
+    return Unit(job_id, tuple(range(n)), Amounts(cpu=1000, mem=10))

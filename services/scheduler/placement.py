@@ -57,6 +57,8 @@ class Placement:
     assignments: list[Assignment] = field(default_factory=list)
     groups: list[GroupClaim] = field(default_factory=list)
     pending_reasons: dict[tuple[str, int], str] = field(default_factory=dict)
+    # Stopped at the limit with units left unexamined (they keep their pending reasons).
+    truncated: bool = False
 
 
 def group_name(attribute: str, value: str) -> str:
@@ -231,18 +233,26 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         out.pending_reasons[(unit.job_id, i)] = reason
 
 
-def place(units: Sequence[Unit], hosts: Sequence[Host]) -> Placement:
+def place(units: Sequence[Unit], hosts: Sequence[Host], limit: int | None = None
+          ) -> Placement:
     """Places units in the given order. Single tasks go to the matching host with the most
     free cpu (spreading replicas), ties broken by worker id; a gang goes whole to one group,
-    task i on its i-th worker in `order_by` order, or waits with a reason."""
+    task i on its i-th worker in `order_by` order, or waits with a reason. Once `limit`
+    tasks are placed, the units left are not examined (a gang is never split)."""
     free = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
                  set(h.ports_used)) for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)
     for unit in units:
         if unit.gang is not None:
+            if limit is not None and len(out.assignments) >= limit:
+                out.truncated = True
+                break
             _place_gang(unit, free, out)
-        else:
-            for index in unit.indices:
-                singles.place(unit, index, out)
+            continue
+        for index in unit.indices:
+            if limit is not None and len(out.assignments) >= limit:
+                out.truncated = True
+                return out
+            singles.place(unit, index, out)
     return out

@@ -59,6 +59,9 @@ class LostLeadership(Exception):
 
 
 MAX_TICK_LINKS = 128
+# Placements per tick: a tick runs without yielding, and the lease must be renewed (every
+# TTL/3) while thousands of hosts free up at once. The next tick follows at once.
+MAX_TICK_PLACEMENTS = 1000
 TICK_STATS_EVERY = 10.0
 
 
@@ -386,13 +389,15 @@ class Leader:
             return 0
         units = self._units()
         with tracer.start_as_current_span("schedule.tick") as span:
-            result = placement.place(units, self._hosts())
+            result = placement.place(units, self._hosts(), limit=MAX_TICK_PLACEMENTS)
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
             span.set_attribute("berth.epoch", self.epoch)
             self._link_submits(span, result)
             if result.assignments and not await self._commit(result, span):
                 return 0
+            if result.truncated:
+                self.wake.set()  # more may fit: the next tick follows the pause
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
             return len(result.assignments)
@@ -605,7 +610,12 @@ class Leader:
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
-        verdict = heartbeats.judge(self.state, worker, hb, time.time(),
+        # As of when the worker listed its attempts, not when a busy leader reads the list.
+        # Clamped: a worker clock running ahead only makes a harmless re-send come sooner,
+        # one running far behind delays it by at most the dead-worker timeout.
+        now = time.time()
+        as_of = min(now, max(hb.ts, now - self.settings.worker_dead_after))
+        verdict = heartbeats.judge(self.state, worker, hb, as_of,
                                    grace=2 * self.settings.heartbeat_interval)
         for job_id, index, attempt_id in verdict.strays:
             await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,

@@ -154,11 +154,17 @@ class WorkerAgent:
 
     async def _shutdown(self) -> None:
         await self._stop_everything("worker shutting down")
-        await nats_io.publish_event(
-            self.js, subjects.worker_events(self.worker_id),
-            WorkerStopped(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time()),
-            msg_id=f"stopped:{self.worker_id}:{self.incarnation}", attempts=20,
-        )
+        try:
+            # Bounded (about 10 s): a stop must not wait on NATS for ever.
+            await nats_io.publish_event(
+                self.js, subjects.worker_events(self.worker_id),
+                WorkerStopped(worker_id=self.worker_id, incarnation=self.incarnation,
+                              ts=time.time()),
+                msg_id=f"stopped:{self.worker_id}:{self.incarnation}", attempts=5, timeout=1.5,
+            )
+        except nats_io.RETRIABLE as exc:
+            log.warning("could not record this worker's stop (%s); the scheduler will declare "
+                        "it dead after BERTH_WORKER_DEAD_AFTER of silence", exc)
 
     def _kill_orphans(self) -> None:
         """Processes a previous incarnation of this worker left behind are killed: the
