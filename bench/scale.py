@@ -348,7 +348,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if wanted("W3"):
             emit(await latency(root, 10 if quick else 100, 20 if quick else 200))
         if wanted("W4"):
-            sizes = [20, 40] if quick else [1000, 5000, 10_000]
+            sizes = [20, 40] if quick else args.w4_sizes
             for hosts in sizes:
                 emit(await throughput(root, "W4", hosts, 20 * hosts,
                                       8 if quick else args.w4_cap, "uniform:0.5:1.5"))
@@ -366,6 +366,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, help="W1's job count (default 20,000)")
     parser.add_argument("--rate", type=float,
                         help="W1's offered load in jobs/s (default: as fast as the client can)")
+    parser.add_argument("--w4-sizes", type=lambda v: [int(n) for n in v.split(",")],
+                        default=[1000, 5000, 10_000],
+                        help="W4's host counts (default 1000,5000,10000)")
     parser.add_argument("--w4-cap", type=float, default=180,
                         help="seconds each W4 size may run (default 180)")
     args = parser.parse_args()

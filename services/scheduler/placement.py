@@ -9,7 +9,7 @@ over-commits a host, never gives one port twice, and never gives one group to tw
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from services.scheduler.matching import describe, matches
@@ -233,7 +233,7 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         out.pending_reasons[(unit.job_id, i)] = reason
 
 
-def place(units: Sequence[Unit], hosts: Sequence[Host], limit: int | None = None
+def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
           ) -> Placement:
     """Places units in the given order. Single tasks go to the matching host with the most
     free cpu (spreading replicas), ties broken by worker id; a gang goes whole to one group,

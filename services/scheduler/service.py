@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
@@ -78,10 +79,14 @@ class TickStats:
         self.seconds = 0.0
         self.longest = 0.0
         self.placed = 0
+        self.longest_placing = 0.0
 
-    def add(self, seconds: float, placed: int, pending: int) -> None:
+    def add(self, seconds: float, placing: float, placed: int, pending: int) -> None:
+        """`placing`: the tick's synchronous part (ordering units, choosing hosts), which
+        holds the event loop."""
         self.ticks += 1
         self.seconds += seconds
+        self.longest_placing = max(self.longest_placing, placing)
         self.longest = max(self.longest, seconds)
         self.placed += placed
         now = time.monotonic()
@@ -89,10 +94,11 @@ class TickStats:
             return
         if self.placed or pending:
             window = now - self.since
-            log.info("ticks: %d in %.0f s (%.0f%% busy, mean %.1f ms, longest %.0f ms), "
-                     "placed %d (%.0f/s), %d pending", self.ticks, window,
-                     100 * self.seconds / window, 1000 * self.seconds / self.ticks,
-                     1000 * self.longest, self.placed, self.placed / window, pending)
+            log.info("ticks: %d in %.0f s (%.0f%% busy, mean %.1f ms, longest %.0f ms, "
+                     "longest placing %.0f ms), placed %d (%.0f/s), %d pending", self.ticks,
+                     window, 100 * self.seconds / window, 1000 * self.seconds / self.ticks,
+                     1000 * self.longest, 1000 * self.longest_placing, self.placed,
+                     self.placed / window, pending)
         self._reset(now)
 
 
@@ -126,6 +132,7 @@ class Leader:
         # fold pauses, and always before a tick reserves (the Lua must never find in Redis
         # what the fold has already freed).
         self.unreleased: list[tuple[str, str]] = []
+        self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
 
@@ -170,6 +177,7 @@ class Leader:
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
             await events.aclose()
+            gc.unfreeze()  # this term's state may be collected once the Leader is dropped
 
     @staticmethod
     async def _until_first_ends(tasks: list[asyncio.Task[Any]]) -> asyncio.Task[Any]:
@@ -183,6 +191,8 @@ class Leader:
     async def _take_over(self, events: AsyncGenerator[nats_io.EventRecord],
                          elected_seq: int) -> None:
         await self._replay(events, elected_seq)
+        # What the replay built lives as long as the term: keep the collector off it.
+        gc.freeze()
         await self._reconcile()
         log.info(
             "leading with epoch %d: %d jobs, %d workers, %d pending tasks",
@@ -314,8 +324,15 @@ class Leader:
     # --- leadership ---------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
+        every = self.settings.lease_ttl / 3
         while True:
-            await asyncio.sleep(self.settings.lease_ttl / 3)
+            slept = time.monotonic()
+            await asyncio.sleep(every)
+            late = time.monotonic() - slept - every
+            if late > every / 2:
+                # Something held the event loop: past TTL/3 more, the lease lapses.
+                log.warning("lease renewal ran %.2f s late (lease TTL %.1f s)", late,
+                            self.settings.lease_ttl)
             await self._renew_lease()
 
     async def _renew_lease(self) -> None:
@@ -336,7 +353,7 @@ class Leader:
             started = time.perf_counter()
             placed = await self.tick()
             took = time.perf_counter() - started
-            stats.add(took, placed, len(self.state.pending))
+            stats.add(took, self.placing_seconds, placed, len(self.state.pending))
             # At most half the time in ticks: the fold of reports (which frees capacity)
             # and heartbeats get the other half, however busy placement is.
             await asyncio.sleep(took)
@@ -344,24 +361,24 @@ class Leader:
     def _live_workers(self) -> list[WorkerView]:
         return [w for w in self.state.workers.values() if w.alive]
 
-    def _units(self) -> list[placement.Unit]:
+    def _units(self) -> Iterator[placement.Unit]:
         """Pending work in placement order: priority band, then FIFO by submission. A gang
-        is one unit, and only once none of its tasks is still live (it is placed whole)."""
+        is one unit, and only once none of its tasks is still live (it is placed whole).
+        Lazy: a tick stops after MAX_TICK_PLACEMENTS, so with tens of thousands pending
+        only the first units are ever built (sorting their keys is cheap)."""
         by_job: dict[str, list[int]] = {}
         for job_id, index in self.state.pending:
             by_job.setdefault(job_id, []).append(index)
-        units = []
-        for job_id, indices in by_job.items():
+        ordered = sorted((self._unit_template(self.state.jobs[job_id])[0], job_id)
+                         for job_id in by_job)
+        for _, job_id in ordered:
             job = self.state.jobs[job_id]
             if job.spec.coscheduling and any(t.state in ATTEMPT_LIVE for t in job.tasks):
                 continue
-            order, t = self._unit_template(job)
-            # Built field by field: dataclasses.replace costs several times more, per unit
-            # per tick.
-            units.append((order, placement.Unit(t.job_id, tuple(sorted(indices)), t.need,
-                                                t.device_kind, t.constraints, t.ports, t.gang)))
-        units.sort(key=lambda u: u[0])
-        return [u for _, u in units]
+            t = self._unit_template(job)[1]
+            # Built field by field: dataclasses.replace costs several times more.
+            yield placement.Unit(t.job_id, tuple(sorted(by_job[job_id])), t.need,
+                                 t.device_kind, t.constraints, t.ports, t.gang)
 
     def _unit_template(self, job: JobView) -> tuple[tuple[int, int], placement.Unit]:
         """A job's placement order and unit, built once: its spec never changes."""
@@ -385,11 +402,13 @@ class Leader:
 
     async def tick(self) -> int:
         """One round of placement; returns how many tasks it placed."""
+        self.placing_seconds = 0.0
         if not self.state.pending:
             return 0
-        units = self._units()
         with tracer.start_as_current_span("schedule.tick") as span:
-            result = placement.place(units, self._hosts(), limit=MAX_TICK_PLACEMENTS)
+            started = time.perf_counter()
+            result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS)
+            self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
             span.set_attribute("berth.epoch", self.epoch)
