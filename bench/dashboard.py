@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 import nats
+from procstat import status_mib  # bench/procstat.py, beside this script
 
 from shared import nats_io, servers, subjects
 from shared.messages import (
@@ -126,13 +127,6 @@ def wait_caught_up(client: httpx.Client, last: int, proc: subprocess.Popen[bytes
         time.sleep(0.05)
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def latencies(client: httpx.Client, paths: list[str]) -> dict[str, float]:
     times = []
     for path in paths:
@@ -175,7 +169,7 @@ def main() -> None:
             folded = last - cold["first_seq"]
             rate = folded / max(cold["done"] - cold["first"], 1e-9)
             cold_wall = cold["done"] - started
-            rss_after_catch_up = rss_mib(proc.pid)
+            rss_after_catch_up = status_mib(proc.pid, "VmRSS")
 
             jobs = client.get("/api/jobs?limit=1000").json()["jobs"]
             ids = [j["job_id"] for j in jobs]
@@ -195,7 +189,7 @@ def main() -> None:
                     f"/api/jobs/{rng.choice(ids)}/tasks/{rng.randrange(args.tasks_per_job)}"
                     for _ in range(n)]),
             }
-            rss_after_requests = rss_mib(proc.pid)
+            rss_after_requests = status_mib(proc.pid, "VmRSS")
 
             # A clean stop saves the snapshot; the restart loads it and resumes the consumer.
             proc.terminate()

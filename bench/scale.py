@@ -37,6 +37,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
+from procstat import status_mib  # bench/procstat.py, beside this script
 
 from berth.stack import Stack, start_stack
 from shared import nats_io, redis_io, subjects
@@ -152,13 +153,6 @@ def pct(values: list[float], q: float) -> float | None:
     return round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
 class Cluster:
     """A fresh stack with `hosts` simulated workers."""
 
@@ -245,7 +239,7 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "submit_to_assigned_p99_ms": pct(to_assigned, 0.99),
             "submit_to_running_p50_ms": pct(to_running, 0.5),
             "submit_to_running_p99_ms": pct(to_running, 0.99),
-            "scheduler_peak_rss_mib": peak_rss_mib(c.scheduler_pid()),
+            "scheduler_peak_rss_mib": round(status_mib(c.scheduler_pid(), "VmHWM"), 1),
             "rejected": seen.rejected,
         }
 
