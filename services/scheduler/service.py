@@ -206,9 +206,6 @@ class Leader:
             record = await anext(events)
             self._remember(record)
             self.state.apply(record.seq, record.event)
-            if record.seq % 1000 == 0:
-                # Buffered messages are read without suspending: let the lease be renewed.
-                await asyncio.sleep(0)
 
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
