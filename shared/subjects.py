@@ -1,4 +1,9 @@
-"""Every NATS stream and subject name berth uses, in one place (documented in docs/protocol.md)."""
+"""Every NATS stream and subject name berth uses, in one place (documented in docs/protocol.md).
+
+Subjects carry the identity that may publish on them (a worker's id, a submitting user), so
+nats-server's per-user permissions (shared/bus_permissions.py) can pin each identity to its
+own subjects, and the fold can check that an event came from the one role that may write it
+(shared/event_origin.py)."""
 
 from __future__ import annotations
 
@@ -6,24 +11,53 @@ SUBMIT_STREAM = "BERTH_SUBMIT"
 EVENTS_STREAM = "BERTH_EVENTS"
 LOGS_STREAM = "BERTH_LOGS"
 
+# The bare submit subjects: only an admin identity may publish here, and the spec's `user`
+# is taken as given. Everyone else publishes on the per-user subjects below.
 SUBMIT_JOB = "berth.submit.job"
 SUBMIT_CANCEL = "berth.submit.cancel"
 SUBMIT_ALL = "berth.submit.>"
+# The outcome subjects' user token for a bare (admin) submit.
+ADMIN_SUBMITTER = "_"
 
 EVENTS_ALL = "berth.events.>"
 HEARTBEATS_ALL = "berth.heartbeat.*"
 LEADER = "berth.leader"
+LEADER_EVENTS = "berth.events.leader"
 LOGS_ALL = "berth.logs.>"
+PENDING_REASONS = "berth.events.pending"
+SUBMIT_OUTCOMES_ALL = "berth.events.submit.>"
 
 SUBMITTER_DURABLE = "submitter"
 
 
-def submit_outcome(submit_seq: int) -> str:
-    """Where the outcome (JobSubmitted or SubmitRejected) of submit stream message N lands."""
-    return f"berth.events.submit.{submit_seq}"
+def submit_job(user: str | None = None) -> str:
+    """Where `user` submits jobs (None: the bare, admin-only subject)."""
+    return f"{SUBMIT_JOB}.{user}" if user else SUBMIT_JOB
 
 
-PENDING_REASONS = "berth.events.pending"
+def submit_cancel(user: str | None = None) -> str:
+    return f"{SUBMIT_CANCEL}.{user}" if user else SUBMIT_CANCEL
+
+
+def submit_user(subject: str) -> str | None:
+    """The user a submit subject names: None for the bare subjects, '' for anything else
+    (which is not a submit subject at all)."""
+    for bare in (SUBMIT_JOB, SUBMIT_CANCEL):
+        if subject == bare:
+            return None
+        if subject.startswith(bare + "."):
+            return subject[len(bare) + 1:]
+    return ""
+
+
+def submit_outcome(user: str | None, submit_seq: int) -> str:
+    """Where the outcome (JobSubmitted, JobCancelRequested or SubmitRejected) of submit stream
+    message N from `user` lands; a submit client may read only its own user's outcomes."""
+    return f"berth.events.submit.{user or ADMIN_SUBMITTER}.{submit_seq}"
+
+
+def submit_outcomes(user: str | None) -> str:
+    return f"berth.events.submit.{user or ADMIN_SUBMITTER}.*"
 
 
 def task_events(job_id: str) -> str:
@@ -35,7 +69,13 @@ def attempt_reports(worker_id: str) -> str:
 
 
 def worker_events(worker_id: str) -> str:
+    """A worker's own events (registered, stopped): only that worker writes here."""
     return f"berth.events.worker.{worker_id}"
+
+
+def worker_verdicts(worker_id: str) -> str:
+    """The scheduler's verdicts on a worker (declared dead): only the scheduler writes here."""
+    return f"berth.events.verdict.{worker_id}"
 
 
 def worker_commands(worker_id: str) -> str:
@@ -46,5 +86,12 @@ def heartbeat(worker_id: str) -> str:
     return f"berth.heartbeat.{worker_id}"
 
 
-def attempt_logs(job_id: str, task_index: int, attempt_id: int) -> str:
-    return f"berth.logs.{job_id}.{task_index}.{attempt_id}"
+def attempt_logs(worker_id: str, job_id: str, task_index: int, attempt_id: int) -> str:
+    """An attempt's output, under the worker that ran it (a worker may write only its own)."""
+    return f"berth.logs.{worker_id}.{job_id}.{task_index}.{attempt_id}"
+
+
+def inbox_prefix(identity: str) -> str:
+    """Each identity's replies (JetStream acks, API answers, consumer deliveries) come under
+    its own inbox prefix, so no identity may read another's replies."""
+    return f"_INBOX.{identity}"
