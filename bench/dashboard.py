@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 import httpx
-import nats
 from procstat import status_mib  # bench/procstat.py, beside this script
 
 from shared import nats_io, servers, subjects
+from shared.credentials import AuthDir
 from shared.messages import (
     AttemptReported,
     JobSpec,
@@ -50,10 +50,10 @@ WORKERS = 100
 
 def history(tasks: int, per_job: int) -> list[tuple[str, bytes]]:
     """(subject, event JSON) in stream order."""
-    out: list[tuple[str, bytes]] = [("berth.events.leader", encode(
+    out: list[tuple[str, bytes]] = [(subjects.LEADER_EVENTS, encode(
         LeaderElected(scheduler_id="bench", epoch=1, ts=time.time())))]
     for w in range(WORKERS):
-        out.append((f"berth.events.worker.w{w}", encode(WorkerRegistered(
+        out.append((subjects.worker_events(f"w{w}"), encode(WorkerRegistered(
             worker_id=f"w{w}", incarnation="i1", host=f"host{w}", address=f"10.0.0.{w}",
             resources=Resources(cpu=1000, memory_mb=1_000_000), ts=time.time()))))
     now = time.time()
@@ -65,8 +65,8 @@ def history(tasks: int, per_job: int) -> list[tuple[str, bytes]]:
                        command=["python3", "train.py", f"--seed={j}"],
                        resources=Resources(cpu=1, memory_mb=100))
         subject = subjects.task_events(job_id)
-        out.append((subject, encode(JobSubmitted(job_id=job_id, submit_seq=seq, spec=spec,
-                                                 ts=now))))
+        out.append((subjects.submit_outcome(None, seq), encode(JobSubmitted(
+            job_id=job_id, submit_seq=seq, spec=spec, ts=now))))
         for i in range(per_job):
             worker = f"w{(j * per_job + i) % WORKERS}"
             out.append((subject, encode(TaskAssigned(
@@ -80,8 +80,8 @@ def history(tasks: int, per_job: int) -> list[tuple[str, bytes]]:
     return out
 
 
-async def fill_stream(url: str, events: list[tuple[str, bytes]]) -> int:
-    nc = await nats.connect(url)
+async def fill_stream(server: servers.ServerProcess, events: list[tuple[str, bytes]]) -> int:
+    nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
     # Plain publishes from one connection keep their order; the stream stores them all.
@@ -154,12 +154,15 @@ def main() -> None:
         try:
             t0 = time.monotonic()
             events = history(args.tasks, args.tasks_per_job)
-            last = asyncio.run(fill_stream(nats_server.url, events))
+            last = asyncio.run(fill_stream(nats_server, events))
             print(f"wrote {last} events in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
             port = servers.free_port()
             env = servers.service_env(nats_server.url, "redis://127.0.0.1:1/0", data,
-                                      BERTH_API_PORT=str(port), BERTH_LOG_LEVEL="WARNING")
+                                      BERTH_API_PORT=str(port), BERTH_LOG_LEVEL="WARNING",
+                                      # start_nats made the service identities.
+                                      BERTH_NATS_CREDS=str(
+                                          AuthDir.of(data).creds_path("dashboard")))
             client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
             log = data / "dashboard.log"
 

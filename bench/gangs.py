@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import nats
-
 from berth.client import publish_submit
 from berth.stack import Stack, start_stack
 from shared import nats_io, redis_io
@@ -51,7 +49,7 @@ def count(state: ClusterState, job_id: str, states: set[TaskState]) -> int:
 
 
 async def latency(stack: Stack, gangs: int) -> dict[str, float]:
-    nc = await nats.connect(stack.nats.url)
+    nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
     state = ClusterState()
     events = nats_io.follow_events(nc.jetstream())
     placed: list[float] = []
@@ -89,7 +87,7 @@ async def latency(stack: Stack, gangs: int) -> dict[str, float]:
 
 
 async def stress(stack: Stack, gangs: int) -> dict[str, object]:
-    nc = await nats.connect(stack.nats.url)
+    nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
     state = ClusterState()
     events = nats_io.follow_events(nc.jetstream())
     t0 = time.perf_counter()
@@ -139,7 +137,7 @@ def main() -> None:
 
 async def _wait_for_workers(stack: Stack, n: int) -> float:
     t0 = time.perf_counter()
-    nc = await nats.connect(stack.nats.url)
+    nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
     state = ClusterState()
     events = nats_io.follow_events(nc.jetstream())
     while sum(1 for w in state.workers.values() if w.alive) < n:

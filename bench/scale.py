@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NATS
 from procstat import status_mib  # bench/procstat.py, beside this script
 
@@ -173,7 +172,8 @@ class Cluster:
         self._observer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Cluster:
-        self.nc = await nats.connect(self.stack.nats.url)
+        self.nc = await nats_io.connect(self.stack.nats.url, "berth-bench",
+                                        self.stack.nats.admin_creds())
         self._observer = asyncio.create_task(observe(self.nc, self.seen))
         await self.wait_for_hosts()
         return self

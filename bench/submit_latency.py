@@ -17,18 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import nats
-
 from berth.client import publish_submit
 from berth.stack import start_stack
-from shared import nats_io
+from shared import nats_io, servers
 from shared.lifecycle import ClusterState
 from shared.messages import JobSpec, Resources, encode
 from shared.states import JobState
 
 
-async def measure(nats_url: str, jobs: int) -> list[float]:
-    nc = await nats.connect(nats_url)
+async def measure(server: servers.ServerProcess, jobs: int) -> list[float]:
+    nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
     js = nc.jetstream()
     state = ClusterState()
     events = nats_io.follow_events(js)
@@ -60,7 +58,7 @@ def main() -> None:
         stack = start_stack(Path(tmp), workers=args.workers)
         try:
             time.sleep(2)  # let workers register
-            lat = asyncio.run(measure(stack.nats.url, args.jobs))
+            lat = asyncio.run(measure(stack.nats, args.jobs))
         finally:
             stack.stop()
     ms = sorted(x * 1000 for x in lat)

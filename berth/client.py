@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -11,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import DeliverPolicy
 
 from shared import subjects
 from shared.messages import (
@@ -39,8 +41,8 @@ class SubmitOutcome:
 
 async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None,
                          subject: str = subjects.SUBMIT_JOB) -> int:
-    """Publishes raw submit bytes (a job, or a cancel on SUBMIT_CANCEL); returns the submit
-    stream sequence (the PubAck's seq)."""
+    """Publishes raw submit bytes (a job on subjects.submit_job(user), or a cancel on
+    subjects.submit_cancel(user)); returns the submit stream sequence (the PubAck's seq)."""
     ack = await nc.jetstream().publish(
         subject, payload, headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
         stream=subjects.SUBMIT_STREAM,
@@ -48,34 +50,46 @@ async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None,
     return int(ack.seq)
 
 
-async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str = "",
+async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str | None = None,
                      timeout: float = 30) -> SubmitOutcome:
-    """Asks berth to cancel a job; the outcome says whether the request was accepted."""
-    request = CancelRequest(job_id=job_id, reason=reason, user=user)
-    seq = await publish_submit(nc, encode(request), subject=subjects.SUBMIT_CANCEL)
-    return await wait_for_outcome(nc, seq, timeout)
+    """Asks berth to cancel a job as `user` (None: as an admin, on the bare subject); the
+    outcome says whether the request was accepted."""
+    request = CancelRequest(job_id=job_id, reason=reason)
+    seq = await publish_submit(nc, encode(request), subject=subjects.submit_cancel(user))
+    return await wait_for_outcome(nc, seq, user, timeout)
 
 
-async def wait_for_outcome(nc: NATS, submit_seq: int, timeout: float = 30) -> SubmitOutcome:
-    """Waits for the submitter's verdict on submit `submit_seq` (a job or a cancel)."""
-    sub = await nc.jetstream().subscribe(
-        subjects.submit_outcome(submit_seq), stream=subjects.EVENTS_STREAM,
-        ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
-    )
-    try:
-        msg = await sub.next_msg(timeout=timeout)
-    finally:
-        await sub.unsubscribe()
-    event = event_decoder.decode(msg.data)
+async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
+                           timeout: float = 30) -> SubmitOutcome:
+    """Waits for the submitter's verdict on submit `submit_seq` (a job or a cancel) made as
+    `user`. It is read by subject, one message, as often as needed: the one read a submit
+    client's permissions allow, and nothing to set up or tear down."""
+    js = nc.jetstream()
+    subject = subjects.submit_outcome(user, submit_seq)
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        try:
+            msg = await js.get_msg(subjects.EVENTS_STREAM, subject=subject, direct=True)
+            break
+        except nats.js.errors.NotFoundError:
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError(
+                    f"no outcome for submit {submit_seq} within {timeout:g}s") from None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.25)
+    event = event_decoder.decode(msg.data or b"")
     if isinstance(event, JobSubmitted | JobCancelRequested):
         return SubmitOutcome(submit_seq, event.job_id, None)
     if isinstance(event, SubmitRejected):
         return SubmitOutcome(submit_seq, None, event.reason)
-    raise RuntimeError(f"unexpected event on {msg.subject}: {event!r}")
+    raise RuntimeError(f"unexpected event on {subject}: {event!r}")
 
 
-async def submit_job(nc: NATS, spec: JobSpec, timeout: float = 30) -> SubmitOutcome:
-    return await wait_for_outcome(nc, await publish_submit(nc, encode(spec)), timeout)
+async def submit_job(nc: NATS, spec: JobSpec, user: str | None = None,
+                     timeout: float = 30) -> SubmitOutcome:
+    seq = await publish_submit(nc, encode(spec), subject=subjects.submit_job(user))
+    return await wait_for_outcome(nc, seq, user, timeout)
 
 
 def load_spec_file(path: str) -> bytes:

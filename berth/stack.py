@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import servers
+from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
     "submitter": "services.submitter",
@@ -21,6 +22,8 @@ SERVICE_MODULES = {
     "dashboard": "services.dashboard_api",
     "worker": "services.worker_agent",
 }
+SERVICE_ROLES = {"submitter": Role.SUBMITTER, "scheduler": Role.SCHEDULER,
+                 "dashboard": Role.DASHBOARD, "worker": Role.WORKER}
 
 
 API_TOKEN_FILE = "api-token"
@@ -44,16 +47,35 @@ class Stack:
     def api_token(self) -> str:
         return self.env["BERTH_API_TOKEN"]
 
+    @property
+    def auth(self) -> AuthDir:
+        assert self.nats.auth_dir is not None, "berth's NATS always runs with identities"
+        return AuthDir(self.nats.auth_dir)
+
+    def creds_for(self, role: Role, scope: str = "") -> Path:
+        """The credentials file of one identity, made (and the NATS server told of it, by
+        a config reload) the first time it is asked for."""
+        path = self.auth.creds_path(identity_name(role, scope))
+        if not path.exists():
+            self.auth.ensure(role, scope)
+            servers.write_nats_users(self.auth)
+            servers.reload_nats(self.nats.proc.pid)
+        return path
+
     def start_service(self, name: str, *args: str, label: str | None = None,
-                      env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                      env: dict[str, str] | None = None, scope: str = ""
+                      ) -> subprocess.Popen[bytes]:
         label = label or name
         log_path = self.data_dir / "logs" / f"{label}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Simulated hosts share one connection for many worker ids: only an admin may.
+        role = Role.ADMIN if "--simulate" in args else SERVICE_ROLES[name]
+        creds = {"BERTH_NATS_CREDS": str(self.creds_for(role, scope))}
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", SERVICE_MODULES[name], *args],
-                env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                env={**self.env, **creds, **(env or {})}, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         self.children[label] = proc
         return proc
@@ -63,7 +85,7 @@ class Stack:
         """A local worker; `extra` are more `berth run worker` flags (devices, attributes)."""
         return self.start_service("worker", "--id", worker_id, "--cpu", str(cpu),
                                   "--memory-mb", str(memory_mb), "--address", "127.0.0.1",
-                                  *extra, label=worker_id)
+                                  *extra, label=worker_id, scope=worker_id)
 
     def stop_child(self, label: str, timeout: float = 15) -> None:
         proc = self.children.pop(label)
@@ -84,7 +106,8 @@ class Stack:
 
     def write_info(self) -> None:
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "nats_pid": self.nats.proc.pid,
+                "auth_dir": str(self.auth.path)}
         (self.data_dir / "stack.json").write_text(json.dumps(info, indent=2))
 
 

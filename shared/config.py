@@ -39,6 +39,7 @@ def _env_flag(name: str) -> bool:
 @dataclass(frozen=True)
 class Settings:
     nats_url: str
+    nats_creds: str
     redis_url: str
     data_dir: str
     api_host: str
@@ -58,6 +59,7 @@ class Settings:
     def from_env(cls) -> Settings:
         return cls(
             nats_url=os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222"),
+            nats_creds=os.environ.get("BERTH_NATS_CREDS", ""),
             redis_url=os.environ.get("BERTH_REDIS_URL", "redis://127.0.0.1:6379/0"),
             data_dir=os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth")),
             api_host=os.environ.get("BERTH_API_HOST", "127.0.0.1"),

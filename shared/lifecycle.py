@@ -166,6 +166,10 @@ class ClusterState:
         self.cancel_by_submit: dict[int, str] = {}  # submit sequence -> cancelled job id
         self.last_seq = 0
         self.epoch = 0
+        # Messages in the log the fold did not believe (undecodable, or from a subject
+        # their kind may not come from), and the newest of them.
+        self.refused_events = 0
+        self.last_refused_seq = 0
         # Tasks waiting for placement, in the order they became schedulable.
         self.pending: dict[tuple[str, int], None] = {}
         self.groups: dict[str, GroupView] = {}
@@ -176,13 +180,18 @@ class ClusterState:
 
     # --- entry point ----------------------------------------------------------------------
 
-    def apply(self, seq: int, event: AnyEvent) -> list[Effect]:
+    def apply(self, seq: int, event: AnyEvent | None) -> list[Effect]:
+        """Folds event `seq`; None stands for a message that is not a believable event
+        (shared/event_origin.py): it is counted and passed over."""
         if seq and seq <= self.last_seq:
             return []  # already folded: redelivery
         if seq:
             self.last_seq = seq
         effects: list[Effect] = []
         match event:
+            case None:
+                self.refused_events += 1
+                self.last_refused_seq = seq
             case JobSubmitted():
                 self._job_submitted(event)
             case SubmitRejected():

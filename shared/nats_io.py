@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+import random
+import time
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import nats
@@ -26,8 +29,11 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from shared import subjects, telemetry
-from shared.messages import AnyEvent, encode, event_decoder
+from shared import credentials, subjects, telemetry
+from shared.config import Settings
+from shared.credentials import Credentials, Role
+from shared.event_origin import RefusedEvent, read_event
+from shared.messages import AnyEvent, encode
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,9 @@ STREAMS = [
         # The events stream is the source of truth: it is never aged out here.
         duplicate_window=600.0,
         discard=DiscardPolicy.NEW,
+        # Submit clients read their outcomes one message at a time, by subject, which is
+        # what their permissions can be pinned to (a consumer's filter cannot).
+        allow_direct=True,
     ),
     StreamConfig(
         name=subjects.LOGS_STREAM,
@@ -64,17 +73,62 @@ STREAMS = [
 ]
 
 
-async def connect(url: str, name: str) -> NATS:
+def auth_options(creds: Credentials | None) -> dict[str, Any]:
+    """nats-py's connect arguments for an identity: its nkey signature, and replies under its
+    own inbox prefix (the only inbox its permissions let it read)."""
+    if creds is None:
+        return {}
+    return {"nkeys_seed_str": creds.seed, "inbox_prefix": subjects.inbox_prefix(creds.name)}
+
+
+async def connect(url: str, name: str, creds: Credentials | None = None,
+                  refused_for: float = 10.0) -> NATS:
+    """A connection that outlives NATS outages: the first connect is retried (with backoff
+    and jitter) until the server answers, and reconnects never give up. A server that
+    refuses our identity is retried for `refused_for` seconds only (a just-added identity
+    is known once the server has reloaded its config), then it ends the service."""
+    last_error: list[Exception] = []
+
     async def on_error(exc: Exception) -> None:
+        last_error[:] = [exc]
         log.warning("nats: %s", exc)
 
-    return await nats.connect(
-        url,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        error_cb=on_error,
-    )
+    who = creds.name if creds else "no identity"
+    refused_since: float | None = None
+    pause = 0.1
+    while True:
+        last_error.clear()
+        try:
+            return await nats.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=on_error,
+                **auth_options(creds),
+            )
+        except nats.errors.NoServersError:
+            # nats-py says "no servers" for a refused identity too; the error callback
+            # heard the server's actual answer.
+            why = str(last_error[0]) if last_error else "no answer"
+            if "authorization" in why.lower():
+                refused_since = refused_since or time.monotonic()
+                if time.monotonic() - refused_since > refused_for:
+                    raise SystemExit(
+                        f"berth {name}: NATS at {url} refuses {who}: {why}") from None
+            log.warning("cannot connect to NATS at %s as %s (%s); retrying", url, who, why)
+        await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(pause * 2, 2.0)
+
+
+async def connect_service(settings: Settings, name: str, role: Role, scope: str = "") -> NATS:
+    """A service's connection, as its own identity; credentials it cannot use end the
+    service with one line saying why."""
+    try:
+        creds = credentials.for_service(settings.nats_creds, settings.data_dir, role, scope)
+    except credentials.CredentialsError as exc:
+        raise SystemExit(f"berth {name}: {exc}") from None
+    return await connect(settings.nats_url, name, creds)
 
 
 async def ensure_streams(js: JetStreamContext) -> None:
@@ -196,22 +250,35 @@ class EventPublisher:
 
 @dataclass
 class EventRecord:
+    """An events-stream message as the fold takes it: the event, or None (with `refused`
+    saying why) for a message the fold does not believe (shared/event_origin.py)."""
+
     seq: int
-    event: AnyEvent
+    event: AnyEvent | None
     headers: dict[str, str]
+    refused: str = ""
 
 
 @dataclass
 class RawEvent:
-    """An events-stream message as stored: its sequence, JSON bytes and headers."""
+    """An events-stream message as stored: its sequence, subject, JSON bytes and headers."""
 
     seq: int
     data: bytes
     headers: dict[str, str]
+    subject: str = ""
+
+    def record(self) -> EventRecord:
+        try:
+            return EventRecord(self.seq, read_event(self.subject, self.data), self.headers)
+        except RefusedEvent as exc:
+            log.error("event %d on %s refused, skipped: %s", self.seq, self.subject, exc)
+            return EventRecord(self.seq, None, self.headers, refused=str(exc))
 
 
 def raw_event(msg: Msg) -> RawEvent:
-    return RawEvent(msg.metadata.sequence.stream, msg.data, dict(msg.headers or {}))
+    return RawEvent(msg.metadata.sequence.stream, msg.data, dict(msg.headers or {}),
+                    msg.subject)
 
 
 async def follow_raw_events(
@@ -241,19 +308,12 @@ async def follow_events(
     js: JetStreamContext,
     start_seq: int = 1,
     filter_subject: str = subjects.EVENTS_ALL,
-    on_bad: Callable[[int, Exception], None] | None = None,
 ) -> AsyncGenerator[EventRecord]:
-    """Every event from `start_seq` on, decoded, in stream order, forever."""
+    """Every message from `start_seq` on, in stream order, forever: decoded and checked
+    (`RawEvent.record`). A refused one is yielded too, with no event, so a fold that waits
+    for a sequence is never left waiting for one it will not believe."""
     async for raw in follow_raw_events(js, start_seq, filter_subject):
-        try:
-            event = event_decoder.decode(raw.data)
-        except msgspec.DecodeError as exc:
-            # An event we cannot read is logged and skipped, never fatal.
-            if on_bad:
-                on_bad(raw.seq, exc)
-            log.error("event %d is unreadable: %s", raw.seq, exc)
-            continue
-        yield EventRecord(seq=raw.seq, event=event, headers=raw.headers)
+        yield raw.record()
 
 
 async def last_event_seq(js: JetStreamContext) -> int:

@@ -4,14 +4,21 @@ Used by `berth up` and by the test fixtures alike."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from shared import bus_permissions
+from shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
+
+NATS_USERS_FILE = "nats-users.conf"
 
 
 class ServerError(RuntimeError):
@@ -67,6 +74,13 @@ class ServerProcess:
     url: str
     port: int
     proc: subprocess.Popen[bytes]
+    # NATS: where its identities live (admin credentials, the users it accepts).
+    auth_dir: Path | None = None
+
+    def admin_creds(self) -> Credentials:
+        if self.auth_dir is None:
+            raise ServerError(f"{self.name} has no auth folder")
+        return AuthDir(self.auth_dir).ensure(Role.ADMIN)
 
     def stop(self, timeout: float = 10) -> None:
         if self.proc.poll() is None:
@@ -85,14 +99,54 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def write_nats_users(auth: AuthDir) -> Path:
+    """Renders nats-server's users (one nkey and its permissions per identity) from the
+    auth folder; a running server picks a change up on reload (`reload_nats`)."""
+    users = bus_permissions.authorization_config(auth.identities())["users"]
+    path = auth.path / NATS_USERS_FILE
+    write_private(path, ("users: " + json.dumps(users, indent=1) + "\n").encode())
+    return path
+
+
+def nats_config(port: int, store: Path, users_file: Path, config_dir: Path,
+                host: str = "127.0.0.1", extra: str = "") -> str:
+    """A nats-server config: JetStream, and no connection without an identity. nats-server
+    resolves includes relative to the config file, so the users file is named that way."""
+    include = os.path.relpath(users_file, config_dir)
+    return (
+        f"listen: {json.dumps(f'{host}:{port}')}\n"
+        f"jetstream {{\n  store_dir: {json.dumps(str(store))}\n}}\n"
+        f"authorization {{\n  include {json.dumps(include)}\n}}\n"
+        # Large enough for a whole worker's log chunk; berth's own messages stay far below.
+        "max_payload: 1MB\n"
+        f"{extra}"
+    )
+
+
+def ensure_service_identities(auth: AuthDir) -> None:
+    for role in SERVICE_ROLES:
+        auth.ensure(role)
+
+
 def start_nats(data_dir: Path, port: int | None = None) -> ServerProcess:
     port = port or free_port()
     store = data_dir / "nats"
     store.mkdir(parents=True, exist_ok=True)
-    argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
+    auth = AuthDir.of(data_dir)
+    ensure_service_identities(auth)
+    users = write_nats_users(auth)
+    config = store / "server.conf"
+    config.write_text(nats_config(port, store, users, store))
+    argv = [nats_server_binary(), "-c", str(config)]
     proc = _spawn(argv, data_dir / "logs" / "nats-server.log")
     wait_for_port(port, proc, "nats-server")
-    return ServerProcess("nats-server", f"nats://127.0.0.1:{port}", port, proc)
+    return ServerProcess("nats-server", f"nats://127.0.0.1:{port}", port, proc, auth.path)
+
+
+def reload_nats(pid: int) -> None:
+    """Tells a running nats-server to re-read its config (new or revoked identities) without
+    a restart: nats-server reloads on SIGHUP."""
+    os.kill(pid, signal.SIGHUP)
 
 
 def start_redis(

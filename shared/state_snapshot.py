@@ -10,7 +10,7 @@ from shared.lifecycle import ClusterState, GroupView, JobView, WorkerView
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 2
+FORMAT = 3
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -24,6 +24,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     pending: list[tuple[str, int]]
     groups: list[GroupView]
     seen_incarnations: list[tuple[str, str]]
+    refused_events: int
+    last_refused_seq: int
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -42,6 +44,8 @@ def dump(state: ClusterState) -> bytes:
         pending=list(state.pending),
         groups=list(state.groups.values()),
         seen_incarnations=sorted(state.seen_incarnations),
+        refused_events=state.refused_events,
+        last_refused_seq=state.last_refused_seq,
     ))
 
 
@@ -67,4 +71,6 @@ def load(data: bytes) -> ClusterState:
     state.pending = dict.fromkeys(snap.pending)
     state.groups = {group.name: group for group in snap.groups}
     state.seen_incarnations = set(snap.seen_incarnations)
+    state.refused_events = snap.refused_events
+    state.last_refused_seq = snap.last_refused_seq
     return state

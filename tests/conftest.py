@@ -46,6 +46,11 @@ def _docker_servers(stack: Any) -> tuple[servers.ServerProcess, servers.ServerPr
             _External("redis", f"redis://127.0.0.1:{r_port}/0", r_port, None))  # type: ignore[arg-type]
 
 
+async def admin_connect(server: servers.ServerProcess) -> NATS:
+    """A test's own connection to the bus, as the admin identity (which may do anything)."""
+    return await nats_io.connect(server.url, "berth-test", server.admin_creds())
+
+
 @pytest.fixture(scope="session")
 def real_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[servers.ServerProcess, servers.ServerProcess]]:
@@ -69,7 +74,7 @@ async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.Serve
                         ) -> tuple[servers.ServerProcess, servers.ServerProcess]:
     """The session's servers with every berth stream deleted and Redis flushed."""
     nats_server, redis_server = real_servers
-    nc = await nats.connect(nats_server.url)
+    nc = await admin_connect(nats_server)
     js = nc.jetstream()
     for config in nats_io.STREAMS:
         with contextlib.suppress(nats.js.errors.NotFoundError):
@@ -92,7 +97,7 @@ async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.Serve
 @pytest.fixture
 async def nc(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess]
              ) -> AsyncIterator[NATS]:
-    client = await nats.connect(clean_servers[0].url)
+    client = await admin_connect(clean_servers[0])
     yield client
     await client.close()
 

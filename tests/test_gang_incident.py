@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, submit_job, wait_for_outcome
 from berth.stack import Stack
-from shared import redis_io
+from shared import nats_io, redis_io
 from shared.checker import check_cluster
 from shared.messages import (
     Constraint,
@@ -83,7 +82,7 @@ async def submit_at_once(nc: NATS, specs: list[JobSpec]) -> list[str]:
 
 
 async def assert_no_violations(stack: Stack) -> None:
-    nc = await nats.connect(stack.nats.url)
+    nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
     redis = redis_io.connect(stack.redis.url)
     try:
         report = await check_cluster(nc.jetstream(), ReservationStore(redis), settle=0.5)

@@ -176,13 +176,13 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
         """A task attempt's stdout and stderr, interleaved as written."""
         _, task = find_task(job_id, index)
         if attempt is None:
-            current = task.current_attempt
-            if current is None:
+            shown = task.current_attempt
+            if shown is None:
                 return Response("", media_type=MediaType.TEXT)
-            attempt = current.attempt_id
-        elif task.attempt(attempt) is None:
+            attempt = shown.attempt_id
+        elif (shown := task.attempt(attempt)) is None:
             raise NotFoundException(f"task {job_id}/{index} has no attempt {attempt}")
-        subject = subjects.attempt_logs(job_id, index, attempt)
+        subject = subjects.attempt_logs(shown.worker_id, job_id, index, attempt)
         msgs = await nats_io.read_subject(js, subjects.LOGS_STREAM, subject)
         text = b"".join(m.data for m in msgs).decode(errors="replace")
         if tail is not None:
@@ -260,7 +260,9 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
     @get("/healthz", sync_to_thread=False)
     def healthz() -> dict[str, object]:
         return {"status": "ok", "events_seq": projection.state.last_seq,
-                "caught_up": projection.caught_up.is_set()}
+                "caught_up": projection.caught_up.is_set(),
+                "refused_events": projection.state.refused_events,
+                "last_refused_seq": projection.state.last_refused_seq}
 
     @get(["/", "/jobs/{job_id:str}", "/workers"], media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)

@@ -21,7 +21,8 @@ from nats.js import JetStreamContext
 from shared import nats_io, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
 from shared.lifecycle import ClusterState, JobView
-from shared.messages import JobSubmitted, event_decoder, heartbeat_decoder
+from shared.messages import JobSubmitted, heartbeat_decoder
+from shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
 
@@ -90,7 +91,7 @@ class Projection:
     async def _fold_batches(self) -> None:
         async for batch in self._feed.batches(self.state.last_seq):
             for raw in batch:
-                self._apply(raw.seq, raw.data)
+                self._apply(raw)
             await self._feed.ack()
             if not self.caught_up.is_set() and self.state.last_seq >= self._catch_up_to:
                 log.info("caught up at event %d", self.state.last_seq)
@@ -98,20 +99,14 @@ class Projection:
             async with self.changed:
                 self.changed.notify_all()
 
-    def _apply(self, seq: int, data: bytes) -> None:
-        try:
-            event = event_decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            # An unreadable event is skipped (and said), never fatal: the rest still folds.
-            log.error("event %d is unreadable, skipped: %s", seq, exc)
-            self.state.last_seq = max(self.state.last_seq, seq)
-            self.recent.append((seq, None))
-            return
+    def _apply(self, raw: RawEvent) -> None:
+        # A refused message is counted by the fold and never shown: the rest still folds.
+        event = raw.record().event
         known = len(self.state.jobs)
-        self.state.apply(seq, event)
+        self.state.apply(raw.seq, event)
         if isinstance(event, JobSubmitted) and len(self.state.jobs) != known:
             self._index_job(self.state.jobs[event.job_id])
-        self.recent.append((seq, data))
+        self.recent.append((raw.seq, raw.data if event is not None else None))
 
     async def wait_for_change(self, timeout: float) -> bool:
         """Waits until more events are folded; False if `timeout` passed first."""

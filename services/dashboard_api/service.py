@@ -14,6 +14,7 @@ from services.dashboard_api.app import create_app
 from services.dashboard_api.projection import Projection
 from shared import nats_io, service
 from shared.config import Settings
+from shared.credentials import Role
 
 log = logging.getLogger("berth.dashboard")
 
@@ -27,7 +28,7 @@ class _Server(uvicorn.Server):
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
-    nc = await nats_io.connect(settings.nats_url, "berth-dashboard")
+    nc = await nats_io.connect_service(settings, "berth-dashboard", Role.DASHBOARD)
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
     projection = Projection(

@@ -27,6 +27,7 @@ from services.scheduler import heartbeats, placement
 from shared import nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import Settings
+from shared.credentials import Role
 from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
 from shared.messages import (
     AnyEvent,
@@ -145,7 +146,7 @@ class Leader:
         )
         elected_seq = await nats_io.publish_event(
             self.js,
-            "berth.events.leader",
+            subjects.LEADER_EVENTS,
             LeaderElected(scheduler_id=self.scheduler_id, epoch=self.epoch, ts=time.time()),
             msg_id=f"leader:{self.epoch}",
         )
@@ -260,7 +261,7 @@ class Leader:
 
     def _remember(self, record: nats_io.EventRecord) -> None:
         event = record.event
-        if hasattr(event, "job_id") and "traceparent" in record.headers:
+        if event is not None and hasattr(event, "job_id") and "traceparent" in record.headers:
             self.trace_headers.setdefault(event.job_id, record.headers)
 
     async def _follow(self, events: AsyncIterator[nats_io.EventRecord]) -> None:
@@ -276,7 +277,7 @@ class Leader:
             if len(self.state.pending) > pending:
                 self.wake.set()
 
-    async def _on_event(self, event: AnyEvent) -> None:
+    async def _on_event(self, event: AnyEvent | None) -> None:
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
@@ -675,7 +676,7 @@ class Leader:
         await self._renew_lease()
         log.warning("worker %s silent for %.1fs: declaring it dead", worker.worker_id, silent)
         await nats_io.publish_event(
-            self.js, subjects.worker_events(worker.worker_id),
+            self.js, subjects.worker_verdicts(worker.worker_id),
             WorkerDeclaredDead(worker_id=worker.worker_id, incarnation=worker.incarnation,
                                reason=f"no heartbeat for {silent:.1f}s", epoch=self.epoch,
                                ts=time.time()),
@@ -685,7 +686,8 @@ class Leader:
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     scheduler_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    nc = await nats_io.connect(settings.nats_url, f"berth-scheduler-{scheduler_id}")
+    nc = await nats_io.connect_service(settings, f"berth-scheduler-{scheduler_id}",
+                                      Role.SCHEDULER)
     await nats_io.ensure_streams(nc.jetstream())
     redis = redis_io.connect(settings.redis_url)
     store = ReservationStore(redis)

@@ -15,6 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from services.submitter.intake import intake, intake_cancel, unknown_subject
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
+from shared.credentials import Role
 from shared.messages import (
     AnyEvent,
     JobCancelRequested,
@@ -52,7 +53,8 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
             span.set_attribute("berth.rejected", outcome.reason)
             log.info("submit %d rejected: %s", seq, outcome.reason)
         # The dedup id is the submit sequence: a redelivered submit is the same outcome.
-        await outcomes.publish(subjects.submit_outcome(seq), outcome,
+        await outcomes.publish(subjects.submit_outcome(subjects.submit_user(msg.subject), seq),
+                               outcome,
                                msg_id=f"submit-outcome:{seq}")
 
 
@@ -84,35 +86,44 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
     it names exists (so a typo in a job id is a clear rejection, not a silent no-op). The
     check waits for `earlier` outcomes to be stored first, as if handled one by one."""
     seq = msg.metadata.sequence.stream
-    if msg.subject == subjects.SUBMIT_JOB:
+    user = subjects.submit_user(msg.subject)
+    # A user may name (as parent, or to cancel) only a job of their own.
+    yours = f" of {user!r}" if user else ""
+    if user == "":
+        return unknown_subject(msg.subject, seq)
+    if msg.subject == subjects.submit_job(user):
         outcome: JobSubmitted | JobCancelRequested | SubmitRejected = intake(
-            msg.data, seq, _stored_ns(msg), max_bytes)
+            msg.data, seq, _stored_ns(msg), max_bytes, user)
         parent = outcome.spec.parent if isinstance(outcome, JobSubmitted) else None
-        if parent is not None and not await job_exists(js, parent, earlier):
+        if parent is not None and not await job_exists(js, parent, earlier, user):
             return SubmitRejected(submit_seq=seq, ts=outcome.ts,
-                                  reason=f"parent: no job {parent!r}")
+                                  reason=f"parent: no job {parent!r}{yours}")
         return outcome
-    if msg.subject == subjects.SUBMIT_CANCEL:
-        outcome = intake_cancel(msg.data, seq, max_bytes)
+    if msg.subject == subjects.submit_cancel(user):
+        outcome = intake_cancel(msg.data, seq, max_bytes, user)
         if isinstance(outcome, JobCancelRequested) and not await job_exists(
-                js, outcome.job_id, earlier):
+                js, outcome.job_id, earlier, user):
             return SubmitRejected(submit_seq=seq, ts=outcome.ts,
-                                  reason=f"job_id: no job {outcome.job_id!r}")
+                                  reason=f"job_id: no job {outcome.job_id!r}{yours}")
         return outcome
     return unknown_subject(msg.subject, seq)
 
 
 async def job_exists(js: JetStreamContext, job_id: str,
-                     earlier: list[asyncio.Task[None]]) -> bool:
+                     earlier: list[asyncio.Task[None]], user: str | None) -> bool:
     """A job id names its submit sequence; the job exists iff that submit's stored outcome
-    created exactly this id. One direct read, no fold needed."""
+    created exactly this id (for a user: under that user's outcomes, so it is theirs; for
+    an admin, under anyone's). One direct read, no fold needed."""
     submit_seq = submit_seq_of(job_id)
     if submit_seq is None:
         return False
     # Whether an earlier one failed is its own task's business (it is redelivered).
     await asyncio.gather(*earlier, return_exceptions=True)
     try:
-        stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.submit_outcome(submit_seq))
+        stored = await js.get_last_msg(
+            subjects.EVENTS_STREAM,
+            subjects.submit_outcome(user, submit_seq) if user else subjects.submit_outcome(
+                "*", submit_seq))
     except nats.js.errors.NotFoundError:
         return False
     try:
@@ -128,7 +139,7 @@ def _stored_ns(msg: Msg) -> int:
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
-    nc = await nats_io.connect(settings.nats_url, "berth-submitter")
+    nc = await nats_io.connect_service(settings, "berth-submitter", Role.SUBMITTER)
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
     sub = await js.pull_subscribe(
@@ -140,7 +151,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         ),
     )
     outcomes = nats_io.EventPublisher(js)
-    log.info("serving %s and %s", subjects.SUBMIT_JOB, subjects.SUBMIT_CANCEL)
+    log.info("serving %s", subjects.SUBMIT_ALL)
     try:
         while not stop.is_set():
             try:

@@ -26,6 +26,7 @@ from services.worker_agent import simulation
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
+from shared.credentials import Role
 from shared.messages import (
     AttemptReported,
     Heartbeat,
@@ -324,7 +325,8 @@ class WorkerAgent:
         workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
         workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **cmd.env, "BERTH_WORKER_ID": self.worker_id}
-        log_subject = subjects.attempt_logs(cmd.job_id, cmd.task_index, cmd.attempt_id)
+        log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
+                                            cmd.attempt_id)
 
         async def sink(stream: str, chunk: bytes) -> None:
             await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
@@ -436,8 +438,10 @@ def _total_memory_mb() -> int:
 
 
 async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    nc = await nats_io.connect(settings.nats_url, f"berth-worker-{args.id}")
-    await nats_io.ensure_streams(nc.jetstream())
+    # Simulated hosts share one connection, so they need an identity that may speak for
+    # all of them: an admin's (they are a benchmark tool, never a real host).
+    role, scope = (Role.ADMIN, "") if args.simulate else (Role.WORKER, args.id)
+    nc = await nats_io.connect_service(settings, f"berth-worker-{args.id}", role, scope)
     try:
         if args.simulate:
             await run_simulated(settings, args, nc, stop)
