@@ -17,6 +17,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
+from berth import creds_cli
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -27,6 +28,9 @@ from berth.client import (
     publish_submit,
     wait_for_outcome,
 )
+from berth.creds_cli import cli_credentials
+from shared import subjects
+from shared.credentials import Credentials
 from shared.messages import job_spec_schema
 
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
@@ -58,23 +62,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _nats(nats_url: str) -> AsyncIterator[NATS]:
-    """A NATS connection for one command; an unreachable server is a clear exit."""
+async def _nats(nats_url: str, creds: Credentials) -> AsyncIterator[NATS]:
+    """A NATS connection for one command, as `creds`; an unreachable server or a refused
+    identity is a clear exit."""
     import nats
 
+    from shared.nats_io import auth_options
+
+    refused: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        refused.append(exc)
+
     try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2)
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2,
+                                error_cb=on_error, **auth_options(creds))
     except Exception as exc:
-        raise SystemExit(f"berth: cannot reach NATS at {nats_url}: {exc}") from exc
+        why = refused[-1] if refused else exc
+        raise SystemExit(f"berth: cannot use NATS at {nats_url} as {creds.name}: {why}"
+                         ) from None
     try:
         yield nc
     finally:
         await nc.close()
 
 
-async def _submit(nats_url: str, payload: bytes) -> SubmitOutcome:
-    async with _nats(nats_url) as nc:
-        return await wait_for_outcome(nc, await publish_submit(nc, payload))
+async def _submit(nats_url: str, creds: Credentials, payload: bytes) -> SubmitOutcome:
+    async with _nats(nats_url, creds) as nc:
+        seq = await publish_submit(nc, payload, subject=subjects.submit_job(creds.user))
+        return await wait_for_outcome(nc, seq, creds.user)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -84,7 +100,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 2
-    outcome = asyncio.run(_submit(nats_url, payload))
+    outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
@@ -186,15 +202,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _cancel(nats_url: str, job_id: str, reason: str, user: str) -> SubmitOutcome:
-    async with _nats(nats_url) as nc:
-        return await cancel_job(nc, job_id, reason, user)
+async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
+                  ) -> SubmitOutcome:
+    async with _nats(nats_url, creds) as nc:
+        return await cancel_job(nc, job_id, reason, creds.user)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     nats_url, api_url = _urls(args)
-    user = args.user if args.user is not None else os.environ.get("USER", "")
-    outcome = asyncio.run(_cancel(nats_url, args.job, args.reason, user))
+    creds = cli_credentials(args.data_dir)
+    outcome = asyncio.run(_cancel(nats_url, creds, args.job, args.reason))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
@@ -204,12 +221,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _doctor(nats_url: str, redis_url: str) -> Any:
+async def _doctor(nats_url: str, creds: Credentials, redis_url: str) -> Any:
     from shared import redis_io
     from shared.checker import check_cluster
     from shared.reservations import ReservationStore
 
-    async with _nats(nats_url) as nc:
+    async with _nats(nats_url, creds) as nc:
         redis = redis_io.connect(redis_url)
         try:
             return await check_cluster(nc.jetstream(), ReservationStore(redis))
@@ -222,7 +239,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     redis_url = (args.redis_url or os.environ.get("BERTH_REDIS_URL")
                  or _stack_info(args.data_dir).get("redis_url", "redis://127.0.0.1:6379/0"))
     print(f"checking placement invariants (events and {redis_url}) ...", file=sys.stderr)
-    report = asyncio.run(_doctor(nats_url, redis_url))
+    report = asyncio.run(_doctor(nats_url, cli_credentials(args.data_dir, admin=True),
+                                 redis_url))
     for line in report.violations():
         print(f"VIOLATION {line}")
     print(f"events_seq={report.events_seq}")
@@ -303,7 +321,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with resources.as_file(demo) as path:
             payload = load_spec_file(str(path))
         print("submitting the demo job (3 replicas) ...", file=sys.stderr)
-        outcome = asyncio.run(_submit(stack.nats.url, payload))
+        outcome = asyncio.run(_submit(stack.nats.url, cli_credentials(str(stack.data_dir)),
+                                      payload))
         if not outcome.accepted:
             print(f"rejected: {outcome.reason}", file=sys.stderr)
             return 1
@@ -368,7 +387,6 @@ def build_parser() -> argparse.ArgumentParser:
         "that already ended changes nothing.")
     p.add_argument("job", help="job id, e.g. j42-1a2b")
     p.add_argument("--reason", default="", help="recorded with the job's error")
-    p.add_argument("--user", default=None, help="who cancels (default: $USER)")
     p.add_argument("--wait", action="store_true", help="wait until the job has ended")
     p.add_argument("--timeout", type=float, default=120, help="with --wait (default: 120 s)")
     p.set_defaults(func=cmd_cancel)
@@ -384,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         "when anything is wrong.")
     p.add_argument("--redis-url", help="Redis URL (default: $BERTH_REDIS_URL or `berth up`'s)")
     p.set_defaults(func=cmd_doctor)
+    creds_cli.add_parser(sub)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
     p.set_defaults(func=cmd_schema)
     p = sub.add_parser("run", help="run one service in the foreground",

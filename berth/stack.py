@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from berth.creds_cli import local_user
 from shared import servers
 from shared.credentials import AuthDir, Role, identity_name
 
@@ -168,6 +169,9 @@ def start_services(
     env["BERTH_API_TOKEN"] = env.get("BERTH_API_TOKEN") or api_token(data_dir)
     stack = Stack(data_dir, nats, redis, api_port, env, owns_servers=owns_servers)
     try:
+        # The `berth` command run here speaks as the local user (creds_cli.cli_credentials).
+        if user := local_user():
+            stack.creds_for(Role.SUBMIT, user)
         for name in ("submitter", "scheduler", "dashboard"):
             stack.start_service(name)
         for i in range(workers):

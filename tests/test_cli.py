@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from berth.stack import Stack
+from shared.credentials import Role
 from tests.conftest import wait_until
 
 BERTH = [sys.executable, "-m", "berth.cli"]
@@ -58,13 +59,13 @@ def test_cancel_from_the_cli_kills_the_job_and_status_shows_the_history(
     spec = tmp_path / "job.yaml"
     spec.write_text("name: sleepy\ncommand: [sleep, '300']\n"
                     "resources: {cpu: 0.5, memory_mb: 64}\n")
-    env = {"BERTH_NATS_URL": stack.nats.url, "BERTH_API_URL": stack.api_url}
+    env = {"BERTH_NATS_URL": stack.nats.url, "BERTH_API_URL": stack.api_url,
+           "BERTH_NATS_CREDS": str(stack.creds_for(Role.SUBMIT, "ada"))}
     submitted = run_berth("submit", str(spec), env=env)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     wait_until_sync(lambda: "running" in run_berth("status", job_id, env=env).stdout)
-    result = run_berth("cancel", job_id, "--reason", "not needed", "--user", "ada", "--wait",
-                       env=env)
+    result = run_berth("cancel", job_id, "--reason", "not needed", "--wait", env=env)
     assert result.returncode == 0, result.stderr
     assert f"job {job_id} (sleepy): killed" in result.stdout
     assert "error: cancelled by ada: not needed" in result.stdout
@@ -89,7 +90,8 @@ def test_submit_and_status_against_a_running_stack(make_stack, tmp_path: Path) -
     spec = tmp_path / "job.yaml"
     spec.write_text("name: cli\ncommand: [python3, -c, 'print(42)']\n"
                     "resources: {cpu: 0.5, memory_mb: 64}\n")
-    env = {"BERTH_NATS_URL": stack.nats.url, "BERTH_API_URL": stack.api_url}
+    # Beside the running stack, the command speaks as the local user `berth up` made.
+    env = {"BERTH_DATA_DIR": str(stack.data_dir)}
     result = run_berth("submit", str(spec), "--wait", "--timeout", "60", env=env)
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.splitlines()[0]

@@ -1,0 +1,143 @@
+"""`berth creds`: making, listing and revoking the identities that may use the bus, and
+which identity the `berth` command itself speaks as."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+
+from shared import servers
+from shared.credentials import (
+    NAME_PATTERN,
+    AuthDir,
+    Credentials,
+    CredentialsError,
+    Role,
+    describe,
+    identity_name,
+    load,
+)
+
+ROLES_WITH_SCOPE = {"worker": Role.WORKER, "user": Role.SUBMIT}
+
+
+def local_user() -> str | None:
+    """The login name, if it can be a berth user name as it is."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        return None
+    return name if NAME_PATTERN.match(name) else None
+
+
+def cli_credentials(data_dir: str, admin: bool = False) -> Credentials:
+    """Who the `berth` command is on the bus: BERTH_NATS_CREDS if set; else, beside a local
+    `berth up`, the local user (or, for `admin`, the admin identity) it made."""
+    given = os.environ.get("BERTH_NATS_CREDS")
+    auth = _local_auth(Path(data_dir).resolve())
+    candidates = [Path(given)] if given else []
+    user = local_user()
+    if not given:
+        if user and not admin:
+            candidates.append(auth.creds_path(identity_name(Role.SUBMIT, user)))
+        candidates.append(auth.creds_path(identity_name(Role.ADMIN)))
+    for path in candidates:
+        if given or path.exists():
+            try:
+                return load(path)
+            except CredentialsError as exc:
+                raise SystemExit(f"berth: {exc}") from None
+    raise SystemExit(
+        f"berth: no NATS credentials: none in {auth.path} (is `berth up` running there?); "
+        "set BERTH_NATS_CREDS to a file made by `berth creds user NAME`")
+
+
+def _local_auth(data_dir: Path) -> AuthDir:
+    """The auth folder of the `berth up` running in `data_dir` (its servers may keep theirs
+    elsewhere), or the data dir's own."""
+    try:
+        return AuthDir(Path(json.loads((data_dir / "stack.json").read_text())["auth_dir"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return AuthDir.of(data_dir)
+
+
+def _running_nats_pid(data_dir: Path) -> int | None:
+    try:
+        info = json.loads((data_dir / "stack.json").read_text())
+        pid = int(info["nats_pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid
+
+
+def _apply(data_dir: Path, auth: AuthDir) -> None:
+    """Renders the server's users and, beside a local `berth up`, reloads its nats-server
+    (no restart: connected clients stay connected)."""
+    users = servers.write_nats_users(auth)
+    pid = _running_nats_pid(data_dir)
+    if pid is not None:
+        servers.reload_nats(pid)
+        print(f"nats-server (pid {pid}) reloaded with {users}", file=sys.stderr)
+    else:
+        print(f"wrote {users}: copy it to every nats-server's config folder and reload "
+              "them (`nats-server --signal reload`)", file=sys.stderr)
+
+
+def cmd_creds(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    auth = _local_auth(data_dir)
+    try:
+        if args.action == "list":
+            for identity in auth.identities():
+                scope = f" ({identity.scope})" if identity.scope else ""
+                print(f"{identity.name:<32} {identity.role}{scope}")
+            return 0
+        if args.action == "revoke":
+            if not auth.revoke(args.name):
+                print(f"berth: no identity {args.name!r} (see `berth creds list`)",
+                      file=sys.stderr)
+                return 1
+            _apply(data_dir, auth)
+            print(f"revoked {args.name}", file=sys.stderr)
+            return 0
+        role = ROLES_WITH_SCOPE.get(args.action) or Role(args.action)
+        scope = args.name if args.action in ROLES_WITH_SCOPE else ""
+        if args.action in ROLES_WITH_SCOPE and not scope:
+            print(f"berth: `berth creds {args.action}` needs a name", file=sys.stderr)
+            return 2
+        existed = auth.creds_path(identity_name(role, scope)).exists()
+        creds = auth.ensure(role, scope)
+        if not existed:
+            _apply(data_dir, auth)
+    except CredentialsError as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 2
+    path = auth.creds_path(creds.name)
+    print(f"{'kept' if existed else 'made'} {describe(creds)}: {path}", file=sys.stderr)
+    print("give that file to the host that runs it, readable only by its service user, and "
+          "point BERTH_NATS_CREDS at it", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "creds", help="make, list or revoke identities on the bus (NATS credentials)",
+        description="Every connection to berth's NATS is an identity with one role, and "
+        "nats-server lets each role publish and read only its own subjects. `berth creds "
+        "worker HOST` makes the credentials file for one worker host (it may report only "
+        "as HOST and receive only HOST's commands); `berth creds user NAME` one for a user "
+        "who submits jobs (which are then NAME's, and only NAME may cancel them). Beside a "
+        "running `berth up` the NATS server is reloaded at once; elsewhere, copy the "
+        "rendered users file to the servers and reload them.")
+    p.add_argument("action", choices=["worker", "user", "scheduler", "submitter", "dashboard",
+                                      "admin", "list", "revoke"],
+                   help="the role to make credentials for, or list / revoke")
+    p.add_argument("name", nargs="?", default="",
+                   help="worker id (worker), user name (user), identity (revoke)")
+    p.set_defaults(func=cmd_creds)
