@@ -58,9 +58,10 @@ class Stack:
         a config reload) the first time it is asked for."""
         path = self.auth.creds_path(identity_name(role, scope))
         if not path.exists():
-            self.auth.ensure(role, scope)
+            creds = self.auth.ensure(role, scope)
             servers.write_nats_users(self.auth)
             servers.reload_nats(self.nats.proc.pid)
+            servers.wait_until_admitted(self.nats.port, creds)
         return path
 
     def start_service(self, name: str, *args: str, label: str | None = None,

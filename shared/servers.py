@@ -4,6 +4,7 @@ Used by `berth up` and by the test fixtures alike."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -147,6 +148,31 @@ def reload_nats(pid: int) -> None:
     """Tells a running nats-server to re-read its config (new or revoked identities) without
     a restart: nats-server reloads on SIGHUP."""
     os.kill(pid, signal.SIGHUP)
+
+
+def admitted(port: int, creds: Credentials, host: str = "127.0.0.1") -> bool:
+    """Whether the server at `port` lets `creds` in now: one NATS handshake by hand (INFO,
+    CONNECT signed over the server's nonce, PING), so a synchronous caller can wait for a
+    reload to take effect."""
+    import nkeys
+
+    with socket.create_connection((host, port), timeout=2) as conn:
+        stream = conn.makefile("rwb")
+        info = json.loads(stream.readline().split(b" ", 1)[1])
+        signed = nkeys.from_seed(bytearray(creds.seed.encode())).sign(info["nonce"].encode())
+        connect = {"verbose": False, "pedantic": False, "nkey": creds.public_key,
+                   "sig": base64.b64encode(signed).decode(), "protocol": 1}
+        stream.write(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+        stream.flush()
+        return stream.readline().startswith(b"PONG")
+
+
+def wait_until_admitted(port: int, creds: Credentials, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not admitted(port, creds):
+        if time.monotonic() > deadline:
+            raise ServerError(f"nats-server on port {port} still refuses {creds.name}")
+        time.sleep(0.05)
 
 
 def start_redis(
