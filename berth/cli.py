@@ -245,6 +245,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"VIOLATION {line}")
     print(f"events_seq={report.events_seq}")
     print(f"refused_double_bookings={report.refused_double_bookings}")
+    print(f"refused_events={report.refused_events} (last at {report.last_refused_seq})")
     print(f"double_booked_hosts={report.double_booked_hosts}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1

@@ -23,6 +23,7 @@ from shared.messages import (
     JobSpec,
     JobSubmitted,
     SubmitRejected,
+    decode,
     encode,
     event_decoder,
 )
@@ -78,7 +79,7 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
                     f"no outcome for submit {submit_seq} within {timeout:g}s") from None
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.25)
-    event = event_decoder.decode(msg.data or b"")
+    event = decode(event_decoder, msg.data or b"")
     if isinstance(event, JobSubmitted | JobCancelRequested):
         return SubmitOutcome(submit_seq, event.job_id, None)
     if isinstance(event, SubmitRejected):

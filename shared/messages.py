@@ -7,7 +7,7 @@ so a client in any language can submit without our Python code.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -395,6 +395,21 @@ _encoder = msgspec.json.Encoder()
 event_decoder = msgspec.json.Decoder(AnyEvent)
 command_decoder = msgspec.json.Decoder(AnyCommand)
 heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
+leader_decoder = msgspec.json.Decoder(LeaderAnnouncement)
+
+_T = TypeVar("_T")
+
+
+def decode(decoder: msgspec.json.Decoder[_T] | msgspec.msgpack.Decoder[_T], data: bytes) -> _T:
+    """`decoder.decode(data)`, with every failure a msgspec.DecodeError: msgspec raises
+    RecursionError for deep nesting (and MemoryError could come of absurd sizes), and no
+    input may choose an error its reader does not expect."""
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError:
+        raise
+    except Exception as exc:
+        raise msgspec.DecodeError(f"undecodable ({exc.__class__.__name__})") from None
 job_spec_decoder = msgspec.json.Decoder(JobSpec)
 cancel_decoder = msgspec.json.Decoder(CancelRequest)
 

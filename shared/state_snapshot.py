@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from shared.lifecycle import ClusterState, GroupView, JobView, WorkerView
+from shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
@@ -55,7 +56,7 @@ class UnusableSnapshot(Exception):
 
 def load(data: bytes) -> ClusterState:
     try:
-        snap = _decoder.decode(data)
+        snap = decode(_decoder, data)
     except msgspec.DecodeError as exc:
         raise UnusableSnapshot(f"unreadable: {exc}") from exc
     if snap.format != FORMAT:

@@ -300,7 +300,7 @@ async def test_doctor_prints_zero_on_a_healthy_stack(make_stack, nc, tmp_path: P
                                            resources=Resources(cpu=0.5, memory_mb=64)))
     await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "berth.cli", "--nats-url", stack.nats.url, "doctor",
+        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
         "--redis-url", stack.redis.url, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()

@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from shared import nats_io, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
 from shared.lifecycle import ClusterState, JobView
-from shared.messages import JobSubmitted, heartbeat_decoder
+from shared.messages import JobSubmitted, decode, heartbeat_decoder
 from shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
@@ -168,7 +168,7 @@ class Projection:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            hb = heartbeat_decoder.decode(msg.data)
+            hb = decode(heartbeat_decoder, msg.data)
         except msgspec.DecodeError:
             return
         self.last_heartbeat[hb.worker_id] = hb.ts

@@ -45,6 +45,7 @@ from shared.messages import (
     WorkerDeclaredDead,
     WorkerRegistered,
     attempt_key,
+    decode,
     encode,
     heartbeat_decoder,
     parse_attempt_key,
@@ -608,7 +609,7 @@ class Leader:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            hb = heartbeat_decoder.decode(msg.data)
+            hb = decode(heartbeat_decoder, msg.data)
         except msgspec.DecodeError as exc:
             log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
             return

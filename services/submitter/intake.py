@@ -14,6 +14,7 @@ from shared.messages import (
     JobSubmitted,
     SubmitRejected,
     cancel_decoder,
+    decode,
     job_spec_decoder,
 )
 
@@ -44,7 +45,7 @@ def _decode(payload: bytes, submit_seq: int, max_bytes: int, decoder: msgspec.js
             ts=now,
         )
     try:
-        return decoder.decode(payload)
+        return decode(decoder, payload)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         return SubmitRejected(submit_seq=submit_seq, reason=describe_error(exc, what), ts=now)
 

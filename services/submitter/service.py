@@ -21,6 +21,7 @@ from shared.messages import (
     JobCancelRequested,
     JobSubmitted,
     SubmitRejected,
+    decode,
     event_decoder,
     submit_seq_of,
 )
@@ -127,7 +128,7 @@ async def job_exists(js: JetStreamContext, job_id: str,
     except nats.js.errors.NotFoundError:
         return False
     try:
-        event: AnyEvent = event_decoder.decode(stored.data or b"")
+        event: AnyEvent = decode(event_decoder, stored.data or b"")
     except msgspec.DecodeError:
         return False
     return isinstance(event, JobSubmitted) and event.job_id == job_id

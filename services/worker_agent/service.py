@@ -39,7 +39,9 @@ from shared.messages import (
     WorkerStopped,
     attempt_key,
     command_decoder,
+    decode,
     encode,
+    leader_decoder,
 )
 from shared.states import TaskState
 
@@ -188,14 +190,14 @@ class WorkerAgent:
 
     async def _on_leader(self, msg: Msg) -> None:
         with contextlib.suppress(msgspec.DecodeError):
-            self.on_leader(msgspec.json.decode(msg.data, type=LeaderAnnouncement))
+            self.on_leader(decode(leader_decoder, msg.data))
 
     def on_leader(self, ann: LeaderAnnouncement) -> None:
         self.max_epoch = max(self.max_epoch, ann.epoch)
 
     async def _on_command(self, msg: Msg) -> None:
         try:
-            command = command_decoder.decode(msg.data)
+            command = decode(command_decoder, msg.data)
         except msgspec.DecodeError as exc:
             log.warning("unreadable command: %s", exc)
             return
@@ -464,7 +466,7 @@ async def run_simulated(settings: Settings, args: argparse.Namespace, nc: NATS,
 
     async def on_leader(msg: Msg) -> None:  # one subscription for all of them
         with contextlib.suppress(msgspec.DecodeError):
-            ann = msgspec.json.decode(msg.data, type=LeaderAnnouncement)
+            ann = decode(leader_decoder, msg.data)
             for agent in agents:
                 agent.on_leader(ann)
 
