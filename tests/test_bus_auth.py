@@ -4,9 +4,11 @@ authorization error), and the stack keeps serving afterwards."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 from pathlib import Path
 
+import httpx
 import nats
 import nats.errors
 import pytest
@@ -182,3 +184,20 @@ async def _still_serving(stack: Stack) -> None:
         await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
     for label, proc in stack.children.items():
         assert proc.poll() is None, f"{label} exited"
+
+
+async def test_a_task_gets_none_of_the_clusters_secrets(make_stack, nc: NATS) -> None:
+    stack: Stack = make_stack(workers=1)
+    outcome = await submit_job(nc, JobSpec(
+        name="env", command=["python3", "-c", "import os; print(sorted(os.environ.items()))"],
+        env={"MINE": "1"}, resources=Resources(cpu=0.1, memory_mb=16)))
+    job = await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
+    logs = httpx.get(f"{stack.api_url}/api/jobs/{job['job_id']}/tasks/0/logs",
+                     timeout=10).text
+    seen = dict(ast.literal_eval(logs.strip()))
+    assert seen["MINE"] == "1" and seen["BERTH_WORKER_ID"] == "local-0"
+    assert "PATH" in seen
+    for secret in ("BERTH_NATS_CREDS", "BERTH_NATS_URL", "BERTH_REDIS_URL", "BERTH_API_TOKEN",
+                   "BERTH_DATA_DIR"):
+        assert secret not in seen, secret
+    assert not any(stack.env[name] in logs for name in ("BERTH_REDIS_URL", "BERTH_API_TOKEN"))

@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 
 from services.worker_agent import simulation
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
+from services.worker_agent.task_env import task_environment
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
@@ -326,7 +327,7 @@ class WorkerAgent:
     def _process(self, cmd: RunAttempt) -> AttemptProcess:
         workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
         workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **cmd.env, "BERTH_WORKER_ID": self.worker_id}
+        env = task_environment(os.environ, cmd.env, self.worker_id)
         log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
                                             cmd.attempt_id)
 
