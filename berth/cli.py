@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
@@ -87,10 +89,39 @@ async def _nats(nats_url: str, creds: Credentials) -> AsyncIterator[NATS]:
         await nc.close()
 
 
-async def _submit(nats_url: str, creds: Credentials, payload: bytes) -> SubmitOutcome:
+def submit_msg_id(user: str | None, key: str, payload: bytes) -> str:
+    """The submit's dedup id: the same spec submitted again with the same key (a retry) is
+    the same message to JetStream, so it cannot become a second job (within the submit
+    stream's 10-minute dedup window)."""
+    digest = hashlib.sha256(b"\0".join([(user or "").encode(), key.encode(), payload]))
+    return f"submit:{digest.hexdigest()[:40]}"
+
+
+async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | None = None,
+                  timeout: float = 120) -> SubmitOutcome:
+    """Submits and waits for the verdict. A submit that was stored but not yet decided (a
+    submitter that died holding it is redelivered after 30 s) is waited for, with a word
+    on progress, not raced against a short timeout."""
+    key = key or uuid.uuid4().hex
     async with _nats(nats_url, creds) as nc:
-        seq = await publish_submit(nc, payload, subject=subjects.submit_job(creds.user))
-        return await wait_for_outcome(nc, seq, creds.user)
+        try:
+            seq = await publish_submit(nc, payload, submit_msg_id(creds.user, key, payload),
+                                       subject=subjects.submit_job(creds.user))
+        except Exception as exc:
+            raise SystemExit(f"berth: the submit was not stored ({exc.__class__.__name__}: "
+                             f"{exc}); retry with --idempotency-key {key}") from None
+        try:
+            return await asyncio.wait_for(wait_for_outcome(nc, seq, creds.user, 5), 5)
+        except TimeoutError:
+            print(f"submit {seq} stored; waiting for the submitter's verdict ...",
+                  file=sys.stderr)
+        try:
+            return await wait_for_outcome(nc, seq, creds.user, max(timeout - 5, 1))
+        except TimeoutError:
+            raise SystemExit(
+                f"berth: submit {seq} was stored but no verdict came within {timeout:g}s (is "
+                f"the submitter running?); it will still be decided. To retry without "
+                f"making a second job: --idempotency-key {key}") from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -100,7 +131,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 2
-    outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload))
+    outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload,
+                                  args.idempotency_key, args.submit_timeout))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
@@ -285,6 +317,7 @@ def _start(args: argparse.Namespace) -> Any:
     print(f"  NATS       {stack.nats.url}\n  Redis      {stack.redis.url}\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
           f"  logs       {data_dir / 'logs'}\n"
+          f"  identities {stack.auth.path} (`berth creds --help`)\n"
           f"  API token  {data_dir / 'api-token'} (for submit and cancel over HTTP)",
           file=sys.stderr)
     return stack
@@ -380,6 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--wait", action="store_true", help="wait until the job finishes")
     p.add_argument("--timeout", type=float, default=3600, help="with --wait (default: 3600 s)")
+    p.add_argument("--idempotency-key", default=None, metavar="KEY",
+                   help="a key that makes a retry of this same submit the same submit (not a "
+                   "second job) for 10 minutes; printed when a submit's fate is unknown")
+    p.add_argument("--submit-timeout", type=float, default=120,
+                   help="seconds to wait for the submitter's verdict (default: 120)")
     p.set_defaults(func=cmd_submit)
     p = sub.add_parser(
         "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",

@@ -24,6 +24,8 @@ from shared.nats_io import RawEvent, raw_event
 
 log = logging.getLogger(__name__)
 
+CONSUMER_IDLE_LIMIT = 24 * 3600.0
+
 
 class DurableEventFeed:
     def __init__(self, js: JetStreamContext, name: str, batch: int = 5000,
@@ -63,6 +65,9 @@ class DurableEventFeed:
                 ack_policy=AckPolicy.ALL,
                 ack_wait=60.0,
                 max_ack_pending=self.batch * 4,
+                # A consumer no one has read for this long is the server's to remove (a
+                # dashboard that went away for good).
+                inactive_threshold=CONSUMER_IDLE_LIMIT,
             ))
         self._sub = await self.js.pull_subscribe_bind(self.name, stream=subjects.EVENTS_STREAM)
         self._unacked = None

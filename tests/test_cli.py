@@ -119,3 +119,24 @@ async def test_services_stop_cleanly_on_sigterm(make_stack, service: str) -> Non
     assert await wait_until(lambda: proc.poll() is not None, 15, f"{service} to exit")
     assert proc.returncode == 0
     del stack.children[service]
+
+
+def test_a_submit_whose_fate_is_unknown_can_be_retried_without_a_second_job(
+        make_stack, tmp_path: Path) -> None:
+    stack: Stack = make_stack(workers=1)
+    stack.stop_child("submitter")  # the submit is stored, but no one decides it yet
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: once\ncommand: ['true']\nresources: {cpu: 0.5, memory_mb: 64}\n")
+    env = {"BERTH_DATA_DIR": str(stack.data_dir)}
+    first = run_berth("submit", str(spec), "--submit-timeout", "6", env=env)
+    assert first.returncode == 1
+    last_line = first.stderr.strip().splitlines()[-1]
+    assert "no verdict came within 6s" in last_line and "Traceback" not in first.stderr
+    key = last_line.rsplit("--idempotency-key ", 1)[1]
+    stack.start_service("submitter")
+    again = run_berth("submit", str(spec), "--idempotency-key", key, env=env)
+    assert again.returncode == 0, again.stderr
+    same = run_berth("submit", str(spec), "--idempotency-key", key, env=env)
+    assert same.stdout == again.stdout
+    listed = run_berth("status", env=env).stdout
+    assert listed.count(" once ") == 1, listed

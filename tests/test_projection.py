@@ -6,18 +6,19 @@ whole events stream."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 from nats.aio.client import Client as NATS
 
-from berth.client import cancel_job
+from berth.client import cancel_job, publish_submit, wait_for_outcome
 from berth.stack import Stack, wait_for_api
 from services.dashboard_api import views
-from services.dashboard_api.projection import CONSUMER
-from shared import nats_io, state_snapshot, subjects
+from shared import nats_io, servers, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
 from shared.lifecycle import ClusterState
 from shared.messages import JobSpec, LeaderElected, encode
@@ -112,7 +113,7 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
     restart_dashboard(stack)
     await wait_for_job(stack, doomed, {"killed"})
     log = (stack.data_dir / "logs" / "dashboard.log").read_text()
-    assert f"events consumer {CONSUMER} resumed after sequence" in log
+    assert re.search(r"events consumer berth-dashboard-[0-9a-f]{8} resumed after sequence", log)
 
     js = nc.jetstream()
     await wait_until(lambda: task(get_json(stack, f"/api/jobs/{doomed}"))["attempts"][0]
@@ -162,3 +163,36 @@ async def test_an_unreadable_snapshot_means_a_rebuild_not_a_crash(
         name="after", command=["true"], resources=SMALL)), stream=subjects.SUBMIT_STREAM)
     await wait_until(lambda: len(get_json(stack, "/api/jobs")["jobs"]) == 2,
                      what="the next job")
+
+
+async def test_two_dashboards_following_a_burst_each_equal_the_fold(
+        make_stack: Any, nc: NATS, tmp_path: Path) -> None:
+    stack: Stack = make_stack(workers=2)
+    port = servers.free_port()
+    second_url = f"http://127.0.0.1:{port}"
+    stack.start_service("dashboard", label="dashboard-2", env={
+        "BERTH_DATA_DIR": str(tmp_path / "second"), "BERTH_API_PORT": str(port)})
+    await wait_until(lambda: _answers(second_url), what="the second dashboard")
+    seqs = [await publish_submit(nc, encode(JobSpec(name=f"b{i}", command=["true"],
+                                                    resources=SMALL))) for i in range(100)]
+    jobs = [str((await wait_for_outcome(nc, seq)).job_id) for seq in seqs]
+    for job_id in jobs:
+        await wait_for_job(stack, job_id, {"succeeded"}, timeout=120)
+    last = await nats_io.last_event_seq(nc.jetstream())
+    for url in (stack.api_url, second_url):
+        await wait_until(lambda u=url: httpx.get(u + "/healthz").json()["events_seq"] == last,
+                         what=f"{url} to catch up")
+    fresh = await folded_stream(nc, last)
+    for job_id in jobs:
+        expected = as_json(views.job_detail(fresh.jobs[job_id]))
+        for url in (stack.api_url, second_url):
+            assert httpx.get(f"{url}/api/jobs/{job_id}").json() == expected
+    consumers = [c.name for c in await nc.jetstream().consumers_info(subjects.EVENTS_STREAM)]
+    assert len([c for c in consumers if c.startswith("berth-dashboard-")]) == 2
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

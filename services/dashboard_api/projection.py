@@ -9,6 +9,7 @@ import bisect
 import contextlib
 import logging
 import os
+import secrets
 import time
 from collections import deque
 from pathlib import Path
@@ -26,7 +27,24 @@ from shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
 
-CONSUMER = "berth-dashboard"
+CONSUMER_PREFIX = "berth-dashboard-"
+
+
+def consumer_name(state_dir: Path | None) -> str:
+    """This dashboard's own durable consumer: any number of dashboards follow the log at
+    once, each with its own (one shared name would split the messages between them). The
+    name is kept with the dashboard's state, so a restart resumes the same consumer; one
+    that no dashboard reads any more is removed by the server (CONSUMER_IDLE_LIMIT)."""
+    path = state_dir / "consumer" if state_dir is not None else None
+    if path is not None and path.exists():
+        name = path.read_text().strip()
+        if name.startswith(CONSUMER_PREFIX):
+            return name
+    name = CONSUMER_PREFIX + secrets.token_hex(4)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(name + "\n")
+    return name
 
 
 class Projection:
@@ -53,7 +71,8 @@ class Projection:
         # Jobs in submission order (their submit sequences alongside), for paging.
         self.job_order: list[JobView] = []
         self.job_order_seqs: list[int] = []
-        self._feed = DurableEventFeed(self.js, CONSUMER)
+        self.consumer = consumer_name(snapshot_path.parent if snapshot_path else None)
+        self._feed = DurableEventFeed(self.js, self.consumer)
         self._saved_seq = 0
         self._tasks: list[asyncio.Task[None]] = []
 
