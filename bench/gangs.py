@@ -23,7 +23,7 @@ from pathlib import Path
 
 from berth.client import publish_submit
 from berth.stack import Stack, start_stack
-from shared import nats_io, redis_io
+from shared import nats_io, redis_auth, redis_io
 from shared.checker import check_cluster
 from shared.lifecycle import ClusterState
 from shared.messages import Coscheduling, JobSpec, Resources, TpuDevice, encode
@@ -104,7 +104,7 @@ async def stress(stack: Stack, gangs: int) -> dict[str, object]:
     states = sorted({state.jobs[j].state.display for j in map(state.job_by_submit.get, seqs)
                      if j})
     await events.aclose()
-    redis = redis_io.connect(stack.redis.url)
+    redis = redis_io.open_client(stack.redis.settings_for(redis_auth.DOCTOR))
     report = await check_cluster(nc.jetstream(), ReservationStore(redis))
     await redis.aclose()
     await nc.close()

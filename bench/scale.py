@@ -39,7 +39,7 @@ from nats.aio.client import Client as NATS
 from procstat import status_mib  # bench/procstat.py, beside this script
 
 from berth.stack import Stack, start_stack
-from shared import nats_io, redis_io, subjects
+from shared import nats_io, redis_auth, redis_io, subjects
 from shared.checker import check_cluster
 from shared.messages import (
     AttemptReported,
@@ -189,7 +189,7 @@ class Cluster:
 
     async def doctor(self) -> dict[str, int]:
         assert self.nc is not None
-        redis = redis_io.connect(self.stack.redis.url)
+        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
         try:
             report = await check_cluster(self.nc.jetstream(), ReservationStore(redis),
                                          settle=0.5)

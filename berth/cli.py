@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from berth.client import (
 )
 from berth.creds_cli import cli_credentials
 from shared import subjects
+from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.messages import job_spec_schema
 
@@ -253,26 +255,63 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _doctor(nats_url: str, creds: Credentials, redis_url: str) -> Any:
+async def _doctor(nats_url: str, creds: Credentials, redis: RedisSettings) -> Any:
     from shared import redis_io
     from shared.checker import check_cluster
     from shared.reservations import ReservationStore
 
     async with _nats(nats_url, creds) as nc:
-        redis = redis_io.connect(redis_url)
+        client = redis_io.open_client(redis)
         try:
-            return await check_cluster(nc.jetstream(), ReservationStore(redis))
+            return await check_cluster(nc.jetstream(), ReservationStore(client))
         finally:
-            await redis.aclose()
+            await client.aclose()
+
+
+def doctor_redis(args: argparse.Namespace) -> RedisSettings:
+    """Where and as whom `berth doctor` reads Redis: --redis-url, then BERTH_REDIS_URL (with
+    BERTH_REDIS_SENTINELS), else beside a running `berth up`: its Redis (or Sentinels) as
+    the read-only `doctor` user, whose password is in <data dir>/auth/redis.json."""
+    from shared import redis_auth
+
+    explicit = args.redis_url or RedisSettings.url_from_env()
+    if explicit:
+        return RedisSettings.from_env(explicit)
+    info = _stack_info(args.data_dir)
+    url = info.get("redis_url", "redis://127.0.0.1:6379/0")
+    if redis_auth.RedisUsers.path_of(args.data_dir).exists():
+        users = redis_auth.RedisUsers.load(args.data_dir)
+        url = redis_auth.with_user(url, redis_auth.DOCTOR, users.passwords[redis_auth.DOCTOR])
+    settings = RedisSettings.from_env(url)
+    if not settings.sentinels and info.get("redis_sentinels"):
+        settings = dataclasses.replace(
+            settings, sentinels=parse_sentinels(info["redis_sentinels"], "stack.json"),
+            master=info.get("redis_master", settings.master))
+    return settings
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from redis.exceptions import RedisError
+
+    from shared import redis_auth, redis_io
+
     nats_url, _ = _urls(args)
-    redis_url = (args.redis_url or os.environ.get("BERTH_REDIS_URL")
-                 or _stack_info(args.data_dir).get("redis_url", "redis://127.0.0.1:6379/0"))
-    print(f"checking placement invariants (events and {redis_url}) ...", file=sys.stderr)
-    report = asyncio.run(_doctor(nats_url, cli_credentials(args.data_dir, admin=True),
-                                 redis_url))
+    try:
+        redis = doctor_redis(args)
+    except redis_auth.RedisAuthError as exc:
+        print(f"berth doctor: {exc}", file=sys.stderr)
+        return 2
+    where = redis_auth.redact(redis.url)
+    if redis.sentinels:
+        where += f" (primary {redis.master!r} from Sentinel " + ",".join(
+            f"{h}:{p}" for h, p in redis.sentinels) + ")"
+    print(f"checking placement invariants (events and {where}) ...", file=sys.stderr)
+    try:
+        report = asyncio.run(_doctor(nats_url, cli_credentials(args.data_dir, admin=True),
+                                     redis))
+    except (redis_io.RedisConfigError, RedisError) as exc:
+        print(f"berth doctor: Redis at {where}: {exc}", file=sys.stderr)
+        return 2
     for line in report.violations():
         print(f"VIOLATION {line}")
     print(f"events_seq={report.events_seq}")
@@ -439,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
         "by two gangs, a port given twice, reservations with no live attempt, live attempts "
         "with no reservation. Prints double_booked_hosts=0 when all is well; exit status 1 "
         "when anything is wrong.")
-    p.add_argument("--redis-url", help="Redis URL (default: $BERTH_REDIS_URL or `berth up`'s)")
+    p.add_argument("--redis-url", help="Redis URL with the doctor user's credentials "
+                   "(default: $BERTH_REDIS_URL, else `berth up`'s, as its doctor user)")
     p.set_defaults(func=cmd_doctor)
     creds_cli.add_parser(sub)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.creds_cli import local_user
-from shared import servers
+from shared import redis_auth, servers
 from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
@@ -34,7 +34,7 @@ API_TOKEN_FILE = "api-token"
 class Stack:
     data_dir: Path
     nats: servers.ServerProcess
-    redis: servers.ServerProcess
+    redis: servers.RedisServer | servers.ReplicatedRedis
     api_port: int
     env: dict[str, str]
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -73,6 +73,9 @@ class Stack:
         # Simulated hosts share one connection for many worker ids: only an admin may.
         role = Role.ADMIN if "--simulate" in args else SERVICE_ROLES[name]
         creds = {"BERTH_NATS_CREDS": str(self.creds_for(role, scope))}
+        if name == "scheduler":
+            # Only the scheduler writes Redis, so only it gets a Redis password.
+            creds.update(self.redis.client_env(redis_auth.SCHEDULER))
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", SERVICE_MODULES[name], *args],
@@ -107,9 +110,13 @@ class Stack:
         (self.data_dir / "stack.json").unlink(missing_ok=True)
 
     def write_info(self) -> None:
+        # No passwords here: `berth doctor` takes its own from <data dir>/auth/redis.json.
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
                 "pid": os.getpid(), "nats_pid": self.nats.proc.pid,
                 "auth_dir": str(self.auth.path)}
+        if isinstance(self.redis, servers.ReplicatedRedis):
+            info |= {"redis_sentinels": self.redis.sentinel_addresses,
+                     "redis_master": self.redis.master}
         (self.data_dir / "stack.json").write_text(json.dumps(info, indent=2))
 
 
@@ -125,7 +132,7 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 def start_servers(data_dir: Path, nats_port: int | None = None, redis_port: int | None = None,
                   prefer_redis_on_path: bool = False) -> tuple[servers.ServerProcess,
-                                                               servers.ServerProcess]:
+                                                               servers.RedisServer]:
     nats = servers.start_nats(data_dir, nats_port)
     try:
         redis = servers.start_redis(data_dir, redis_port, prefer_redis_on_path)
@@ -155,7 +162,7 @@ def start_stack(
 def start_services(
     data_dir: Path,
     nats: servers.ServerProcess,
-    redis: servers.ServerProcess,
+    redis: servers.RedisServer | servers.ReplicatedRedis,
     workers: int = 2,
     worker_cpu: float = 2,
     worker_memory_mb: int = 2048,

@@ -75,3 +75,52 @@ class Settings:
             api_closed_reads=_env_flag("BERTH_API_CLOSED_READS"),
             snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
         )
+
+
+def parse_sentinels(raw: str, name: str = "BERTH_REDIS_SENTINELS") -> tuple[tuple[str, int], ...]:
+    """`host:port,host:port` -> ((host, port), ...); one clear line on anything else."""
+    out: list[tuple[str, int]] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SystemExit(f"{name}: {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """How to reach Redis: the URL gives user, password and db (and the server itself when
+    there are no sentinels); with sentinels, the primary is whatever they name."""
+
+    url: str
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str = "berth"
+    # Replica acknowledgements every fenced write waits for (WAIT), and for how long.
+    wait_replicas: int = 0
+    wait_timeout: float = 0.5
+
+    @classmethod
+    def from_env(cls, url: str | None = None) -> RedisSettings:
+        sentinels = parse_sentinels(os.environ.get("BERTH_REDIS_SENTINELS", ""))
+        # Replicas are what Sentinel fails over to: with them, a write no replica has is
+        # a write a failover may lose, so fenced writes wait for one by default.
+        wait_replicas = _env_int("BERTH_REDIS_WAIT_REPLICAS", 1 if sentinels else 0)
+        wait_timeout = _env_float("BERTH_REDIS_WAIT_TIMEOUT", 0.5)
+        if wait_replicas < 0 or wait_timeout <= 0:
+            raise SystemExit("BERTH_REDIS_WAIT_REPLICAS must be >= 0 and "
+                             "BERTH_REDIS_WAIT_TIMEOUT > 0")
+        return cls(
+            url=url or os.environ.get("BERTH_REDIS_URL") or "redis://127.0.0.1:6379/0",
+            sentinels=sentinels,
+            master=os.environ.get("BERTH_REDIS_MASTER") or "berth",
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
+
+    @staticmethod
+    def url_from_env() -> str | None:
+        """BERTH_REDIS_URL when set (`berth doctor` otherwise looks beside `berth up`)."""
+        return os.environ.get("BERTH_REDIS_URL") or None

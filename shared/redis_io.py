@@ -1,15 +1,75 @@
-"""Redis connection and the Lua scripts (loaded from `shared/lua/*.lua`, the dramatiq way)."""
+"""Redis connections (one server, or the primary Sentinel names) and the Lua scripts (loaded
+from `shared/lua/*.lua`, the dramatiq way)."""
 
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.config import RedisSettings
+
+# Every error a call can end in when Redis (or the primary) is away, or a failover has made
+# the server a replica (READONLY): callers that must survive an outage catch these.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+CONNECT_TIMEOUT = 1.0
+
+
+class RedisConfigError(Exception):
+    """A Redis URL that cannot be used; the message says why (never the password)."""
+
+
+def _url_kwargs(url: str) -> dict[str, Any]:
+    try:
+        kwargs = dict(parse_url(url))
+    except ValueError as exc:
+        raise RedisConfigError(f"BERTH_REDIS_URL: {exc}") from None
+    if "connection_class" in kwargs:
+        raise RedisConfigError("BERTH_REDIS_URL: only redis:// URLs are supported")
+    return kwargs
+
+
+def open_client(settings: RedisSettings) -> aioredis.Redis:
+    """A client for berth's Redis: the server in the URL, or, with sentinels, whichever
+    server they name primary now (asked again after every lost connection, so a client
+    follows a failover). No automatic retries: a caller sees an outage at once and decides
+    (the scheduler stands down; a fenced write is never silently repeated)."""
+    kwargs = _url_kwargs(settings.url)
+    common: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": CONNECT_TIMEOUT,
+        # A WAIT blocks for up to its timeout: the socket must outlast it.
+        "socket_timeout": settings.wait_timeout + 2.0,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if not settings.sentinels:
+        return aioredis.Redis(**kwargs, **common)
+    auth = {k: kwargs[k] for k in ("username", "password") if kwargs.get(k)}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(settings.sentinels),
+        # Sentinels know the same users (lookup only) as the data nodes.
+        sentinel_kwargs={**auth, "socket_connect_timeout": CONNECT_TIMEOUT,
+                         "socket_timeout": CONNECT_TIMEOUT, "decode_responses": True},
+        **{k: v for k, v in kwargs.items() if k not in ("host", "port")},
+        **common,
+    )
+    client: aioredis.Redis = sentinel.master_for(settings.master)
+    return client
 
 
 def connect(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, decode_responses=True)
+    """A client for one server at `url` (tests, tools)."""
+    return open_client(RedisSettings(url=url))
 
 
 def load_script(client: aioredis.Redis, name: str) -> AsyncScript:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from shared import redis_keys
 from shared.capacity import Amounts, GroupClaim
@@ -23,6 +25,11 @@ class StaleEpochError(Exception):
 
 class ReservationConflict(Exception):
     """Redis disagrees with the scheduler's view (e.g. a host is fuller than it thought)."""
+
+
+class NotDurable(Exception):
+    """A fenced write that too few replicas acknowledged in time: applied on the primary,
+    but a failover now could lose it, so the writer must not act on it."""
 
 
 @dataclass(frozen=True)
@@ -87,24 +94,47 @@ def _group_name_of_key(key: str) -> str:
 
 
 class ReservationStore:
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, wait_replicas: int = 0,
+                 wait_timeout: float = 0.5) -> None:
+        """`wait_replicas`: how many replicas must acknowledge every fenced write (lease,
+        hosts, reservations, releases) within `wait_timeout` seconds, else NotDurable."""
         self.client = client
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = max(1, int(wait_timeout * 1000))
         self._reserve = load_script(client, "reserve")
         self._release = load_script(client, "release")
         self._register = load_script(client, "register_host")
         self._lease = load_script(client, "lease")
 
-    async def acquire_lease(self, scheduler_id: str, ttl_ms: int) -> int:
-        """Returns this scheduler's epoch while it holds the lease, 0 while another does."""
+    async def _fenced(self, script: AsyncScript, keys: list[str], args: list[str | int]
+                      ) -> Any:
+        """Runs a write script, then (with replicas to wait for) WAIT on the same
+        connection: WAIT counts the replicas that have every write of its own connection,
+        so both go in one pipeline."""
+        if not self.wait_replicas:
+            return await script(keys=keys, args=args)
+        async with self.client.pipeline(transaction=False) as pipe:
+            await script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            result, acked = await pipe.execute()
+        if int(acked) < self.wait_replicas:
+            raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged within "
+                             f"{self.wait_timeout_ms} ms")
+        return result
+
+    async def acquire_lease(self, scheduler_id: str, ttl_ms: int, floor: int = 0) -> int:
+        """Returns this scheduler's epoch while it holds the lease, 0 while another does.
+        The epoch is above `floor` (the highest epoch the event log has seen): a holder
+        whose epoch is not takes a fresh one."""
         keys = [redis_keys.LEADER, redis_keys.EPOCH]
-        return int(await self._lease(keys=keys, args=[scheduler_id, ttl_ms]))
+        return int(await self._fenced(self._lease, keys, [scheduler_id, ttl_ms, floor]))
 
     async def register_host(self, epoch: int, worker_id: str, capacity: Amounts,
                             device_kind: str) -> None:
         keys = [redis_keys.EPOCH, redis_keys.host(worker_id), redis_keys.HOSTS]
         args: list[str | int] = [epoch, worker_id, capacity.cpu, capacity.mem, capacity.disk,
                                  capacity.dev, device_kind]
-        _check(await self._register(keys=keys, args=args))
+        _check(await self._fenced(self._register, keys, args))
 
     async def reserve(self, epoch: int, placements: Sequence[Reservation],
                       groups: Sequence[GroupClaim] = ()) -> None:
@@ -130,7 +160,7 @@ class ReservationStore:
                    "exclusive": g.exclusive} for g in groups],
         }
         args: list[str | int] = [epoch, json.dumps(request)]
-        _check(await self._reserve(keys=keys, args=args))
+        _check(await self._fenced(self._reserve, keys, args))
 
     async def release(self, epoch: int, releases: Sequence[tuple[str, str]]) -> int:
         """Releases (worker_id, attempt_key) pairs; returns how many were still held."""
@@ -140,7 +170,7 @@ class ReservationStore:
         for worker_id, _ in releases:
             keys += _host_keys(worker_id)
         args: list[str | int] = [epoch, *(key for _, key in releases)]
-        return _check(await self._release(keys=keys, args=args))
+        return _check(await self._fenced(self._release, keys, args))
 
     async def usage(self) -> tuple[list[HostUsage], list[GroupUsage]]:
         """Every host's capacity and reservations and every group claim (for reconciliation

@@ -16,8 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis as sync_redis
+
 from shared import bus_permissions
+from shared.config import RedisSettings
 from shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
+from shared.redis_auth import ADMIN, REPLICATION, SENTINEL, RedisUsers
 
 NATS_USERS_FILE = "nats-users.conf"
 
@@ -175,20 +179,205 @@ def wait_until_admitted(port: int, creds: Credentials, timeout: float = 10) -> N
         time.sleep(0.05)
 
 
-def start_redis(
-    data_dir: Path, port: int | None = None, prefer_path: bool = False
-) -> ServerProcess:
-    port = port or free_port()
-    store = data_dir / "redis"
+@dataclass
+class RedisServer(ServerProcess):
+    """A Redis-compatible data node and the users it accepts (None: a server berth did not
+    start, e.g. a test container, reached without credentials)."""
+
+    users: RedisUsers | None = None
+
+    def url_for(self, user: str) -> str:
+        return self.users.url(user, self.port) if self.users else self.url
+
+    def settings_for(self, user: str) -> RedisSettings:
+        return RedisSettings(url=self.url_for(user))
+
+    def client_env(self, user: str) -> dict[str, str]:
+        """The environment a process connecting as `user` needs."""
+        return {"BERTH_REDIS_URL": self.url_for(user)}
+
+
+def _quoted(value: str | Path) -> str:
+    return json.dumps(str(value))
+
+
+def _write_redis_config(store: Path, port: int, users: RedisUsers,
+                        replica_of: int | None = None) -> Path:
+    """A data node's config: password-only users (ACL file beside it), loopback only,
+    AOF on. Owner-only: replicas keep the replication password in it."""
     store.mkdir(parents=True, exist_ok=True)
-    argv = [
-        redis_server_binary(prefer_path), "--port", str(port), "--bind", "127.0.0.1",
-        "--dir", str(store), "--appendonly", "yes", "--save", "",
-        "--protected-mode", "no",
+    acl = store / "users.acl"
+    write_private(acl, users.data_node_acl().encode())
+    lines = [
+        f"port {port}", "bind 127.0.0.1", "protected-mode yes", f"dir {_quoted(store)}",
+        "appendonly yes", 'save ""', f"aclfile {_quoted(acl)}",
+        # What a replica (or this node, once Sentinel demotes it) authenticates with.
+        f"masteruser {REPLICATION}", f"masterauth {_quoted(users.passwords[REPLICATION])}",
     ]
-    proc = _spawn(argv, data_dir / "logs" / "redis-server.log")
-    wait_for_port(port, proc, "redis-server")
-    return ServerProcess("redis-server", f"redis://127.0.0.1:{port}/0", port, proc)
+    if replica_of is not None:
+        lines.append(f"replicaof 127.0.0.1 {replica_of}")
+    config = store / "valkey.conf"
+    write_private(config, ("\n".join(lines) + "\n").encode())
+    return config
+
+
+def start_redis(
+    data_dir: Path, port: int | None = None, prefer_path: bool = False,
+    store: Path | None = None, replica_of: int | None = None, name: str = "redis-server",
+) -> RedisServer:
+    """A data node with berth's ACL users (redis_auth; passwords made once per data dir)."""
+    port = port or free_port()
+    users = RedisUsers.ensure(data_dir)
+    config = _write_redis_config(store or data_dir / "redis", port, users, replica_of)
+    proc = _spawn([redis_server_binary(prefer_path), str(config)],
+                  data_dir / "logs" / f"{name}.log")
+    wait_for_port(port, proc, name)
+    return RedisServer(name, f"redis://127.0.0.1:{port}/0", port, proc, users=users)
+
+
+@dataclass
+class ReplicatedRedis:
+    """A primary, its replicas and Sentinels on loopback, all with berth's ACL users.
+    `nodes[0]` starts as the primary; after a failover, `primary()` says which is."""
+
+    nodes: list[RedisServer]
+    sentinels: list[ServerProcess]
+    users: RedisUsers
+    master: str = "berth"
+
+    @property
+    def url(self) -> str:
+        """Where the primary was at start, without credentials (clients ask a Sentinel)."""
+        return self.nodes[0].url
+
+    @property
+    def sentinel_addresses(self) -> str:
+        return ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+
+    def url_for(self, user: str) -> str:
+        return self.users.url(user, self.nodes[0].port)
+
+    def settings_for(self, user: str) -> RedisSettings:
+        return RedisSettings(url=self.url_for(user),
+                             sentinels=tuple(("127.0.0.1", s.port) for s in self.sentinels),
+                             master=self.master, wait_replicas=1)
+
+    def client_env(self, user: str) -> dict[str, str]:
+        return {"BERTH_REDIS_URL": self.url_for(user),
+                "BERTH_REDIS_SENTINELS": self.sentinel_addresses,
+                "BERTH_REDIS_MASTER": self.master}
+
+    def _sentinel_client(self, port: int) -> sync_redis.Redis:
+        return sync_redis.Redis(port=port, username=ADMIN, password=self.users.passwords[ADMIN],
+                                socket_timeout=2, decode_responses=True)
+
+    def primary(self) -> RedisServer:
+        """The node a Sentinel names primary now."""
+        for s in self.sentinels:
+            if s.proc.poll() is not None:
+                continue
+            with self._sentinel_client(s.port) as client:
+                addr = client.execute_command("SENTINEL", "get-master-addr-by-name", self.master)
+            for node in self.nodes:
+                if addr and int(addr[1]) == node.port:
+                    return node
+        raise ServerError("no Sentinel names a primary")
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        """Until every replica is in sync and every Sentinel knows them all (a failover
+        needs a replica it knows of)."""
+        deadline = time.monotonic() + timeout
+        replicas = len(self.nodes) - 1
+        while True:
+            try:
+                if self._ready(replicas):
+                    return
+            except sync_redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerError(f"replicated Redis not ready within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def _ready(self, replicas: int) -> bool:
+        primary = self.primary()
+        with sync_redis.Redis(port=primary.port, username=ADMIN,
+                              password=self.users.passwords[ADMIN], socket_timeout=2,
+                              decode_responses=True) as client:
+            info = client.info("replication")
+        online = sum(1 for k, v in info.items() if k.startswith("slave")
+                     and isinstance(v, dict) and v.get("state") == "online")
+        if online < replicas:
+            return False
+        for s in self.sentinels:
+            with self._sentinel_client(s.port) as client:
+                known = client.execute_command("SENTINEL", "replicas", self.master)
+                peers = client.execute_command("SENTINEL", "sentinels", self.master)
+            if len(known) < replicas or len(peers) < len(self.sentinels) - 1:
+                return False
+        return True
+
+    def stop(self, timeout: float = 10) -> None:
+        for p in [*self.sentinels, *self.nodes]:
+            p.stop(timeout)
+
+
+def _write_sentinel_config(sdir: Path, port: int, users: RedisUsers, master: str,
+                           primary_port: int, quorum: int, down_after_ms: int,
+                           failover_timeout_ms: int) -> Path:
+    sdir.mkdir(parents=True, exist_ok=True)
+    sentinel_pw = _quoted(users.passwords[SENTINEL])
+    lines = [
+        f"port {port}", "bind 127.0.0.1", "protected-mode yes", f"dir {_quoted(sdir)}",
+        f"sentinel monitor {master} 127.0.0.1 {primary_port} {quorum}",
+        # As whom it talks to the data nodes, and to the other Sentinels.
+        f"sentinel auth-user {master} {SENTINEL}", f"sentinel auth-pass {master} {sentinel_pw}",
+        f"sentinel sentinel-user {SENTINEL}", f"sentinel sentinel-pass {sentinel_pw}",
+        f"sentinel down-after-milliseconds {master} {down_after_ms}",
+        f"sentinel failover-timeout {master} {failover_timeout_ms}",
+        f"sentinel parallel-syncs {master} 1",
+    ]
+    config = sdir / "sentinel.conf"
+    # Sentinel rewrites its config as it learns (replicas, peers, epochs): a fresh one each start.
+    write_private(config, ("\n".join(lines) + "\n" + users.sentinel_acl()).encode())
+    return config
+
+
+def start_replicated_redis(
+    data_dir: Path, replicas: int = 1, sentinels: int = 1, quorum: int = 1,
+    master: str = "berth", down_after_ms: int = 1000, failover_timeout_ms: int = 3000,
+) -> ReplicatedRedis:
+    """A primary, `replicas` replicas (authenticating as `replication`) and `sentinels`
+    Sentinels (as `sentinel` to the nodes; clients look the primary up as themselves)."""
+    users = RedisUsers.ensure(data_dir)
+    started: list[ServerProcess] = []
+    try:
+        primary = start_redis(data_dir, store=data_dir / "redis-0", name="redis-0")
+        started.append(primary)
+        nodes = [primary]
+        for i in range(1, replicas + 1):
+            node = start_redis(data_dir, store=data_dir / f"redis-{i}", replica_of=primary.port,
+                               name=f"redis-{i}")
+            started.append(node)
+            nodes.append(node)
+        watchers = []
+        for i in range(sentinels):
+            port = free_port()
+            config = _write_sentinel_config(data_dir / f"sentinel-{i}", port, users, master,
+                                            primary.port, quorum, down_after_ms,
+                                            failover_timeout_ms)
+            proc = _spawn([redis_server_binary(), str(config), "--sentinel"],
+                          data_dir / "logs" / f"sentinel-{i}.log")
+            sentinel = ServerProcess(f"sentinel-{i}", f"redis://127.0.0.1:{port}", port, proc)
+            started.append(sentinel)
+            wait_for_port(port, proc, sentinel.name)
+            watchers.append(sentinel)
+        cluster = ReplicatedRedis(nodes, watchers, users, master)
+        cluster.wait_ready()
+        return cluster
+    except BaseException:
+        for p in started:
+            p.stop()
+        raise
 
 
 def service_env(nats_url: str, redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:

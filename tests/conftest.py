@@ -20,7 +20,7 @@ import redis as sync_redis
 from nats.aio.client import Client as NATS
 
 from berth.stack import Stack, start_services
-from shared import nats_io, servers
+from shared import nats_io, redis_auth, servers
 
 
 def _docker_servers(stack: Any) -> tuple[servers.ServerProcess, servers.ServerProcess] | None:
@@ -42,8 +42,13 @@ def _docker_servers(stack: Any) -> tuple[servers.ServerProcess, servers.ServerPr
         def stop(self, timeout: float = 10) -> None:
             pass
 
+    class _ExternalRedis(servers.RedisServer):
+        # A container's Redis has no berth users: every user is the container's default.
+        def stop(self, timeout: float = 10) -> None:
+            pass
+
     return (_External("nats", f"nats://127.0.0.1:{n_port}", n_port, None),  # type: ignore[arg-type]
-            _External("redis", f"redis://127.0.0.1:{r_port}/0", r_port, None))  # type: ignore[arg-type]
+            _ExternalRedis("redis", f"redis://127.0.0.1:{r_port}/0", r_port, None))  # type: ignore[arg-type]
 
 
 async def admin_connect(server: servers.ServerProcess) -> NATS:
@@ -53,7 +58,7 @@ async def admin_connect(server: servers.ServerProcess) -> NATS:
 
 @pytest.fixture(scope="session")
 def real_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[servers.ServerProcess, servers.ServerProcess]]:
+        tuple[servers.ServerProcess, servers.RedisServer]]:
     with contextlib.ExitStack() as stack:
         docker = _docker_servers(stack)
         if docker:
@@ -70,8 +75,8 @@ def real_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture
-async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.ServerProcess]
-                        ) -> tuple[servers.ServerProcess, servers.ServerProcess]:
+async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.RedisServer]
+                        ) -> tuple[servers.ServerProcess, servers.RedisServer]:
     """The session's servers with every berth stream deleted and Redis flushed."""
     nats_server, redis_server = real_servers
     nc = await admin_connect(nats_server)
@@ -90,12 +95,13 @@ async def clean_servers(real_servers: tuple[servers.ServerProcess, servers.Serve
                 raise
             await asyncio.sleep(0.3)
     await nc.close()
-    sync_redis.Redis.from_url(redis_server.url).flushall()
+    # Only the admin user may flush: the services' users are confined to berth's keys.
+    sync_redis.Redis.from_url(redis_server.url_for(redis_auth.ADMIN)).flushall()
     return real_servers
 
 
 @pytest.fixture
-async def nc(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess]
+async def nc(clean_servers: tuple[servers.ServerProcess, servers.RedisServer]
              ) -> AsyncIterator[NATS]:
     client = await admin_connect(clean_servers[0])
     yield client
@@ -103,16 +109,18 @@ async def nc(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess]
 
 
 @pytest.fixture
-def make_stack(clean_servers: tuple[servers.ServerProcess, servers.ServerProcess],
+def make_stack(clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
                tmp_path: Path) -> Iterator[Callable[..., Stack]]:
-    """Starts the four services and N workers as real processes; stops them after the test."""
+    """Starts the four services and N workers as real processes; stops them after the test.
+    `redis`: another Redis than the session's (e.g. a replicated one the test started)."""
     started: list[Stack] = []
 
-    def make(workers: int = 2, **kwargs: Any) -> Stack:
+    def make(workers: int = 2, redis: servers.RedisServer | servers.ReplicatedRedis | None = None,
+             **kwargs: Any) -> Stack:
         env = {"BERTH_HEARTBEAT_INTERVAL": "0.5", "BERTH_WORKER_DEAD_AFTER": "3",
                "BERTH_KILL_GRACE": "2", **kwargs.pop("extra_env", {})}
-        stack = start_services(tmp_path / "berth", *clean_servers, workers=workers,
-                               extra_env=env, **kwargs)
+        stack = start_services(tmp_path / "berth", clean_servers[0], redis or clean_servers[1],
+                               workers=workers, extra_env=env, **kwargs)
         started.append(stack)
         return stack
 

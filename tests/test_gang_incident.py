@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, submit_job, wait_for_outcome
 from berth.stack import Stack
-from shared import nats_io, redis_io
+from shared import nats_io, redis_auth, redis_io
 from shared.checker import check_cluster
 from shared.messages import (
     Constraint,
@@ -83,7 +83,7 @@ async def submit_at_once(nc: NATS, specs: list[JobSpec]) -> list[str]:
 
 async def assert_no_violations(stack: Stack) -> None:
     nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
-    redis = redis_io.connect(stack.redis.url)
+    redis = redis_io.open_client(stack.redis.settings_for(redis_auth.DOCTOR))
     try:
         report = await check_cluster(nc.jetstream(), ReservationStore(redis), settle=0.5)
     finally:
@@ -301,8 +301,8 @@ async def test_doctor_prints_zero_on_a_healthy_stack(make_stack, nc, tmp_path: P
     await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
-        "--redis-url", stack.redis.url, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        "--redis-url", stack.redis.url_for(redis_auth.DOCTOR),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     assert "double_booked_hosts=0" in out.decode() and "violations=0" in out.decode()

@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 
 from berth.client import submit_job
 from berth.stack import Stack, wait_for_api
-from shared import subjects
+from shared import redis_auth, subjects
 from shared.messages import JobSpec, LeaderElected, Resources, TaskAssigned, encode
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_projection import accepted
@@ -86,8 +86,8 @@ async def test_poison_in_the_events_stream_stops_no_fold(make_stack, nc: NATS,
 
     doctor = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
-        "--redis-url", stack.redis.url, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        "--redis-url", stack.redis.url_for(redis_auth.DOCTOR),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(doctor.communicate(), 60)
     assert doctor.returncode == 0, err.decode()
     assert f"refused_events={refused} " in out.decode()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shared import redis_io
+from shared import redis_auth, redis_io
 from shared.capacity import Amounts, GroupClaim
 from shared.reservations import (
     Reservation,
@@ -27,7 +27,8 @@ def res(host: str, key: str, cpu: int = 1000, mem: int = 100, dev: int = 0,
 
 @pytest.fixture
 async def store(clean_servers) -> AsyncIterator[ReservationStore]:
-    client = redis_io.connect(clean_servers[1].url)
+    # As the scheduler, the only writer: its ACL user must be enough for every script.
+    client = redis_io.connect(clean_servers[1].url_for(redis_auth.SCHEDULER))
     yield ReservationStore(client)
     await client.aclose()
 

@@ -12,7 +12,7 @@ from nats.aio.client import Client as NATS
 from berth.stack import Stack
 from services.worker_agent.service import parse_args
 from services.worker_agent.simulation import RunTime, simulated_hosts
-from shared import redis_io
+from shared import redis_auth, redis_io
 from shared.checker import check_cluster
 from shared.messages import Coscheduling, JobSpec, Resources, TpuDevice
 from shared.reservations import ReservationStore
@@ -91,7 +91,7 @@ async def test_simulated_workers_run_jobs_and_gangs_like_real_ones(
             == ["0", "1", "2", "3"]
         assert all(a["started_at"] and a["exit_code"] == 0 for a in attempts)
 
-    redis = redis_io.connect(stack.redis.url)
+    redis = redis_io.open_client(stack.redis.settings_for(redis_auth.DOCTOR))
     try:
         report = await check_cluster(nc.jetstream(), ReservationStore(redis), settle=0.5)
     finally:

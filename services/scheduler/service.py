@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import os
+import random
 import socket
 import time
 import uuid
@@ -22,11 +23,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import trace
+from redis.exceptions import NoPermissionError
 
-from services.scheduler import heartbeats, placement
+from services.scheduler import fencing, heartbeats, placement
 from shared import nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
-from shared.config import Settings
+from shared.config import RedisSettings, Settings
 from shared.credentials import Role
 from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
 from shared.messages import (
@@ -50,7 +52,13 @@ from shared.messages import (
     heartbeat_decoder,
     parse_attempt_key,
 )
-from shared.reservations import Reservation, ReservationConflict, ReservationStore, StaleEpochError
+from shared.reservations import (
+    NotDurable,
+    Reservation,
+    ReservationConflict,
+    ReservationStore,
+    StaleEpochError,
+)
 from shared.states import ATTEMPT_LIVE, TaskState
 
 log = logging.getLogger("berth.scheduler")
@@ -149,7 +157,9 @@ class Leader:
             self.js,
             subjects.LEADER_EVENTS,
             LeaderElected(scheduler_id=self.scheduler_id, epoch=self.epoch, ts=time.time()),
-            msg_id=f"leader:{self.epoch}",
+            # Unique per term even if an epoch were ever handed out twice: a repeated id
+            # would be dropped by JetStream's dedup, and the second leader go unlogged.
+            msg_id=f"leader:{self.epoch}:{self.scheduler_id}",
         )
         events = nats_io.follow_events(self.js)
         # The lease is kept from the start: catching up on a long log can outlast its TTL,
@@ -218,19 +228,23 @@ class Leader:
                 await self._register_host(worker)
             live[worker.worker_id] = set(worker.live_attempts)
         stale: list[tuple[str, str]] = []
+        missing: dict[str, list[str]] = {}
         for host in await self.store.host_usage():
             held = live.get(host.worker_id, set())
             stale += [(host.worker_id, key) for key in host.allocations if key not in held]
-            missing = [k for k in held if k not in host.allocations]
-            if missing:
-                # Only possible if Redis lost data: re-reserve what the log says is running.
-                log.warning("re-reserving %d attempts on %s missing from Redis",
-                            len(missing), host.worker_id)
-                lost = [self._reservation(host.worker_id, k) for k in missing]
-                await self.store.reserve(self.epoch, lost, self._group_claims(lost))
+            if lost := [k for k in held if k not in host.allocations]:
+                missing[host.worker_id] = lost
+        # Stale ones first: the capacity they hold may be what a lost one needs back.
         if stale:
             log.info("releasing %d reservations with no live attempt", len(stale))
             await self.store.release(self.epoch, stale)
+        for worker_id, keys in missing.items():
+            # Only possible if Redis lost writes (e.g. a failover to a replica that was
+            # behind): re-reserve what the log says is running.
+            log.warning("re-reserving %d attempts on %s missing from Redis", len(keys),
+                        worker_id)
+            again = [self._reservation(worker_id, k) for k in keys]
+            await self.store.reserve(self.epoch, again, self._group_claims(again))
         for worker in self.state.workers.values():
             for job_id, index, attempt_id in worker.live_attempts.values():
                 task = self.state.task(job_id, index)
@@ -687,27 +701,68 @@ class Leader:
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     scheduler_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    redis_settings = RedisSettings.from_env(settings.redis_url)
+    try:
+        redis = redis_io.open_client(redis_settings)
+    except redis_io.RedisConfigError as exc:
+        raise SystemExit(f"berth scheduler: {exc}") from None
     nc = await nats_io.connect_service(settings, f"berth-scheduler-{scheduler_id}",
                                       Role.SCHEDULER)
     await nats_io.ensure_streams(nc.jetstream())
-    redis = redis_io.connect(settings.redis_url)
-    store = ReservationStore(redis)
-    ttl_ms = int(settings.lease_ttl * 1000)
+    store = ReservationStore(redis, redis_settings.wait_replicas, redis_settings.wait_timeout)
     log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
     try:
-        while not stop.is_set():
-            epoch = await store.acquire_lease(scheduler_id, ttl_ms)
-            if not epoch:
-                await service.wait_or_stop(stop, settings.lease_ttl / 3)
-                continue
-            try:
-                await Leader(settings, nc, store, scheduler_id, epoch).serve(stop)
-            except (LostLeadership, StaleEpochError) as exc:
-                # Every Redis write is fenced: a refused epoch anywhere ends the term.
-                log.warning("lost leadership: %s; standing by", exc)
+        await _stand_for_leader(settings, nc, store, scheduler_id, stop)
+    except NoPermissionError as exc:
+        raise SystemExit(f"berth scheduler: Redis refused a command ({exc}); the user in "
+                         "BERTH_REDIS_URL needs the scheduler's ACL (docs/redis.md)") from None
     finally:
         await nats_io.close(nc)
         await redis.aclose()
+
+
+async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStore,
+                            scheduler_id: str, stop: asyncio.Event) -> None:
+    """Leads whenever this scheduler holds the lease, stands by otherwise. Redis being
+    unreachable (or a write no replica acknowledged) ends a term like a lost lease does;
+    the lease is then retried with backoff until Redis, or the primary Sentinel promotes,
+    answers again."""
+    ttl_ms = int(settings.lease_ttl * 1000)
+    js = nc.jetstream()
+    backoff = fencing.Backoff()
+    outage = fencing.Outage("Redis")
+    folded = 0  # the highest epoch an earlier term of this process saw in the log
+    while not stop.is_set():
+        try:
+            epoch = await fencing.take_lease(store, js, scheduler_id, ttl_ms, folded)
+        except (*redis_io.UNREACHABLE, NotDurable) as exc:
+            outage.failed(exc)
+            await service.wait_or_stop(stop, backoff.next())
+            continue
+        except nats_io.RETRIABLE as exc:
+            log.warning("reading the newest epoch from the event log failed (%s); retrying",
+                        exc)
+            await service.wait_or_stop(stop, backoff.next())
+            continue
+        outage.recovered()
+        backoff.reset()
+        if not epoch:
+            # Standbys poll a little out of step with each other.
+            await service.wait_or_stop(stop, settings.lease_ttl / 3 * random.uniform(0.8, 1.2))
+            continue
+        leader = Leader(settings, nc, store, scheduler_id, epoch)
+        try:
+            await leader.serve(stop)
+        except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict) as exc:
+            # Every Redis write is fenced: a refused epoch anywhere ends the term.
+            log.warning("lost leadership: %s; standing by", exc)
+        except redis_io.UNREACHABLE as exc:
+            # No write can be fenced now, so nothing is placed until the lease is won again.
+            log.warning("Redis unreachable while leading (%s); standing down", exc)
+            outage.failed(exc)
+            await service.wait_or_stop(stop, backoff.next())
+        finally:
+            folded = max(folded, leader.state.epoch)
 
 
 def main() -> None:
