@@ -353,7 +353,8 @@ def _start(args: argparse.Namespace) -> Any:
         nats_port=args.nats_port, redis_port=args.redis_port,
         prefer_redis_on_path=args.redis_server,
     )
-    print(f"  NATS       {stack.nats.url}\n  Redis      {stack.redis.url}\n"
+    print(f"  NATS       {stack.nats.url}\n"
+          f"  Redis      {stack.redis.url} (users: {data_dir / 'auth' / 'redis.json'})\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
           f"  logs       {data_dir / 'logs'}\n"
           f"  identities {stack.auth.path} (`berth creds --help`)\n"

@@ -91,8 +91,8 @@ class Backoff:
 
 
 class Outage:
-    """Logs an outage once when it starts, a reminder now and then, and once when it ends:
-    never a line (or a traceback) per retry."""
+    """Logs an outage (unreachable, or no replica acknowledging) once when it starts, a
+    reminder now and then, and once when it ends: never a line (or a traceback) per retry."""
 
     REMIND_EVERY = 30.0
 
@@ -101,18 +101,18 @@ class Outage:
         self.since: float | None = None
         self.reminded = 0.0
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, doing: str = "not leading") -> None:
         now = time.monotonic()
         reason = str(exc) or exc.__class__.__name__
         if self.since is None:
             self.since = self.reminded = now
-            log.warning("%s unreachable (%s); not leading, retrying", self.what, reason)
+            log.warning("%s unavailable (%s); %s, retrying", self.what, reason, doing)
         elif now - self.reminded >= self.REMIND_EVERY:
             self.reminded = now
-            log.warning("%s still unreachable after %.0f s (%s)", self.what, now - self.since,
+            log.warning("%s still unavailable after %.0f s (%s)", self.what, now - self.since,
                         reason)
 
     def recovered(self) -> None:
         if self.since is not None:
-            log.info("%s reachable again after %.1f s", self.what, time.monotonic() - self.since)
+            log.info("%s available again after %.1f s", self.what, time.monotonic() - self.since)
             self.since = None

@@ -331,6 +331,9 @@ class Leader:
     async def _release_in_background(self) -> None:
         try:
             await self._flush_releases()
+        except redis_io.UNREACHABLE as exc:
+            # Said once, when the term ends on it (the lease cannot be renewed either).
+            log.debug("releasing in Redis failed (%s); retrying before the next commit", exc)
         except Exception as exc:  # the next tick flushes again, and raises there
             log.warning("releasing in Redis failed (%s); retrying before the next commit", exc)
 
@@ -758,8 +761,7 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             log.warning("lost leadership: %s; standing by", exc)
         except redis_io.UNREACHABLE as exc:
             # No write can be fenced now, so nothing is placed until the lease is won again.
-            log.warning("Redis unreachable while leading (%s); standing down", exc)
-            outage.failed(exc)
+            outage.failed(exc, "standing down")
             await service.wait_or_stop(stop, backoff.next())
         finally:
             folded = max(folded, leader.state.epoch)
