@@ -63,8 +63,20 @@ def open_client(settings: RedisSettings) -> aioredis.Redis:
         **{k: v for k, v in kwargs.items() if k not in ("host", "port")},
         **common,
     )
-    client: aioredis.Redis = sentinel.master_for(settings.master)
+    client: _SentinelClient = sentinel.master_for(settings.master, redis_class=_SentinelClient)
+    client.sentinel_manager = sentinel
     return client
+
+
+class _SentinelClient(aioredis.Redis):
+    """The primary's client, which closes its connections to the Sentinels with its own."""
+
+    sentinel_manager: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            await self.sentinel_manager.aclose()
 
 
 def connect(url: str) -> aioredis.Redis:

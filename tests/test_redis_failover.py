@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
+import redis as sync_redis
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, submit_job, wait_for_outcome
@@ -71,7 +71,6 @@ def succeeded(stack: Stack) -> int:
     return len(page["jobs"])
 
 
-@pytest.mark.slow
 async def test_a_sentinel_failover_mid_burst_loses_nothing(make_stack, nc: NATS,
                                                           tmp_path: Path) -> None:
     # Two replicas: after the primary dies, the promoted one still has a replica to
@@ -112,6 +111,10 @@ async def test_a_sentinel_failover_mid_burst_loses_nothing(make_stack, nc: NATS,
 
         epochs = await leader_epochs(nc)
         assert len(epochs) >= 2 and len(set(epochs)) == len(epochs), epochs
+        # The leader's writes on the new primary waited for its replica.
+        new = cluster.primary()
+        with sync_redis.Redis.from_url(new.url_for(redis_auth.ADMIN)) as admin:
+            assert admin.info("commandstats")["cmdstat_wait"]["calls"] > 0
         for label, proc in stack.children.items():
             assert proc.poll() is None, f"{label} exited with {proc.returncode}"
         for label in ("scheduler", "scheduler-2"):
