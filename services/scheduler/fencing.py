@@ -4,22 +4,28 @@ out a Redis outage without dying.
 Redis's epoch key is the fence, but a replica promoted by Sentinel may have missed the last
 increment: the epoch it hands out next may be one a leader already used. The event log
 (JetStream, replicated on its own) remembers every `leader_elected`, so a new leader takes
-an epoch above the newest one logged (DESIGN.md invariant 11)."""
+an epoch above the newest one logged (DESIGN.md invariant 11), and logs its own only if no
+other leader was logged in between."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
+from dataclasses import dataclass
 
 import nats.js.errors
 from nats.js import JetStreamContext
 
 from shared import nats_io, subjects
-from shared.messages import LeaderElected
+from shared.messages import LeaderElected, encode
 from shared.reservations import ReservationStore
 
 log = logging.getLogger("berth.scheduler")
+
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when that expectation fails
 
 
 def epoch_floor(*known: int | None) -> int:
@@ -32,39 +38,95 @@ def needs_fresh_epoch(epoch: int, floor: int) -> bool:
     return epoch <= floor
 
 
-async def newest_logged_epoch(js: JetStreamContext) -> int:
-    """The epoch of the newest `leader_elected` in the event log (0 if none). Should that
-    message be one no fold believes, every leader event is read and the highest believed
-    one counts."""
+@dataclass(frozen=True)
+class Lease:
+    """A won lease: the epoch, and the stream sequence of the newest `leader_elected` when
+    the floor was read (0: none), after which this term's own must come directly."""
+
+    epoch: int
+    after_seq: int
+
+
+class Superseded(Exception):
+    """Another leader's `leader_elected` reached the log after this one read its floor."""
+
+
+async def newest_leader(js: JetStreamContext) -> tuple[int, int]:
+    """(epoch, stream sequence) of the newest `leader_elected` in the event log, (0, 0) if
+    none. Should that message be one no fold believes, every leader event is read and the
+    highest believed epoch counts (the sequence stays the newest message's)."""
     try:
         stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.LEADER_EVENTS)
     except nats.js.errors.NotFoundError:
-        return 0
-    record = nats_io.RawEvent(stored.seq or 0, stored.data or b"",
-                              dict(stored.headers or {}), stored.subject or "").record()
+        return 0, 0
+    seq = stored.seq or 0
+    record = nats_io.RawEvent(seq, stored.data or b"", dict(stored.headers or {}),
+                              stored.subject or "").record()
     if isinstance(record.event, LeaderElected):
-        return record.event.epoch
+        return record.event.epoch, seq
     epochs = []
     for msg in await nats_io.read_subject(js, subjects.EVENTS_STREAM, subjects.LEADER_EVENTS):
         event = nats_io.raw_event(msg).record().event
         if isinstance(event, LeaderElected):
             epochs.append(event.epoch)
-    return epoch_floor(*epochs)
+    return epoch_floor(*epochs), seq
 
 
 async def take_lease(store: ReservationStore, js: JetStreamContext, scheduler_id: str,
-                     ttl_ms: int, folded: int = 0) -> int:
-    """This scheduler's epoch if it holds the lease (above every epoch in the log and
-    `folded`, the highest this process has seen), else 0."""
+                     ttl_ms: int, folded: int = 0) -> Lease | None:
+    """The lease if this scheduler holds it, with an epoch above every epoch in the log and
+    `folded` (the highest this process has seen); None while another holds it."""
     epoch = await store.acquire_lease(scheduler_id, ttl_ms)
     if not epoch:
-        return 0
-    floor = epoch_floor(await newest_logged_epoch(js), folded)
-    if not needs_fresh_epoch(epoch, floor):
-        return epoch
-    log.info("epoch %d from Redis is not above %d, the newest the event log knows; taking "
-             "a fresh one above it", epoch, floor)
-    return await store.acquire_lease(scheduler_id, ttl_ms, floor)
+        return None
+    newest, after_seq = await newest_leader(js)
+    floor = epoch_floor(newest, folded)
+    if needs_fresh_epoch(epoch, floor):
+        log.info("epoch %d from Redis is not above %d, the newest the event log knows; "
+                 "taking a fresh one above it", epoch, floor)
+        epoch = await store.acquire_lease(scheduler_id, ttl_ms, floor)
+        if not epoch:
+            return None
+    return Lease(epoch, after_seq)
+
+
+async def announce(js: JetStreamContext, scheduler_id: str, lease: Lease) -> int:
+    """Logs `leader_elected` for this term, only if no other came since the floor was read
+    (JetStream checks the subject's last sequence), so the epochs of the leader events
+    strictly increase along the log: a leader that read its floor before another announced
+    cannot announce (nor act) after it. Returns the event's stream sequence."""
+    event = LeaderElected(scheduler_id=scheduler_id, epoch=lease.epoch, ts=time.time())
+    # Unique per term even if an epoch were ever handed out twice: a repeated id would be
+    # dropped by JetStream's dedup, and the second leader go unlogged.
+    headers = {**nats_io.message_headers(f"leader:{lease.epoch}:{scheduler_id}"),
+               EXPECTED_LAST_SUBJECT_SEQ: str(lease.after_seq)}
+    payload = encode(event)
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            # Not publish_async: it reports a refused expectation to the error callback and
+            # never resolves the ack.
+            ack = await js.publish(subjects.LEADER_EVENTS, payload, stream=subjects.EVENTS_STREAM,
+                                   headers=headers)
+            return int(ack.seq)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            break
+        except nats_io.RETRIABLE as exc:
+            log.warning("logging leader_elected failed (%s); retrying", exc)
+            await asyncio.sleep(min(0.1 * tries, 2.0))
+    # The check comes before dedup: a retry of a publish whose ack was lost lands here too,
+    # and finds its own event the newest.
+    stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.LEADER_EVENTS)
+    record = nats_io.RawEvent(stored.seq or 0, stored.data or b"", {},
+                              stored.subject or "").record()
+    if isinstance(record.event, LeaderElected) and (
+            record.event.scheduler_id, record.event.epoch) == (scheduler_id, lease.epoch):
+        return stored.seq or 0
+    raise Superseded(f"another leader was logged after epoch floor (stream sequence "
+                     f"{lease.after_seq}) was read")
 
 
 class Backoff:

@@ -37,7 +37,6 @@ from shared.messages import (
     Heartbeat,
     KillAttempt,
     LeaderAnnouncement,
-    LeaderElected,
     PendingReason,
     PendingReasonsChanged,
     ResetWorker,
@@ -121,14 +120,15 @@ class Leader:
         nc: NATS,
         store: ReservationStore,
         scheduler_id: str,
-        epoch: int,
+        lease: fencing.Lease,
     ) -> None:
         self.settings = settings
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.store = store
         self.scheduler_id = scheduler_id
-        self.epoch = epoch
+        self.lease = lease
+        self.epoch = lease.epoch
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
@@ -149,17 +149,11 @@ class Leader:
     # --- term ---------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
+        # Logged first: a leader another one was logged after never tells workers its epoch.
+        elected_seq = await fencing.announce(self.js, self.scheduler_id, self.lease)
         await self.nc.publish(
             subjects.LEADER,
             encode(LeaderAnnouncement(epoch=self.epoch, scheduler_id=self.scheduler_id)),
-        )
-        elected_seq = await nats_io.publish_event(
-            self.js,
-            subjects.LEADER_EVENTS,
-            LeaderElected(scheduler_id=self.scheduler_id, epoch=self.epoch, ts=time.time()),
-            # Unique per term even if an epoch were ever handed out twice: a repeated id
-            # would be dropped by JetStream's dedup, and the second leader go unlogged.
-            msg_id=f"leader:{self.epoch}:{self.scheduler_id}",
         )
         events = nats_io.follow_events(self.js)
         # The lease is kept from the start: catching up on a long log can outlast its TTL,
@@ -737,7 +731,7 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
     folded = 0  # the highest epoch an earlier term of this process saw in the log
     while not stop.is_set():
         try:
-            epoch = await fencing.take_lease(store, js, scheduler_id, ttl_ms, folded)
+            lease = await fencing.take_lease(store, js, scheduler_id, ttl_ms, folded)
         except (*redis_io.UNREACHABLE, NotDurable) as exc:
             outage.failed(exc)
             await service.wait_or_stop(stop, backoff.next())
@@ -749,14 +743,15 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             continue
         outage.recovered()
         backoff.reset()
-        if not epoch:
+        if lease is None:
             # Standbys poll a little out of step with each other.
             await service.wait_or_stop(stop, settings.lease_ttl / 3 * random.uniform(0.8, 1.2))
             continue
-        leader = Leader(settings, nc, store, scheduler_id, epoch)
+        leader = Leader(settings, nc, store, scheduler_id, lease)
         try:
             await leader.serve(stop)
-        except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict) as exc:
+        except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict,
+                fencing.Superseded) as exc:
             # Every Redis write is fenced: a refused epoch anywhere ends the term.
             log.warning("lost leadership: %s; standing by", exc)
         except redis_io.UNREACHABLE as exc:
