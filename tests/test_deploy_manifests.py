@@ -21,7 +21,14 @@ import redis
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from shared.servers import free_port, nats_server_binary, redis_server_binary, wait_for_port
+from shared.credentials import AuthDir, Role
+from shared.servers import (
+    free_port,
+    nats_server_binary,
+    redis_server_binary,
+    wait_for_port,
+    write_nats_users,
+)
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 KUBE = DEPLOY / "kubernetes"
@@ -304,8 +311,8 @@ def test_the_worker_init_container_copies_only_its_nodes_credential(tmp_path: Pa
     script = init["command"][2]
     all_creds = tmp_path / "all"
     all_creds.mkdir()
-    (all_creds / "worker-ip-10-0-0-1-ec2-internal.json").write_text('{"me": 1}')
-    (all_creds / "worker-other.json").write_text('{"other": 1}')
+    (all_creds / "worker-ip-10-0-0-1-ec2-internal.creds").write_text('{"me": 1}')
+    (all_creds / "worker-other.creds").write_text('{"other": 1}')
     out = tmp_path / "run"
     out.mkdir()
     script = (script.replace("/var/run/secrets/berth-workers", str(all_creds))
@@ -318,17 +325,18 @@ def test_the_worker_init_container_copies_only_its_nodes_credential(tmp_path: Pa
     env["NODE_NAME"] = "unknown"
     failed = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
                             timeout=10)
-    assert failed.returncode == 1 and "worker-unknown.json" in failed.stderr
+    assert failed.returncode == 1 and "worker-unknown.creds" in failed.stderr
 
 
 # --- the shipped server configurations, by the servers themselves ---------------------------
 
-AUTH_CONF = """authorization {
-  users = [
-    {user: scheduler, password: "s3cret", permissions: {publish: ">", subscribe: ">"}}
-  ]
-}
-"""
+def _users_conf(folder: Path) -> str:
+    """nats-users.conf as `berth creds` renders it, for a few real identities."""
+    auth = AuthDir(folder / "identities")
+    for role in (Role.SCHEDULER, Role.SUBMITTER, Role.DASHBOARD, Role.ADMIN):
+        auth.ensure(role)
+    auth.ensure(Role.WORKER, "node-1")
+    return write_nats_users(auth).read_text()
 
 
 def _nats_test(conf: Path, env: dict[str, str]) -> None:
@@ -342,17 +350,17 @@ def test_nats_server_accepts_the_kubernetes_config(tmp_path: Path) -> None:
     (tmp_path / "config").mkdir()
     (tmp_path / "auth").mkdir()
     (tmp_path / "config" / "nats.conf").write_text(_config_data("nats-config", "nats.conf"))
-    (tmp_path / "auth" / "auth.conf").write_text(AUTH_CONF)
+    (tmp_path / "auth" / "nats-users.conf").write_text(_users_conf(tmp_path))
     _nats_test(tmp_path / "config" / "nats.conf", {"POD_NAME": "nats-0"})
-    # A broken authorization file fails the check: the include is read.
-    (tmp_path / "auth" / "auth.conf").write_text("authorization { users = [ {user: x ]\n")
+    # A broken users file fails the check: the include is read.
+    (tmp_path / "auth" / "nats-users.conf").write_text("users = [ {nkey: x ]\n")
     with pytest.raises(AssertionError):
         _nats_test(tmp_path / "config" / "nats.conf", {"POD_NAME": "nats-0"})
 
 
 def test_nats_server_accepts_the_host_config(tmp_path: Path) -> None:
     shutil.copy(DEPLOY / "nats-cluster.conf", tmp_path / "nats-cluster.conf")
-    (tmp_path / "auth.conf").write_text(AUTH_CONF)
+    (tmp_path / "nats-users.conf").write_text(_users_conf(tmp_path))
     _nats_test(tmp_path / "nats-cluster.conf", {"NATS_SERVER_NAME": "nats-1"})
 
 
