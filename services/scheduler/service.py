@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -625,6 +626,11 @@ class Leader:
                 reason="this worker was declared dead; its attempts were rescheduled"))
             return
         self.last_heartbeat[hb.worker_id] = time.monotonic()
+        if msg.reply:
+            # Heard: the worker's tasks may run on (its fence deadline moves). Only the
+            # leader answers, and only a live incarnation (docs/reliability.md).
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(b"")
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
