@@ -171,8 +171,8 @@ async def test_a_paused_workers_tasks_are_gone_before_their_retry_is_placed(
     gone_at: list[float] = []
 
     async def watch() -> None:
-        while alive(task_pid) or alive(grandchild):
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: not alive(task_pid) and not alive(grandchild), 60,
+                         "the first attempt's processes to end")
         gone_at.append(time.time())
 
     watching = asyncio.create_task(watch())
