@@ -727,6 +727,12 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     store = ReservationStore(redis)
     ttl_ms = int(settings.lease_ttl * 1000)
     log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
+    take_over = settings.lease_ttl * 4 / 3 + 1.0
+    if settings.fence_after < take_over:
+        log.warning("workers fence their tasks %.1f s after the last acknowledged heartbeat, "
+                    "sooner than a leader take-over can take (about %.1f s): a take-over "
+                    "will cost a retry of every running task (docs/reliability.md)",
+                    settings.fence_after, take_over)
     try:
         while not stop.is_set():
             epoch = await store.acquire_lease(scheduler_id, ttl_ms)
