@@ -217,7 +217,8 @@ async def test_cancel_mid_run_kills_the_processes(make_stack, nc, tmp_path: Path
     assert get_json(stack, f"/api/submits/{resp.json()['submit_seq']}")["kind"] == "cancel"
 
     job = await wait_for_job(stack, polite, {"killed"})
-    assert job["error"] == "cancelled: done"
+    # The API's cancel carries the token's identity (BERTH_API_TOKEN's is `admin`).
+    assert job["error"] == "cancelled by admin: done"
     assert task(job)["state"] == "killed"
     attempt = await wait_until(
         lambda: task(job_now(stack, polite))["attempts"][0]["exited"]
