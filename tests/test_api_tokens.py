@@ -135,3 +135,18 @@ def test_events_are_redacted_however_their_json_is_spelled() -> None:
     for unreadable in (b"not json", b"[1]", b'{"type": 5}',
                        b'{"type":"job_submitted","spec":{"env":{"K":"secret"}}}'):
         assert redact.event_for(None, unreadable) is None
+
+
+def test_a_file_others_may_write_is_warned_about(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "api-tokens.json"
+    api_tokens.create(path, "ada", Role.READ)
+    tokens = auth.Tokens("", path)
+    tokens.load()
+    assert "chmod 600" not in caplog.text
+    path.chmod(0o440)  # a Kubernetes Secret mounted for the pod's group: fine
+    tokens.load()
+    assert "chmod 600" not in caplog.text
+    path.chmod(0o664)
+    tokens.load()
+    assert f"{path} is writable by others or readable by everyone: chmod 600 it" in caplog.text

@@ -54,8 +54,11 @@ class Tokens:
         # Stamped before reading: a change while reading is read again at the next lookup.
         self._seen = _stamp(st)
         self._records = api_tokens.load(self.path).tokens
-        if st is not None and st.st_mode & 0o077:
-            log.warning("%s can be read by other users: chmod 600 it", self.path)
+        # Whoever may write the file may let themselves in. (Group read is left alone: a
+        # Kubernetes Secret mounted for the pod's group is 0440.)
+        if st is not None and st.st_mode & 0o026:
+            log.warning("%s is writable by others or readable by everyone: chmod 600 it",
+                        self.path)
 
     def _refresh(self) -> None:
         try:
