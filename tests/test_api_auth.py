@@ -244,3 +244,21 @@ async def test_a_tokens_file_broken_while_running_lets_no_file_token_in(
     log = stack.data_dir / "logs" / "dashboard.log"
     await wait_until(lambda: "file tokens refused until fixed" in log.read_text(),
                      what="the error logged")
+
+
+def test_berth_token_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path)]
+    for args, says in (
+            (["create", "a.b"], "berth: name: 'a.b' must be 1-64 letters, digits, '_' or '-'"),
+            (["revoke", "nobody"], "berth: name: no token named 'nobody'"),
+    ):
+        result = run_berth(*data, "token", *args, timeout=30)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.strip().startswith(says), result.stderr
+    bad_role = run_berth(*data, "token", "create", "ada", "--role", "root", timeout=30)
+    assert bad_role.returncode == 2 and "invalid choice: 'root'" in bad_role.stderr
+    (tmp_path / "auth").mkdir(exist_ok=True)
+    (tmp_path / "auth" / "api-tokens.json").write_text("[]")
+    listed = run_berth(*data, "token", "list", timeout=30)
+    assert listed.returncode == 1 and "Traceback" not in listed.stderr
+    assert "api-tokens.json: not a tokens file" in listed.stderr
