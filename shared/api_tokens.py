@@ -63,8 +63,9 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def matches(token: str, record: TokenRecord) -> bool:
-    return hmac.compare_digest(digest(token), record.sha256)
+def matches(token_digest: str, record: TokenRecord) -> bool:
+    """Whether a presented token (by its digest) is `record`'s; constant time."""
+    return hmac.compare_digest(token_digest, record.sha256)
 
 
 def load(path: Path) -> TokensFile:

@@ -41,6 +41,8 @@ class Tokens:
 
     def __init__(self, admin_token: str, path: Path) -> None:
         self.admin_token = admin_token
+        # Compared as digests, so the comparison's time does not depend on the length either.
+        self._admin_digest = api_tokens.digest(admin_token) if admin_token else ""
         self.path = path
         self._records: list[TokenRecord] = []
         self._seen: tuple[int, int, int] | None = None  # inode, mtime, size of the file read
@@ -86,11 +88,12 @@ class Tokens:
     def lookup(self, token: str) -> Caller | None:
         self._refresh()
         found: Caller | None = None
-        if self.admin_token and hmac.compare_digest(token.encode(), self.admin_token.encode()):
+        given = api_tokens.digest(token)
+        if self._admin_digest and hmac.compare_digest(given, self._admin_digest):
             found = Caller(ADMIN_IDENTITY, Role.ADMIN)
         # Every record is compared (no early exit), each in constant time.
         for record in self._records:
-            if api_tokens.matches(token, record) and found is None:
+            if api_tokens.matches(given, record) and found is None:
                 found = Caller(record.name, record.role)
         return found
 
