@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from berth import backup, creds_cli
+from berth import backup, creds_cli, token_cli
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -413,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_doctor)
     creds_cli.add_parser(sub)
     backup.add_parsers(sub)
+    token_cli.add_parser(sub)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
     p.set_defaults(func=cmd_schema)
     p = sub.add_parser("run", help="run one service in the foreground",

@@ -44,6 +44,13 @@ def _fence_margin(dead_after: float) -> float:
     return margin
 
 
+def api_tokens_file(data_dir: str) -> str:
+    """The dashboard API's tokens file (shared/api_tokens.py): BERTH_API_TOKENS_FILE, else
+    under `data_dir` (so `berth token` and the dashboard agree on one data dir)."""
+    return os.environ.get("BERTH_API_TOKENS_FILE") or os.path.join(
+        data_dir, "auth", "api-tokens.json")
+
+
 @dataclass(frozen=True)
 class Settings:
     nats_url: str
@@ -61,6 +68,7 @@ class Settings:
     pending_reason_interval: float
     api_token: str
     api_closed_reads: bool
+    api_tokens_file: str
     snapshot_interval: float
     fence_margin: float
 
@@ -73,11 +81,12 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        data_dir = os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth"))
         return cls(
             nats_url=os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222"),
             nats_creds=os.environ.get("BERTH_NATS_CREDS", ""),
             redis_url=os.environ.get("BERTH_REDIS_URL", "redis://127.0.0.1:6379/0"),
-            data_dir=os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth")),
+            data_dir=data_dir,
             api_host=os.environ.get("BERTH_API_HOST", "127.0.0.1"),
             api_port=_env_int("BERTH_API_PORT", 8080),
             heartbeat_interval=_env_float("BERTH_HEARTBEAT_INTERVAL", 1.0),
@@ -89,6 +98,7 @@ class Settings:
             pending_reason_interval=_env_float("BERTH_PENDING_REASON_INTERVAL", 1.0),
             api_token=os.environ.get("BERTH_API_TOKEN", ""),
             api_closed_reads=_env_flag("BERTH_API_CLOSED_READS"),
+            api_tokens_file=api_tokens_file(data_dir),
             snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
             fence_margin=_fence_margin(dead_after),
         )
