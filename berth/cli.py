@@ -279,6 +279,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"refused_double_bookings={report.refused_double_bookings}")
     print(f"refused_events={report.refused_events} (last at {report.last_refused_seq})")
     print(f"double_booked_hosts={report.double_booked_hosts}")
+    print(f"double_booked_ports={report.double_booked_ports}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -437,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads Redis and the event log and reports every violation of the "
         "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
         "by two gangs, a port given twice, reservations with no live attempt, live attempts "
-        "with no reservation. Prints double_booked_hosts=0 when all is well; exit status 1 "
+        "with no reservation. Prints double_booked_hosts=0 and double_booked_ports=0 when all "
+        "is well (ports are counted per host address); exit status 1 "
         "when anything is wrong.")
     p.add_argument("--redis-url", help="Redis URL (default: $BERTH_REDIS_URL or `berth up`'s)")
     p.set_defaults(func=cmd_doctor)

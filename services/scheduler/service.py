@@ -250,8 +250,10 @@ class Leader:
         attempt = job.tasks[index].attempt(attempt_id)
         assert attempt is not None
         res = job.spec.resources
+        worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
-                           tuple(attempt.ports.values()), attempt.group)
+                           tuple(attempt.ports.values()), attempt.group,
+                           worker.address if worker else "")
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -462,7 +464,7 @@ class Leader:
             res = self.state.jobs[a.job_id].spec.resources
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
-                res.amounts, res.device_kind, tuple(a.ports.values()), a.group,
+                res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
