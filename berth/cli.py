@@ -33,6 +33,7 @@ from berth.client import (
 from berth.creds_cli import cli_credentials
 from shared import subjects
 from shared.credentials import Credentials
+from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
 
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
@@ -309,12 +310,15 @@ def _start(args: argparse.Namespace) -> Any:
 
     data_dir = Path(args.data_dir).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
-    stack = start_stack(
-        data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
-        worker_memory_mb=args.worker_memory_mb, api_port=args.port,
-        nats_port=args.nats_port, redis_port=args.redis_port,
-        prefer_redis_on_path=args.redis_server,
-    )
+    try:
+        stack = start_stack(
+            data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
+            worker_memory_mb=args.worker_memory_mb, api_port=args.port,
+            nats_port=args.nats_port, redis_port=args.redis_port,
+            prefer_redis_on_path=args.redis_server,
+        )
+    except DirLocked as exc:
+        raise SystemExit(f"berth: {exc}") from None
     print(f"  NATS       {stack.nats.url}\n  Redis      {stack.redis.url}\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
           f"  logs       {data_dir / 'logs'}\n"

@@ -321,6 +321,15 @@ async def last_event_seq(js: JetStreamContext) -> int:
     return int(info.state.last_seq)
 
 
+async def events_stream_identity(js: JetStreamContext) -> tuple[str, int]:
+    """Which events stream this is ("<name>@<creation time>"), and its last sequence. A
+    stream deleted and made again (e.g. its store removed) has another identity, so state
+    folded from the old one is known not to belong to it."""
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    created = info.created.isoformat() if info.created else "unknown"
+    return f"{info.config.name}@{created}", int(info.state.last_seq)
+
+
 async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[Msg]:
     """Every message currently stored on one subject, oldest first."""
     info = await js.stream_info(stream, subjects_filter=subject)

@@ -12,7 +12,7 @@ import uvicorn
 
 from services.dashboard_api.app import create_app
 from services.dashboard_api.projection import Projection
-from shared import nats_io, service
+from shared import dir_lock, nats_io, service
 from shared.config import Settings
 from shared.credentials import Role
 
@@ -63,4 +63,12 @@ def main() -> None:
     if settings.api_closed_reads and not settings.api_token:
         raise SystemExit("BERTH_API_CLOSED_READS needs BERTH_API_TOKEN: reads would be "
                          "closed to everyone")
-    service.run("dashboard", lambda stop: run(settings, stop))
+    # One dashboard per data dir: its snapshot and durable consumer live there.
+    try:
+        lock = dir_lock.acquire(Path(settings.data_dir) / "dashboard.lock", "dashboard")
+    except dir_lock.DirLocked as exc:
+        raise SystemExit(f"berth dashboard: {exc}") from None
+    try:
+        service.run("dashboard", lambda stop: run(settings, stop))
+    finally:
+        lock.release()
