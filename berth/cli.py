@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -12,14 +11,11 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client as NATS
-
-from berth import creds_cli
+from berth import backup, creds_cli
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -30,7 +26,7 @@ from berth.client import (
     publish_submit,
     wait_for_outcome,
 )
-from berth.creds_cli import cli_credentials
+from berth.creds_cli import cli_connection, cli_credentials
 from shared import subjects
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
@@ -64,32 +60,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.asynccontextmanager
-async def _nats(nats_url: str, creds: Credentials) -> AsyncIterator[NATS]:
-    """A NATS connection for one command, as `creds`; an unreachable server or a refused
-    identity is a clear exit."""
-    import nats
-
-    from shared.nats_io import auth_options
-
-    refused: list[Exception] = []
-
-    async def on_error(exc: Exception) -> None:
-        refused.append(exc)
-
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2,
-                                error_cb=on_error, **auth_options(creds))
-    except Exception as exc:
-        why = refused[-1] if refused else exc
-        raise SystemExit(f"berth: cannot use NATS at {nats_url} as {creds.name}: {why}"
-                         ) from None
-    try:
-        yield nc
-    finally:
-        await nc.close()
-
-
 def submit_msg_id(user: str | None, key: str, payload: bytes) -> str:
     """The submit's dedup id: the same spec submitted again with the same key (a retry) is
     the same message to JetStream, so it cannot become a second job (within the submit
@@ -104,7 +74,7 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
     submitter that died holding it is redelivered after 30 s) is waited for, with a word
     on progress, not raced against a short timeout."""
     key = key or uuid.uuid4().hex
-    async with _nats(nats_url, creds) as nc:
+    async with cli_connection(nats_url, creds) as nc:
         try:
             seq = await publish_submit(nc, payload, submit_msg_id(creds.user, key, payload),
                                        subject=subjects.submit_job(creds.user))
@@ -237,7 +207,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
                   ) -> SubmitOutcome:
-    async with _nats(nats_url, creds) as nc:
+    async with cli_connection(nats_url, creds) as nc:
         return await cancel_job(nc, job_id, reason, creds.user)
 
 
@@ -276,7 +246,7 @@ async def _doctor(nats_url: str, creds: Credentials, redis_url: str) -> Any:
     from shared.checker import check_cluster
     from shared.reservations import ReservationStore
 
-    async with _nats(nats_url, creds) as nc:
+    async with cli_connection(nats_url, creds) as nc:
         redis = redis_io.connect(redis_url)
         try:
             return await check_cluster(nc.jetstream(), ReservationStore(redis))
@@ -466,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", help="Redis URL (default: $BERTH_REDIS_URL or `berth up`'s)")
     p.set_defaults(func=cmd_doctor)
     creds_cli.add_parser(sub)
+    backup.add_parsers(sub)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
     p.set_defaults(func=cmd_schema)
     p = sub.add_parser("run", help="run one service in the foreground",

@@ -48,6 +48,14 @@ def _max_submit_bytes() -> int:
     return value
 
 
+def _fence_margin(dead_after: float) -> float:
+    margin = _env_float("BERTH_FENCE_MARGIN", max(1.0, dead_after / 4))
+    if not 0 < margin < dead_after:
+        raise SystemExit(f"BERTH_FENCE_MARGIN={margin:g} must be above 0 and below "
+                         f"BERTH_WORKER_DEAD_AFTER={dead_after:g}")
+    return margin
+
+
 @dataclass(frozen=True)
 class Settings:
     nats_url: str
@@ -66,6 +74,14 @@ class Settings:
     api_token: str
     api_closed_reads: bool
     snapshot_interval: float
+    fence_margin: float
+
+    @property
+    def fence_after(self) -> float:
+        """How long after sending a heartbeat that the scheduler then acknowledged a worker
+        may keep its tasks running: less than the scheduler waits before it may declare the
+        worker dead (from when it heard that heartbeat), by the margin (docs/reliability.md)."""
+        return self.worker_dead_after - self.fence_margin
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -77,7 +93,7 @@ class Settings:
             api_host=os.environ.get("BERTH_API_HOST", "127.0.0.1"),
             api_port=_env_int("BERTH_API_PORT", 8080),
             heartbeat_interval=_env_float("BERTH_HEARTBEAT_INTERVAL", 1.0),
-            worker_dead_after=_env_float("BERTH_WORKER_DEAD_AFTER", 5.0),
+            worker_dead_after=(dead_after := _env_float("BERTH_WORKER_DEAD_AFTER", 15.0)),
             lease_ttl=_env_float("BERTH_LEASE_TTL", 3.0),
             kill_grace=_env_float("BERTH_KILL_GRACE", 5.0),
             max_submit_bytes=_max_submit_bytes(),
@@ -86,4 +102,5 @@ class Settings:
             api_token=os.environ.get("BERTH_API_TOKEN", ""),
             api_closed_reads=_env_flag("BERTH_API_CLOSED_READS"),
             snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
+            fence_margin=_fence_margin(dead_after),
         )

@@ -14,15 +14,15 @@ import time
 from collections import deque
 from pathlib import Path
 
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from shared import nats_io, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
+from shared.event_origin import RefusedEvent, read_heartbeat
 from shared.lifecycle import ClusterState, JobView
-from shared.messages import JobSubmitted, decode, heartbeat_decoder
+from shared.messages import JobSubmitted
 from shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
@@ -188,8 +188,8 @@ class Projection:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            hb = decode(heartbeat_decoder, msg.data)
-        except msgspec.DecodeError:
+            hb = read_heartbeat(msg.subject, msg.data)
+        except RefusedEvent:
             return
         self.last_heartbeat[hb.worker_id] = hb.ts
 

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
-import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -29,6 +28,7 @@ from shared import bounded, nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import Settings
 from shared.credentials import Role
+from shared.event_origin import RefusedEvent, read_heartbeat
 from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
 from shared.messages import (
     AnyEvent,
@@ -46,9 +46,7 @@ from shared.messages import (
     WorkerDeclaredDead,
     WorkerRegistered,
     attempt_key,
-    decode,
     encode,
-    heartbeat_decoder,
     parse_attempt_key,
 )
 from shared.reservations import Reservation, ReservationConflict, ReservationStore, StaleEpochError
@@ -56,6 +54,11 @@ from shared.states import ATTEMPT_LIVE, TaskState
 
 log = logging.getLogger("berth.scheduler")
 tracer = telemetry.tracer("berth.scheduler")
+
+
+# The share of the lease TTL a leader does not count on: its clock and Redis's may run at
+# slightly different rates, and a renewal's answer comes after Redis set the expiry.
+LEASE_SAFETY = 0.2
 
 
 class LostLeadership(Exception):
@@ -122,6 +125,11 @@ class Leader:
         self.store = store
         self.scheduler_id = scheduler_id
         self.epoch = epoch
+        # Until when (CLOCK_MONOTONIC) the lease is surely still ours: its TTL, less a
+        # safety share, from when the acquiring or renewing call was sent (Redis starts the
+        # TTL on receipt, later). Past it, this leader commands, acknowledges and publishes
+        # nothing: a successor may be leading already (docs/reliability.md).
+        self.lease_until = time.monotonic() + self._lease_for()
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
@@ -340,9 +348,20 @@ class Leader:
     async def _renew_lease(self) -> None:
         """Renews the lease; raises LostLeadership if it is no longer ours at our epoch."""
         ttl_ms = int(self.settings.lease_ttl * 1000)
+        sent = time.monotonic()
         epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
         if epoch != self.epoch:
             raise LostLeadership(f"lease now at epoch {epoch or 'held by another'}")
+        self.lease_until = max(self.lease_until, sent + self._lease_for())
+
+    def _lease_for(self) -> float:
+        return self.settings.lease_ttl * (1 - LEASE_SAFETY)
+
+    def _check_lease(self) -> None:
+        """Raises LostLeadership once the lease may have lapsed by this process's own
+        clock, whether or not Redis could be asked (a paused or cut-off leader)."""
+        if time.monotonic() >= self.lease_until:
+            raise LostLeadership("the lease may have lapsed (not renewed in time)")
 
     # --- scheduling ---------------------------------------------------------------------
 
@@ -567,6 +586,7 @@ class Leader:
                     subjects.task_events(event.job_id), encode(event),
                     nats_io.message_headers(f"assign:{event.epoch}:{key}")))
         try:
+            self._check_lease()
             await nats_io.publish_events(self.js, outgoing)
             for event, span in zip(assigned, spans, strict=True):
                 task = self.state.task(event.job_id, event.task_index)
@@ -581,6 +601,7 @@ class Leader:
     # --- worker commands ----------------------------------------------------------------
 
     async def _send(self, worker_id: str, command: Command) -> None:
+        self._check_lease()
         headers = telemetry.inject({})
         try:
             await self.nc.publish(subjects.worker_commands(worker_id), encode(command),
@@ -623,10 +644,15 @@ class Leader:
     # --- heartbeats ---------------------------------------------------------------------
 
     async def _on_heartbeat(self, msg: Msg) -> None:
+        # Past the lease, the lease task ends the term; nothing more is said in its name.
+        with contextlib.suppress(LostLeadership):
+            await self._heard(msg)
+
+    async def _heard(self, msg: Msg) -> None:
         try:
-            hb = decode(heartbeat_decoder, msg.data)
-        except msgspec.DecodeError as exc:
-            log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
+            hb = read_heartbeat(msg.subject, msg.data)
+        except RefusedEvent as exc:
+            log.warning("heartbeat on %s refused: %s", msg.subject, exc)
             return
         worker = self.state.workers.get(hb.worker_id)
         if worker is None or worker.incarnation != hb.incarnation:
@@ -640,6 +666,12 @@ class Leader:
                 reason="this worker was declared dead; its attempts were rescheduled"))
             return
         self.last_heartbeat[hb.worker_id] = time.monotonic()
+        if msg.reply and time.monotonic() < self.lease_until:
+            # Heard: the worker's tasks may run on (its fence deadline moves). Only the
+            # leader answers, only while its lease is surely its own, and only a live
+            # incarnation (docs/reliability.md).
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(b"")
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
@@ -709,6 +741,12 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     store = ReservationStore(redis)
     ttl_ms = int(settings.lease_ttl * 1000)
     log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
+    take_over = settings.lease_ttl * 4 / 3 + 1.0
+    if settings.fence_after < take_over:
+        log.warning("workers fence their tasks %.1f s after the last acknowledged heartbeat, "
+                    "sooner than a leader take-over can take (about %.1f s): a take-over "
+                    "will cost a retry of every running task (docs/reliability.md)",
+                    settings.fence_after, take_over)
     try:
         while not stop.is_set():
             epoch = await store.acquire_lease(scheduler_id, ttl_ms)
