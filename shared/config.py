@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from shared.bounded import MAX_MESSAGE_BYTES
+
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -34,6 +36,16 @@ def _env_flag(name: str) -> bool:
     if raw in ("1", "true", "yes"):
         return True
     raise SystemExit(f"{name}={raw!r} is not one of 1, true, yes, 0, false, no")
+
+
+def _max_submit_bytes() -> int:
+    """A submit becomes one JobSubmitted event and one run command per attempt, so it must
+    fit in a message with room to spare (shared/bounded.py)."""
+    value = _env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024)
+    if not 1024 <= value <= MAX_MESSAGE_BYTES:
+        raise SystemExit(f"BERTH_MAX_SUBMIT_BYTES={value} is out of range: it must be between "
+                         f"1024 and {MAX_MESSAGE_BYTES} (a submit must fit in one message)")
+    return value
 
 
 def _fence_margin(dead_after: float) -> float:
@@ -93,7 +105,7 @@ class Settings:
             worker_dead_after=(dead_after := _env_float("BERTH_WORKER_DEAD_AFTER", 15.0)),
             lease_ttl=_env_float("BERTH_LEASE_TTL", 3.0),
             kill_grace=_env_float("BERTH_KILL_GRACE", 5.0),
-            max_submit_bytes=_env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024),
+            max_submit_bytes=_max_submit_bytes(),
             tick_interval=_env_float("BERTH_TICK_INTERVAL", 0.5),
             pending_reason_interval=_env_float("BERTH_PENDING_REASON_INTERVAL", 1.0),
             api_token=os.environ.get("BERTH_API_TOKEN", ""),

@@ -13,7 +13,7 @@ import uvicorn
 from services.dashboard_api import auth
 from services.dashboard_api.app import create_app
 from services.dashboard_api.projection import Projection
-from shared import api_tokens, nats_io, service
+from shared import api_tokens, dir_lock, nats_io, service
 from shared.config import Settings
 from shared.credentials import Role
 
@@ -76,4 +76,12 @@ def main() -> None:
                          f"BERTH_API_TOKEN or mint one with `berth token create NAME`")
     if closed_why is not None:
         log.info("reads need a bearer token: %s", closed_why)
-    service.run("dashboard", lambda stop: run(settings, tokens, closed_why is not None, stop))
+    # One dashboard per data dir: its snapshot and durable consumer live there.
+    try:
+        lock = dir_lock.acquire(Path(settings.data_dir) / "dashboard.lock", "dashboard")
+    except dir_lock.DirLocked as exc:
+        raise SystemExit(f"berth dashboard: {exc}") from None
+    try:
+        service.run("dashboard", lambda stop: run(settings, tokens, closed_why is not None, stop))
+    finally:
+        lock.release()
