@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -13,14 +12,11 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client as NATS
-
-from berth import creds_cli
+from berth import backup, creds_cli, token_cli
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -31,10 +27,11 @@ from berth.client import (
     publish_submit,
     wait_for_outcome,
 )
-from berth.creds_cli import cli_credentials
+from berth.creds_cli import cli_connection, cli_credentials
 from shared import subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
+from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
 
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
@@ -65,32 +62,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.asynccontextmanager
-async def _nats(nats_url: str, creds: Credentials) -> AsyncIterator[NATS]:
-    """A NATS connection for one command, as `creds`; an unreachable server or a refused
-    identity is a clear exit."""
-    import nats
-
-    from shared.nats_io import auth_options
-
-    refused: list[Exception] = []
-
-    async def on_error(exc: Exception) -> None:
-        refused.append(exc)
-
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2,
-                                error_cb=on_error, **auth_options(creds))
-    except Exception as exc:
-        why = refused[-1] if refused else exc
-        raise SystemExit(f"berth: cannot use NATS at {nats_url} as {creds.name}: {why}"
-                         ) from None
-    try:
-        yield nc
-    finally:
-        await nc.close()
-
-
 def submit_msg_id(user: str | None, key: str, payload: bytes) -> str:
     """The submit's dedup id: the same spec submitted again with the same key (a retry) is
     the same message to JetStream, so it cannot become a second job (within the submit
@@ -105,7 +76,7 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
     submitter that died holding it is redelivered after 30 s) is waited for, with a word
     on progress, not raced against a short timeout."""
     key = key or uuid.uuid4().hex
-    async with _nats(nats_url, creds) as nc:
+    async with cli_connection(nats_url, creds) as nc:
         try:
             seq = await publish_submit(nc, payload, submit_msg_id(creds.user, key, payload),
                                        subject=subjects.submit_job(creds.user))
@@ -238,12 +209,29 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
                   ) -> SubmitOutcome:
-    async with _nats(nats_url, creds) as nc:
+    async with cli_connection(nats_url, creds) as nc:
         return await cancel_job(nc, job_id, reason, creds.user)
+
+
+def _ended(api_url: str, job_id: str) -> str | None:
+    """The state of the job if the dashboard knows it has ended; None if it has not, or
+    the dashboard cannot say (the cancel then goes ahead: the submitter decides)."""
+    try:
+        job = api_get(api_url, f"/api/jobs/{job_id}")
+    except ApiError:
+        return None
+    state = job.get("state") if isinstance(job, dict) else None
+    return state if state in TERMINAL else None
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     nats_url, api_url = _urls(args)
+    # Cancelling a job that already ended changes nothing: say so, and fail, rather than
+    # report a cancel that did not happen.
+    if (state := _ended(api_url, args.job)) is not None:
+        print(f"berth: job {args.job} already ended ({state}); nothing to cancel",
+              file=sys.stderr)
+        return 1
     creds = cli_credentials(args.data_dir)
     outcome = asyncio.run(_cancel(nats_url, creds, args.job, args.reason))
     if not outcome.accepted:
@@ -260,7 +248,7 @@ async def _doctor(nats_url: str, creds: Credentials, redis: RedisSettings) -> An
     from shared.checker import check_cluster
     from shared.reservations import ReservationStore
 
-    async with _nats(nats_url, creds) as nc:
+    async with cli_connection(nats_url, creds) as nc:
         client = redis_io.open_client(redis)
         try:
             return await check_cluster(nc.jetstream(), ReservationStore(client))
@@ -318,6 +306,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"refused_double_bookings={report.refused_double_bookings}")
     print(f"refused_events={report.refused_events} (last at {report.last_refused_seq})")
     print(f"double_booked_hosts={report.double_booked_hosts}")
+    print(f"double_booked_ports={report.double_booked_ports}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -347,12 +336,15 @@ def _start(args: argparse.Namespace) -> Any:
 
     data_dir = Path(args.data_dir).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
-    stack = start_stack(
-        data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
-        worker_memory_mb=args.worker_memory_mb, api_port=args.port,
-        nats_port=args.nats_port, redis_port=args.redis_port,
-        prefer_redis_on_path=args.redis_server,
-    )
+    try:
+        stack = start_stack(
+            data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
+            worker_memory_mb=args.worker_memory_mb, api_port=args.port,
+            nats_port=args.nats_port, redis_port=args.redis_port,
+            prefer_redis_on_path=args.redis_server,
+        )
+    except DirLocked as exc:
+        raise SystemExit(f"berth: {exc}") from None
     print(f"  NATS       {stack.nats.url}\n"
           f"  Redis      {stack.redis.url} (users: {data_dir / 'auth' / 'redis.json'})\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
@@ -450,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120, help="seconds to wait (default: 120)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")
-    p.add_argument("file")
+    p.add_argument("file", help="the spec: a .json file is JSON, any other YAML 1.2; - reads "
+                   "standard input (JSON if it parses as JSON, else YAML)")
     p.add_argument("--wait", action="store_true", help="wait until the job finishes")
     p.add_argument("--timeout", type=float, default=3600, help="with --wait (default: 3600 s)")
     p.add_argument("--idempotency-key", default=None, metavar="KEY",
@@ -463,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",
         description="Cancel a job. Its unfinished tasks are killed (SIGTERM, then SIGKILL "
         "after BERTH_KILL_GRACE seconds) and its child jobs are cancelled. Cancelling a job "
-        "that already ended changes nothing.")
+        "that already ended changes nothing: berth says so and exits with status 1.")
     p.add_argument("job", help="job id, e.g. j42-1a2b")
     p.add_argument("--reason", default="", help="recorded with the job's error")
     p.add_argument("--wait", action="store_true", help="wait until the job has ended")
@@ -477,12 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads Redis and the event log and reports every violation of the "
         "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
         "by two gangs, a port given twice, reservations with no live attempt, live attempts "
-        "with no reservation. Prints double_booked_hosts=0 when all is well; exit status 1 "
+        "with no reservation. Prints double_booked_hosts=0 and double_booked_ports=0 when all "
+        "is well (ports are counted per host address); exit status 1 "
         "when anything is wrong.")
     p.add_argument("--redis-url", help="Redis URL with the doctor user's credentials "
                    "(default: $BERTH_REDIS_URL, else `berth up`'s, as its doctor user)")
     p.set_defaults(func=cmd_doctor)
     creds_cli.add_parser(sub)
+    backup.add_parsers(sub)
+    token_cli.add_parser(sub)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
     p.set_defaults(func=cmd_schema)
     p = sub.add_parser("run", help="run one service in the foreground",
@@ -498,8 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:
+        # The reader went away (`berth status | head -1`): end quietly, as a SIGPIPE
+        # would, and keep Python from complaining as it flushes stdout on exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
     return code
 
 

@@ -4,11 +4,15 @@ which identity the `berth` command itself speaks as."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+from nats.aio.client import Client as NATS
 
 from shared import servers
 from shared.credentials import (
@@ -54,6 +58,32 @@ def cli_credentials(data_dir: str, admin: bool = False) -> Credentials:
     raise SystemExit(
         f"berth: no NATS credentials: none in {auth.path} (is `berth up` running there?); "
         "set BERTH_NATS_CREDS to a file made by `berth creds user NAME`")
+
+
+@contextlib.asynccontextmanager
+async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NATS]:
+    """A NATS connection for one command, as `creds`; an unreachable server or a refused
+    identity is a clear exit."""
+    import nats
+
+    from shared.nats_io import auth_options
+
+    refused: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        refused.append(exc)
+
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2,
+                                error_cb=on_error, **auth_options(creds))
+    except Exception as exc:
+        why = refused[-1] if refused else exc
+        raise SystemExit(f"berth: cannot use NATS at {nats_url} as {creds.name}: {why}"
+                         ) from None
+    try:
+        yield nc
+    finally:
+        await nc.close()
 
 
 def _local_auth(data_dir: Path) -> AuthDir:

@@ -25,6 +25,9 @@ API = "$JS.API"
 class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    # May answer requests it received (once each, to their reply subject): the scheduler's
+    # acknowledgement of heartbeats, without a right to publish on any worker's inbox.
+    allow_responses: bool = False
 
 
 def _streams_setup() -> list[str]:
@@ -75,6 +78,7 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      subjects.LEADER_EVENTS, subjects.worker_verdicts("*"),
                      *_streams_setup(), *_readers(EVENTS)),
             subscribe=(subjects.HEARTBEATS_ALL, replies),
+            allow_responses=True,
         )
     if role is Role.SUBMITTER:
         durable = subjects.SUBMITTER_DURABLE
@@ -108,11 +112,11 @@ def authorization_config(identities: list[Identity]) -> dict[str, Any]:
     for identity in identities:
         perms = permissions(identity.role, identity.scope,
                             subjects.inbox_prefix(identity.name))
-        users.append({
-            "nkey": identity.public_key,
-            "permissions": {
-                "publish": {"allow": list(perms.publish)},
-                "subscribe": {"allow": list(perms.subscribe)},
-            },
-        })
+        rules: dict[str, Any] = {
+            "publish": {"allow": list(perms.publish)},
+            "subscribe": {"allow": list(perms.subscribe)},
+        }
+        if perms.allow_responses:
+            rules["allow_responses"] = True
+        users.append({"nkey": identity.public_key, "permissions": rules})
     return {"users": users}

@@ -18,6 +18,7 @@ from shared import subjects
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    Heartbeat,
     JobCancelRequested,
     JobSubmitted,
     LeaderElected,
@@ -30,6 +31,7 @@ from shared.messages import (
     WorkerStopped,
     decode,
     event_decoder,
+    heartbeat_decoder,
 )
 
 
@@ -71,3 +73,16 @@ def read_event(subject: str, data: bytes) -> AnyEvent:
     if why:
         raise RefusedEvent(why)
     return event
+
+
+def read_heartbeat(subject: str, data: bytes) -> Heartbeat:
+    """A heartbeat, if it decodes and names the worker whose subject it came on (only that
+    worker may publish there: one naming another would keep a dead worker looking alive);
+    otherwise RefusedEvent."""
+    try:
+        hb = decode(heartbeat_decoder, data)
+    except msgspec.DecodeError as exc:
+        raise RefusedEvent(f"undecodable heartbeat: {exc}") from None
+    if subject != subjects.heartbeat(hb.worker_id):
+        raise RefusedEvent(f"a heartbeat naming worker {hb.worker_id} on {subject}")
+    return hb

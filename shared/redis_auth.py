@@ -7,8 +7,9 @@ only reads; replicas and Sentinels get the few commands replication and failover
 admin (tests, operators) may do anything.
 
 The passwords are made once per data dir and kept, owner-only, in `<data dir>/auth/redis.json`:
-`{"v": 1, "users": {"admin": ..., "scheduler": ..., "doctor": ..., "replication": ...,
-"sentinel": ...}}`. The servers' ACLs hold only their SHA-256."""
+`{"v": 1, "users": {"admin": ..., "scheduler": ..., "doctor": ..., "replica": ...,
+"sentinel": ...}}`. The servers' ACLs hold only their SHA-256. (The names are those of
+deploy/'s ACL.)"""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ REDIS_AUTH_FILE = "redis.json"
 ADMIN = "admin"
 SCHEDULER = "scheduler"
 DOCTOR = "doctor"
-REPLICATION = "replication"
+REPLICA = "replica"
 SENTINEL = "sentinel"
-USERS = (ADMIN, SCHEDULER, DOCTOR, REPLICATION, SENTINEL)
+USERS = (ADMIN, SCHEDULER, DOCTOR, REPLICA, SENTINEL)
 
 # What each user may do on a data node (valkey/Redis ACL rules, after `on #<hash>`).
 # `-@dangerous` last: it takes back FLUSHALL, KEYS, DEBUG and the like from the categories.
@@ -42,22 +43,22 @@ DATA_NODE_RULES = {
     # Read-only keys (%R~) and read commands: no write, no script, whatever it sends.
     DOCTOR: ("resetchannels %R~berth:* -@all +@read +@connection +select +multi +exec "
              "+discard -@dangerous"),
-    REPLICATION: "resetchannels -@all +psync +replconf +ping",
+    REPLICA: "resetchannels -@all +psync +replconf +ping",
     # What Sentinel sends to the nodes it watches and reconfigures.
     SENTINEL: ("resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +replicaof +ping "
                "+subscribe +publish +config|rewrite +role +info +client|setname +client|kill "
                "+script|kill"),
 }
 
-# On a Sentinel: clients may only ask where the primary is; Sentinels talk to each other as
-# `sentinel`; the admin may reconfigure it.
-_LOOKUP = ("-@all +ping +hello +client|setinfo +sentinel|get-master-addr-by-name "
-           "+sentinel|masters +sentinel|master +sentinel|replicas +sentinel|slaves "
-           "+sentinel|sentinels")
+# On a Sentinel: anyone may ask where the primary is (what a client asks before it has a
+# server to log in to; no password is ever sent to a Sentinel), and nothing else; Sentinels
+# talk to each other as `sentinel`; only the admin may reconfigure one (SENTINEL SET,
+# MONITOR, FAILOVER, ...), so no one can point the scheduler at another primary.
+SENTINEL_LOOKUP = ("resetchannels -@all +ping +hello +client|setinfo +client|setname "
+                   "+sentinel|get-master-addr-by-name +sentinel|masters +sentinel|master "
+                   "+sentinel|replicas +sentinel|slaves +sentinel|sentinels")
 SENTINEL_RULES = {
     ADMIN: "~* &* +@all",
-    SCHEDULER: _LOOKUP,
-    DOCTOR: _LOOKUP,
     SENTINEL: "~* &* +@all",
 }
 
@@ -113,7 +114,7 @@ class RedisUsers:
 
     def sentinel_acl(self) -> str:
         """`user` directives for a Sentinel's config file."""
-        lines = ["user default off resetchannels -@all"]
+        lines = [f"user default on nopass {SENTINEL_LOOKUP}"]
         lines += [self.acl_line(u, rules) for u, rules in SENTINEL_RULES.items()]
         return "\n".join(lines) + "\n"
 

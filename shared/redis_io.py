@@ -54,11 +54,11 @@ def open_client(settings: RedisSettings) -> aioredis.Redis:
     }
     if not settings.sentinels:
         return aioredis.Redis(**kwargs, **common)
-    auth = {k: kwargs[k] for k in ("username", "password") if kwargs.get(k)}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(settings.sentinels),
-        # Sentinels know the same users (lookup only) as the data nodes.
-        sentinel_kwargs={**auth, "socket_connect_timeout": CONNECT_TIMEOUT,
+        # No credentials: a lookup needs none (redis_auth.SENTINEL_LOOKUP), and the
+        # password is only ever sent to the server that Sentinel names.
+        sentinel_kwargs={"socket_connect_timeout": CONNECT_TIMEOUT,
                          "socket_timeout": CONNECT_TIMEOUT, "decode_responses": True},
         **{k: v for k, v in kwargs.items() if k not in ("host", "port")},
         **common,

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import redis as sync_redis
 
-from shared import bus_permissions
+from shared import bus_permissions, dir_lock
 from shared.config import RedisSettings
 from shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
-from shared.redis_auth import ADMIN, REPLICATION, SENTINEL, RedisUsers
+from shared.redis_auth import ADMIN, REPLICA, SENTINEL, RedisUsers
 
 NATS_USERS_FILE = "nats-users.conf"
 
@@ -100,8 +100,10 @@ class ServerProcess:
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
+        # The data dir's lock goes with it (shared/dir_lock.py): held while it runs.
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=dir_lock.inherited_fds())
 
 
 def write_nats_users(auth: AuthDir) -> Path:
@@ -204,7 +206,7 @@ def _quoted(value: str | Path) -> str:
 def _write_redis_config(store: Path, port: int, users: RedisUsers,
                         replica_of: int | None = None) -> Path:
     """A data node's config: password-only users (ACL file beside it), loopback only,
-    AOF on. Owner-only: replicas keep the replication password in it."""
+    AOF on. Owner-only: it holds the `replica` user's password (masterauth)."""
     store.mkdir(parents=True, exist_ok=True)
     acl = store / "users.acl"
     write_private(acl, users.data_node_acl().encode())
@@ -212,7 +214,7 @@ def _write_redis_config(store: Path, port: int, users: RedisUsers,
         f"port {port}", "bind 127.0.0.1", "protected-mode yes", f"dir {_quoted(store)}",
         "appendonly yes", 'save ""', f"aclfile {_quoted(acl)}",
         # What a replica (or this node, once Sentinel demotes it) authenticates with.
-        f"masteruser {REPLICATION}", f"masterauth {_quoted(users.passwords[REPLICATION])}",
+        f"masteruser {REPLICA}", f"masterauth {_quoted(users.passwords[REPLICA])}",
     ]
     if replica_of is not None:
         lines.append(f"replicaof 127.0.0.1 {replica_of}")
@@ -346,8 +348,9 @@ def start_replicated_redis(
     data_dir: Path, replicas: int = 1, sentinels: int = 1, quorum: int = 1,
     master: str = "berth", down_after_ms: int = 1000, failover_timeout_ms: int = 3000,
 ) -> ReplicatedRedis:
-    """A primary, `replicas` replicas (authenticating as `replication`) and `sentinels`
-    Sentinels (as `sentinel` to the nodes; clients look the primary up as themselves)."""
+    """A primary, `replicas` replicas (authenticating as `replica`) and `sentinels`
+    Sentinels (as `sentinel` to the nodes and each other; clients look the primary up
+    without a password, and may do nothing else there)."""
     users = RedisUsers.ensure(data_dir)
     started: list[ServerProcess] = []
     try:

@@ -180,3 +180,15 @@ def test_which_events_the_fold_believes_from_where(subject: str, event: object,
 def test_no_bytes_make_reading_an_event_raise_anything_but_a_refusal(data: bytes) -> None:
     with pytest.raises(RefusedEvent):
         read_event(subjects.attempt_reports(W), data)
+
+
+def test_a_heartbeat_is_believed_only_from_its_own_workers_subject() -> None:
+    from shared.event_origin import read_heartbeat
+    from shared.messages import Heartbeat
+
+    hb = encode(Heartbeat(worker_id="w2", incarnation="i", ts=1.0))
+    assert read_heartbeat(subjects.heartbeat("w2"), hb).worker_id == "w2"
+    with pytest.raises(RefusedEvent, match="naming worker w2"):
+        read_heartbeat(subjects.heartbeat("w1"), hb)
+    with pytest.raises(RefusedEvent, match="undecodable"):
+        read_heartbeat(subjects.heartbeat("w1"), b"[" * 5000)

@@ -116,15 +116,15 @@ async def test_a_leader_takes_an_epoch_above_the_newest_in_the_log(
 
 async def test_a_leader_logged_after_the_floor_was_read_supersedes_this_one(nc: NATS) -> None:
     js = nc.jetstream()
-    first = await fencing.announce(js, "a", fencing.Lease(epoch=1, after_seq=0))
+    first = await fencing.announce(js, "a", fencing.Lease(epoch=1, after_seq=0, sent=0.0))
     assert await fencing.newest_leader(js) == (1, first)
     # b read the floor (epoch 1 at `first`), then c was logged before b could announce.
-    b = fencing.Lease(epoch=2, after_seq=first)
-    c = await fencing.announce(js, "c", fencing.Lease(epoch=2, after_seq=first))
+    b = fencing.Lease(epoch=2, after_seq=first, sent=0.0)
+    c = await fencing.announce(js, "c", fencing.Lease(epoch=2, after_seq=first, sent=0.0))
     with pytest.raises(fencing.Superseded):
         await fencing.announce(js, "b", b)
     # A retried announcement whose first try was logged (its ack lost) is its own newest.
-    assert await fencing.announce(js, "c", fencing.Lease(epoch=2, after_seq=first)) == c
+    assert await fencing.announce(js, "c", fencing.Lease(epoch=2, after_seq=first, sent=0.0)) == c
     assert await fencing.newest_leader(js) == (2, c)
     leaders = [nats_io.raw_event(m).record().event for m in await nats_io.read_subject(
         js, subjects.EVENTS_STREAM, subjects.LEADER_EVENTS)]

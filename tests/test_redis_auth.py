@@ -190,3 +190,26 @@ def test_sentinels_turn_on_waiting_for_a_replica(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("BERTH_REDIS_WAIT_REPLICAS", "-1")
     with pytest.raises(SystemExit, match="BERTH_REDIS_WAIT_REPLICAS must be >= 0"):
         RedisSettings.from_env("redis://h:1/0")
+
+
+def test_a_sentinel_answers_lookups_and_nothing_else(tmp_path: Path) -> None:
+    cluster = servers.start_replicated_redis(tmp_path, replicas=1)
+    try:
+        port = cluster.sentinels[0].port
+        with sync_redis.Redis(port=port, decode_responses=True) as anyone:
+            assert anyone.execute_command("SENTINEL", "get-master-addr-by-name", "berth") == [
+                "127.0.0.1", str(cluster.nodes[0].port)]
+            for command in (("SENTINEL", "SET", "berth", "down-after-milliseconds", "1"),
+                            ("SENTINEL", "FAILOVER", "berth"),
+                            ("SENTINEL", "REMOVE", "berth"),
+                            ("SENTINEL", "MONITOR", "evil", "127.0.0.1", "1", "1"),
+                            ("ACL", "SETUSER", "default", "+@all")):
+                with pytest.raises(NoPermissionError, match="User default has no permissions"):
+                    anyone.execute_command(*command)
+        # The replica authenticates as `replica`, which may not read the data.
+        replica_url = cluster.users.url(redis_auth.REPLICA, cluster.nodes[1].port)
+        with sync_redis.Redis.from_url(replica_url) as c, \
+                pytest.raises(NoPermissionError, match="'get' command"):
+            c.get(redis_keys.EPOCH)
+    finally:
+        cluster.stop()

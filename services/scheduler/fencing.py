@@ -40,11 +40,13 @@ def needs_fresh_epoch(epoch: int, floor: int) -> bool:
 
 @dataclass(frozen=True)
 class Lease:
-    """A won lease: the epoch, and the stream sequence of the newest `leader_elected` when
-    the floor was read (0: none), after which this term's own must come directly."""
+    """A won lease: the epoch; the stream sequence of the newest `leader_elected` when the
+    floor was read (0: none), after which this term's own must come directly; and when
+    (CLOCK_MONOTONIC) the call that won it was sent, from which its TTL surely runs."""
 
     epoch: int
     after_seq: int
+    sent: float
 
 
 class Superseded(Exception):
@@ -76,6 +78,7 @@ async def take_lease(store: ReservationStore, js: JetStreamContext, scheduler_id
                      ttl_ms: int, folded: int = 0) -> Lease | None:
     """The lease if this scheduler holds it, with an epoch above every epoch in the log and
     `folded` (the highest this process has seen); None while another holds it."""
+    sent = time.monotonic()
     epoch = await store.acquire_lease(scheduler_id, ttl_ms)
     if not epoch:
         return None
@@ -84,10 +87,11 @@ async def take_lease(store: ReservationStore, js: JetStreamContext, scheduler_id
     if needs_fresh_epoch(epoch, floor):
         log.info("epoch %d from Redis is not above %d, the newest the event log knows; "
                  "taking a fresh one above it", epoch, floor)
+        sent = time.monotonic()
         epoch = await store.acquire_lease(scheduler_id, ttl_ms, floor)
         if not epoch:
             return None
-    return Lease(epoch, after_seq)
+    return Lease(epoch, after_seq, sent)
 
 
 async def announce(js: JetStreamContext, scheduler_id: str, lease: Lease) -> int:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
-import msgspec
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -26,10 +26,11 @@ from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
 from services.scheduler import fencing, heartbeats, placement
-from shared import nats_io, redis_io, service, subjects, telemetry
+from shared import bounded, nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
 from shared.credentials import Role
+from shared.event_origin import RefusedEvent, read_heartbeat
 from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
 from shared.messages import (
     AnyEvent,
@@ -46,9 +47,7 @@ from shared.messages import (
     WorkerDeclaredDead,
     WorkerRegistered,
     attempt_key,
-    decode,
     encode,
-    heartbeat_decoder,
     parse_attempt_key,
 )
 from shared.reservations import (
@@ -62,6 +61,11 @@ from shared.states import ATTEMPT_LIVE, TaskState
 
 log = logging.getLogger("berth.scheduler")
 tracer = telemetry.tracer("berth.scheduler")
+
+
+# The share of the lease TTL a leader does not count on: its clock and Redis's may run at
+# slightly different rates, and a renewal's answer comes after Redis set the expiry.
+LEASE_SAFETY = 0.2
 
 
 class LostLeadership(Exception):
@@ -129,6 +133,11 @@ class Leader:
         self.scheduler_id = scheduler_id
         self.lease = lease
         self.epoch = lease.epoch
+        # Until when (CLOCK_MONOTONIC) the lease is surely still ours: its TTL, less a
+        # safety share, from when the acquiring or renewing call was sent (Redis starts the
+        # TTL on receipt, later). Past it, this leader commands, acknowledges and publishes
+        # nothing: a successor may be leading already (docs/reliability.md).
+        self.lease_until = lease.sent + self._lease_for()
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
@@ -258,8 +267,10 @@ class Leader:
         attempt = job.tasks[index].attempt(attempt_id)
         assert attempt is not None
         res = job.spec.resources
+        worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
-                           tuple(attempt.ports.values()), attempt.group)
+                           tuple(attempt.ports.values()), attempt.group,
+                           worker.address if worker else "")
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -348,9 +359,20 @@ class Leader:
     async def _renew_lease(self) -> None:
         """Renews the lease; raises LostLeadership if it is no longer ours at our epoch."""
         ttl_ms = int(self.settings.lease_ttl * 1000)
+        sent = time.monotonic()
         epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
         if epoch != self.epoch:
             raise LostLeadership(f"lease now at epoch {epoch or 'held by another'}")
+        self.lease_until = max(self.lease_until, sent + self._lease_for())
+
+    def _lease_for(self) -> float:
+        return self.settings.lease_ttl * (1 - LEASE_SAFETY)
+
+    def _check_lease(self) -> None:
+        """Raises LostLeadership once the lease may have lapsed by this process's own
+        clock, whether or not Redis could be asked (a paused or cut-off leader)."""
+        if time.monotonic() >= self.lease_until:
+            raise LostLeadership("the lease may have lapsed (not renewed in time)")
 
     # --- scheduling ---------------------------------------------------------------------
 
@@ -473,7 +495,7 @@ class Leader:
             res = self.state.jobs[a.job_id].spec.resources
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
-                res.amounts, res.device_kind, tuple(a.ports.values()), a.group,
+                res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
@@ -515,7 +537,7 @@ class Leader:
                 continue
             event = TaskUnschedulable(
                 job_id=job_id, task_index=index, epoch=self.epoch, ts=now,
-                reason=f"scheduling timeout of {limit:g}s expired: {reason}",
+                reason=bounded.clip(f"scheduling timeout of {limit:g}s expired: {reason}"),
             )
             log.info("task %s/%d is unschedulable: %s", job_id, index, event.reason)
             await nats_io.publish_event(
@@ -535,7 +557,8 @@ class Leader:
         if self.state.last_seq >= self.reasons_in_flight_seq:
             self.reasons_in_flight.clear()
         changed: list[PendingReason] = []
-        for (job_id, index), reason in unplaced.items():
+        for (job_id, index), full_reason in unplaced.items():
+            reason = bounded.clip(full_reason)
             task = self.state.jobs[job_id].tasks[index]
             if task.state != TaskState.PENDING or task.pending_reason == reason:
                 continue
@@ -546,11 +569,16 @@ class Leader:
             return
         self.reasons_announced_at = now
         self.reasons_in_flight = {(r.job_id, r.task_index): r.reason for r in changed}
-        self.reasons_in_flight_seq = await nats_io.publish_event(
-            self.js, subjects.PENDING_REASONS,
-            PendingReasonsChanged(reasons=changed, epoch=self.epoch, ts=time.time()),
-            msg_id=f"reasons:{self.epoch}:{uuid.uuid4().hex}",
-        )
+        # In chunks under the message bound: with tens of thousands of pending tasks one
+        # message would exceed NATS's max_payload (issue 21).
+        ts, announcement = time.time(), uuid.uuid4().hex
+        outgoing = [nats_io.Outgoing(
+            subjects.PENDING_REASONS,
+            encode(PendingReasonsChanged(reasons=chunk, epoch=self.epoch, ts=ts)),
+            nats_io.message_headers(f"reasons:{self.epoch}:{announcement}:{n}"))
+            for n, chunk in enumerate(bounded.chunks(changed, _encoded_size))]
+        seqs = await nats_io.publish_events(self.js, outgoing)
+        self.reasons_in_flight_seq = max(seqs)
 
     async def _dispatch(self, assigned: list[TaskAssigned]) -> None:
         """Logs a tick's assignments (their acks awaited together), then sends the run
@@ -569,6 +597,7 @@ class Leader:
                     subjects.task_events(event.job_id), encode(event),
                     nats_io.message_headers(f"assign:{event.epoch}:{key}")))
         try:
+            self._check_lease()
             await nats_io.publish_events(self.js, outgoing)
             for event, span in zip(assigned, spans, strict=True):
                 task = self.state.task(event.job_id, event.task_index)
@@ -583,8 +612,15 @@ class Leader:
     # --- worker commands ----------------------------------------------------------------
 
     async def _send(self, worker_id: str, command: Command) -> None:
+        self._check_lease()
         headers = telemetry.inject({})
-        await self.nc.publish(subjects.worker_commands(worker_id), encode(command), headers=headers)
+        try:
+            await self.nc.publish(subjects.worker_commands(worker_id), encode(command),
+                                  headers=headers)
+        except nats.errors.MaxPayloadError as exc:
+            # Bounded by construction (the spec is at most BERTH_MAX_SUBMIT_BYTES): a last
+            # resort, never fatal. The heartbeat comparison re-sends or gives up on it.
+            log.error("command %s for %s not sent: %s", type(command).__name__, worker_id, exc)
 
     async def _send_run(self, worker: WorkerView, task: TaskView, attempt_id: int) -> None:
         spec = self.state.jobs[task.job_id].spec
@@ -619,10 +655,15 @@ class Leader:
     # --- heartbeats ---------------------------------------------------------------------
 
     async def _on_heartbeat(self, msg: Msg) -> None:
+        # Past the lease, the lease task ends the term; nothing more is said in its name.
+        with contextlib.suppress(LostLeadership):
+            await self._heard(msg)
+
+    async def _heard(self, msg: Msg) -> None:
         try:
-            hb = decode(heartbeat_decoder, msg.data)
-        except msgspec.DecodeError as exc:
-            log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
+            hb = read_heartbeat(msg.subject, msg.data)
+        except RefusedEvent as exc:
+            log.warning("heartbeat on %s refused: %s", msg.subject, exc)
             return
         worker = self.state.workers.get(hb.worker_id)
         if worker is None or worker.incarnation != hb.incarnation:
@@ -636,6 +677,12 @@ class Leader:
                 reason="this worker was declared dead; its attempts were rescheduled"))
             return
         self.last_heartbeat[hb.worker_id] = time.monotonic()
+        if msg.reply and time.monotonic() < self.lease_until:
+            # Heard: the worker's tasks may run on (its fence deadline moves). Only the
+            # leader answers, only while its lease is surely its own, and only a live
+            # incarnation (docs/reliability.md).
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(b"")
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
@@ -708,6 +755,12 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     await nats_io.ensure_streams(nc.jetstream())
     store = ReservationStore(redis, redis_settings.wait_replicas, redis_settings.wait_timeout)
     log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
+    take_over = settings.lease_ttl * 4 / 3 + 1.0
+    if settings.fence_after < take_over:
+        log.warning("workers fence their tasks %.1f s after the last acknowledged heartbeat, "
+                    "sooner than a leader take-over can take (about %.1f s): a take-over "
+                    "will cost a retry of every running task (docs/reliability.md)",
+                    settings.fence_after, take_over)
     try:
         await _stand_for_leader(settings, nc, store, scheduler_id, stop)
     except NoPermissionError as exc:
@@ -716,6 +769,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     finally:
         await nats_io.close(nc)
         await redis.aclose()
+
+
+def _encoded_size(reason: PendingReason) -> int:
+    return len(encode(reason)) + 1  # and its comma
 
 
 async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStore,

@@ -1,41 +1,25 @@
-"""One attempt's process: started in its own process group (so a kill reaches every child),
-its output streamed out in chunks, stopped with SIGTERM then SIGKILL after a grace period."""
+"""One attempt's process: started under its own supervisor (services/worker_agent/supervise.py),
+which leads the attempt's process group, owns every descendant and kills them all when the
+agent dies or stops renewing the fence deadline; output streamed out in chunks; stopped with
+SIGTERM to the group, then SIGKILL of the whole tree after a grace period."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Protocol
 
 OutputSink = Callable[[str, bytes], Awaitable[None]]
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _resolve_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-# Resolved once here, so the forked child only makes the call (no loading after fork).
-_prctl = _resolve_prctl()
-
-
-def _die_with_the_agent() -> None:
-    """In the child, before exec: if the agent dies (even SIGKILL), the kernel kills the
-    task's main process. Its own children are left to the next incarnation's orphan sweep."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+# The per-task supervisor (its docstring says what it guarantees), run by path so that it
+# needs nothing but the standard library.
+SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
 
 def describe_exit(returncode: int) -> str:
@@ -59,13 +43,22 @@ class Runnable(Protocol):
 
     async def stop(self, grace: float) -> None: ...
 
+    def renew(self, deadline: float) -> None: ...
+
+    @property
+    def fenced(self) -> str: ...
+
 
 class AttemptProcess:
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, sink: OutputSink) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, sink: OutputSink,
+                 deadline: float) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
         self.sink = sink
+        self.deadline = deadline
+        # Written by the supervisor when it fenced the attempt off, saying why.
+        self.fence_file = Path(cwd) / ".berth-fenced"
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -74,16 +67,42 @@ class AttemptProcess:
 
     async def start(self) -> None:
         """Raises OSError (e.g. FileNotFoundError) when the command cannot be started."""
+        program = self.argv[0]
+        if "/" in program:
+            found: str | None = str(Path(self.cwd, program))
+            if not os.access(str(found), os.X_OK):
+                found = None
+        else:
+            found = shutil.which(program, path=self.env.get("PATH", os.defpath))
+        if found is None:
+            raise FileNotFoundError(2, "No such file or directory", program)
+        self.fence_file.unlink(missing_ok=True)
         self.proc = await asyncio.create_subprocess_exec(
-            *self.argv,
+            sys.executable, "-I", "-S", SUPERVISOR, str(self.fence_file), repr(self.deadline),
+            "--", *self.argv,
             cwd=self.cwd,
             env=self.env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_the_agent if _prctl is not None else None,
         )
+
+    def renew(self, deadline: float) -> None:
+        """Moves the fence deadline (a CLOCK_MONOTONIC time) later."""
+        if deadline <= self.deadline or self.proc is None or self.proc.stdin is None:
+            return
+        self.deadline = deadline
+        with contextlib.suppress(OSError, RuntimeError):  # it has just exited
+            self.proc.stdin.write(f"{deadline!r}\n".encode())
+
+    @property
+    def fenced(self) -> str:
+        """Why the supervisor fenced this attempt off, or "" if it did not."""
+        try:
+            return self.fence_file.read_text().strip()
+        except OSError:
+            return ""
 
     async def wait(self) -> int:
         assert self.proc is not None and self.proc.stdout and self.proc.stderr
@@ -97,14 +116,22 @@ class AttemptProcess:
             await self.sink(name, chunk)
 
     async def stop(self, grace: float) -> None:
-        """SIGTERM to the process group, SIGKILL after `grace` seconds if still there."""
+        """SIGTERM to the process group; after `grace` seconds, the supervisor kills the
+        whole tree (SIGUSR1), and should it not answer, the group gets SIGKILL."""
         if self.proc is None or self.proc.returncode is not None:
             return
         signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
-        except TimeoutError:
-            signal_group(self.proc.pid, signal.SIGKILL)
+        for last_resort in (False, True):
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
+                return
+            except TimeoutError:
+                if last_resort:
+                    signal_group(self.proc.pid, signal.SIGKILL)
+                else:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.proc.pid, signal.SIGUSR1)
+                    grace = 1.0
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

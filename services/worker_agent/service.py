@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from services.worker_agent import simulation
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from services.worker_agent.task_env import task_environment
-from shared import nats_io, service, subjects, telemetry
+from shared import dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
@@ -97,6 +97,11 @@ class WorkerAgent:
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
+        # Until when (CLOCK_MONOTONIC) this incarnation's tasks may run: moved later each
+        # time the leader acknowledges a heartbeat, or a new leader is announced. Every
+        # task's supervisor kills the task at this deadline unless it is renewed, so a
+        # paused or cut-off agent's tasks are gone before the scheduler may declare it dead.
+        self.fence_deadline = time.monotonic() + settings.fence_after
 
     # --- life -------------------------------------------------------------------------
 
@@ -121,6 +126,9 @@ class WorkerAgent:
         await self._shutdown()
 
     async def _register(self) -> None:
+        # The leader starts this incarnation's heartbeat clock no earlier than it learns of
+        # it, so its tasks may run until this long after the registration was sent.
+        sent = time.monotonic()
         await nats_io.publish_event(
             self.js,
             subjects.worker_events(self.worker_id),
@@ -131,6 +139,7 @@ class WorkerAgent:
             ),
             msg_id=f"register:{self.worker_id}:{self.incarnation}",
         )
+        self.fence_deadline = max(self.fence_deadline, sent + self.settings.fence_after)
         log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB",
                  self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb)
 
@@ -145,11 +154,12 @@ class WorkerAgent:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _reset(self, reason: str) -> None:
-        """The scheduler declared this incarnation dead: stop what it ran and come back as a
-        new incarnation, so nothing the old one did is mistaken for the new one's."""
+        """The scheduler declared this incarnation dead, or the fence ended its tasks: stop
+        what it ran and come back as a new incarnation, so nothing the old one did is
+        mistaken for the new one's (its registration writes the old attempts off)."""
         if self.winding_down:
             return
-        log.warning("reset by the scheduler (%s)", reason)
+        log.warning("starting a new incarnation: %s", reason)
         await self._stop_everything("worker reset")
         self.incarnation = uuid.uuid4().hex[:12]
         self.seen.clear()
@@ -184,8 +194,30 @@ class WorkerAgent:
     async def _heartbeat(self) -> None:
         hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
                        attempts=list(self.running), reported_seq=self.reported_seq)
-        with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
+        if self.simulate is not None:  # nothing runs, so nothing to fence: no answer needed
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
+            return
+        self._spawn(self._acknowledged_heartbeat(encode(hb)))
+
+    async def _acknowledged_heartbeat(self, data: bytes) -> None:
+        """A heartbeat the leader answers once it has heard it; the answer renews the fence
+        from when the heartbeat was sent (no later than the leader heard it)."""
+        sent = time.monotonic()
+        try:
+            await self.nc.request(subjects.heartbeat(self.worker_id), data,
+                                  timeout=self.settings.fence_after)
+        except Exception:  # no leader, a partition, NATS away: the deadline stands
+            return
+        self._extend_fence(sent + self.settings.fence_after)
+
+    def _extend_fence(self, deadline: float) -> None:
+        if deadline <= self.fence_deadline:
+            return
+        self.fence_deadline = deadline
+        for attempt in self.running.values():
+            if attempt.process is not None:
+                attempt.process.renew(deadline)
 
     # --- commands ---------------------------------------------------------------------
 
@@ -194,6 +226,11 @@ class WorkerAgent:
             self.on_leader(decode(leader_decoder, msg.data))
 
     def on_leader(self, ann: LeaderAnnouncement) -> None:
+        if ann.epoch > self.max_epoch:
+            # A new leader starts every worker's heartbeat clock after this announcement:
+            # no verdict on this worker can come sooner than that, whatever the old one
+            # last heard.
+            self._extend_fence(time.monotonic() + self.settings.fence_after)
         self.max_epoch = max(self.max_epoch, ann.epoch)
 
     async def _on_command(self, msg: Msg) -> None:
@@ -214,11 +251,14 @@ class WorkerAgent:
             return
         self.max_epoch = command.epoch
         if isinstance(command, ResetWorker):
-            self._spawn(self._reset(command.reason))
+            self._spawn(self._reset(f"reset by the scheduler ({command.reason})"))
             return
         key = attempt_key(command.job_id, command.task_index, command.attempt_id)
         if isinstance(command, RunAttempt):
             if key in self.seen or self.winding_down:
+                return
+            if self.simulate is None and time.monotonic() > self.fence_deadline:
+                log.warning("not starting %s: past this incarnation's fence deadline", key)
                 return
             self._remember(key)
             running = RunningAttempt(command=command)
@@ -317,6 +357,12 @@ class WorkerAgent:
                 timer.cancel()
             if process.pid is not None:
                 pid_file.unlink(missing_ok=True)
+        if why := process.fenced:
+            # Killed by its supervisor: this incarnation lost the right to run. Its exit is
+            # not reported; the next incarnation's registration accounts for it.
+            log.warning("attempt %s was fenced off (%s)", key, why)
+            self._spawn(self._reset(f"fenced: {why}"))
+            return
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason)
         elif code == 0:
@@ -334,7 +380,7 @@ class WorkerAgent:
         async def sink(stream: str, chunk: bytes) -> None:
             await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
 
-        return AttemptProcess(cmd.command, env, str(workdir), sink)
+        return AttemptProcess(cmd.command, env, str(workdir), sink, self.fence_deadline)
 
     def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
         if attempt.killed.is_set():
@@ -488,4 +534,14 @@ async def run_simulated(settings: Settings, args: argparse.Namespace, nc: NATS,
 def main(argv: list[str] | None = None) -> None:
     settings = Settings.from_env()
     args = parse_args(argv)
-    service.run("worker", lambda stop: run(settings, args, stop))
+    # One agent per worker id and data dir: a second would kill the first one's tasks as
+    # orphans and share its task homes (shared/dir_lock.py).
+    try:
+        lock = dir_lock.acquire(Path(settings.data_dir) / f"worker-{args.id}.lock",
+                                f"worker {args.id}")
+    except dir_lock.DirLocked as exc:
+        raise SystemExit(f"berth worker: {exc}") from None
+    try:
+        service.run("worker", lambda stop: run(settings, args, stop))
+    finally:
+        lock.release()

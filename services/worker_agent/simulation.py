@@ -99,6 +99,13 @@ class SimulatedProcess:
     async def stop(self, grace: float) -> None:
         self._stopped.set()
 
+    def renew(self, deadline: float) -> None:
+        return None  # nothing runs, so nothing needs fencing
+
+    @property
+    def fenced(self) -> str:
+        return ""
+
 
 def process_factory(run_time: RunTime, fail_rate: float, seed: int | None = None
                     ) -> Callable[[], SimulatedProcess]:

@@ -1,0 +1,146 @@
+"""Backing up and restoring the events stream, the source of truth: every job, task,
+attempt and worker transition. A backup is JSON lines, one message each (sequence, subject,
+headers, body), written while berth runs; a restore replays them, in order and with their
+sequences, into an empty stream, so every fold of the restored stream is the fold of the
+original."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from berth.creds_cli import cli_connection, cli_credentials
+from shared import nats_io, subjects
+
+FORMAT = "berth-events-backup/1"
+
+
+class BackupError(Exception):
+    """A backup that cannot be made or restored; the message says why."""
+
+
+async def backup(js: JetStreamContext, out: IO[str]) -> int:
+    """Writes every event up to the stream's last sequence now; returns how many."""
+    last = await nats_io.last_event_seq(js)
+    out.write(json.dumps({"format": FORMAT, "stream": subjects.EVENTS_STREAM,
+                          "last_seq": last}) + "\n")
+    if last == 0:
+        return 0
+    count = 0
+    events = nats_io.follow_raw_events(js)
+    try:
+        async for raw in events:
+            out.write(json.dumps({"seq": raw.seq, "subject": raw.subject,
+                                  "headers": raw.headers,
+                                  "data": base64.b64encode(raw.data).decode()}) + "\n")
+            count += 1
+            if raw.seq >= last:
+                break
+    finally:
+        await events.aclose()
+    return count
+
+
+def read_backup(lines: Iterator[str]) -> Iterator[dict[str, object]]:
+    header = json.loads(next(lines, "{}") or "{}")
+    if header.get("format") != FORMAT:
+        raise BackupError(f"not a berth events backup (format {header.get('format')!r})")
+    for number, line in enumerate(lines, start=2):
+        try:
+            yield json.loads(line)
+        except ValueError as exc:
+            raise BackupError(f"line {number}: not JSON ({exc})") from None
+
+
+async def restore(js: JetStreamContext, lines: Iterator[str]) -> int:
+    """Replays a backup into the events stream, which must be empty: each message lands at
+    the sequence it had (JetStream refuses it otherwise), so nothing can interleave."""
+    if (last := await nats_io.last_event_seq(js)) != 0:
+        raise BackupError(f"the events stream already holds {last} events; restore only "
+                          "into a new cluster's empty stream")
+    count = 0
+    for record in read_backup(lines):
+        seq = int(str(record["seq"]))
+        headers = {str(k): str(v) for k, v in dict(record["headers"]).items()}  # type: ignore[call-overload]
+        headers["Nats-Expected-Last-Sequence"] = str(seq - 1)
+        try:
+            ack = await js.publish(str(record["subject"]), base64.b64decode(str(record["data"])),
+                                   headers=headers, stream=subjects.EVENTS_STREAM)
+        except nats.js.errors.APIError as exc:
+            raise BackupError(f"event {seq} could not be restored in place: {exc}") from None
+        if ack.seq != seq:
+            raise BackupError(f"event {seq} landed at {ack.seq}")
+        count += 1
+    return count
+
+
+def open_lines(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        yield from f
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    nats_url = args.nats_url or _stack_nats_url(args.data_dir)
+    creds = cli_credentials(args.data_dir, admin=True)
+
+    async def run(out: IO[str]) -> int:
+        async with cli_connection(nats_url, creds) as nc:
+            return await backup(nc.jetstream(), out)
+
+    with open(args.file, "w", encoding="utf-8") as out:
+        count = asyncio.run(run(out))
+    print(f"backed up {count} events to {args.file}", file=sys.stderr)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    nats_url = args.nats_url or _stack_nats_url(args.data_dir)
+    creds = cli_credentials(args.data_dir, admin=True)
+
+    async def run() -> int:
+        async with cli_connection(nats_url, creds) as nc:
+            js = nc.jetstream()
+            await nats_io.ensure_streams(js)
+            return await restore(js, open_lines(Path(args.file)))
+
+    try:
+        count = asyncio.run(run())
+    except (BackupError, OSError) as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 1
+    print(f"restored {count} events from {args.file}", file=sys.stderr)
+    return 0
+
+
+def _stack_nats_url(data_dir: str) -> str:
+    try:
+        return str(json.loads((Path(data_dir) / "stack.json").read_text())["nats_url"])
+    except (OSError, ValueError, KeyError):
+        return os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "backup", help="copy the events stream (every job and its history) to a file",
+        description="Writes every event of BERTH_EVENTS, the source of truth, to FILE (JSON "
+        "lines), while berth runs. Submits not yet decided are not in it. Needs admin "
+        "credentials (BERTH_NATS_CREDS, or a local `berth up`'s).")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_backup)
+    p = sub.add_parser(
+        "restore", help="replay a backup into a new cluster's empty events stream",
+        description="Replays FILE, made by `berth backup`, into an empty BERTH_EVENTS with "
+        "every event at its original sequence; start the services afterwards and they fold "
+        "it as they would the original. Refuses a stream that already holds events.")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_restore)
