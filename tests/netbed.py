@@ -193,7 +193,7 @@ class Bed:
         self.addresses = {h: f"{subnet}.{10 + i}" for i, h in enumerate(hosts)}
         self.bridge_ns = f"{self.prefix}-br"
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.relays: list[_Relay] = []
+        self.relays: list[Relay] = []
         self.made: list[str] = []
 
     # --- life -----------------------------------------------------------------------------
@@ -348,7 +348,7 @@ class Bed:
     def portal(self, host: str, port: int) -> int:
         """A port on the machine's 127.0.0.1 that reaches `host`:`port`, the connections made
         from inside `host` itself (so no partition cuts the test's view)."""
-        relay = _Relay(None, ("127.0.0.1", 0), str(NETNS_DIR / self.ns(host)),
+        relay = Relay(None, ("127.0.0.1", 0), str(NETNS_DIR / self.ns(host)),
                        (self.address(host), port))
         self.relays.append(relay)
         return relay.port
@@ -358,7 +358,7 @@ class Bed:
         """A relay listening in `listen_host` (on its address) that forwards to
         `target_host`:`target_port` from inside `target_host`, each chunk held back `delay`
         seconds each way. Returns the port it listens on."""
-        relay = _Relay(str(NETNS_DIR / self.ns(listen_host)),
+        relay = Relay(str(NETNS_DIR / self.ns(listen_host)),
                        (self.address(listen_host), listen_port),
                        str(NETNS_DIR / self.ns(target_host)),
                        (self.address(target_host), target_port), delay)
@@ -366,14 +366,25 @@ class Bed:
         return relay.port
 
 
-class _Relay:
-    """A threaded TCP relay: listens in one namespace, connects out from another."""
+def relay(target_port: int, delay: float = 0.0) -> Relay:
+    """A relay on the machine's loopback to 127.0.0.1:`target_port`, no namespace needed:
+    a way to cut (or slow) one process's connection to a server without root."""
+    return Relay(None, ("127.0.0.1", 0), None, ("127.0.0.1", target_port), delay)
 
-    def __init__(self, listen_ns: str | None, listen: tuple[str, int], target_ns: str,
+
+class Relay:
+    """A threaded TCP relay: listens in one namespace, connects out from another (None: the
+    caller's own; a relay between two loopback ports needs no namespace and no root).
+    `cut()` holds every byte back both ways (the connections stay open, as over a real
+    partition), `heal()` lets what was held through."""
+
+    def __init__(self, listen_ns: str | None, listen: tuple[str, int], target_ns: str | None,
                  target: tuple[str, int], delay: float = 0.0) -> None:
         self.target = target
         self.delay = delay
         self.closed = threading.Event()
+        self.passing = threading.Event()
+        self.passing.set()
         self.sockets: list[socket.socket] = []
         self.threads: list[threading.Thread] = []
         ready: queue.Queue[BaseException | int] = queue.Queue()
@@ -397,7 +408,8 @@ class _Relay:
             self.listener = listener
             # Sockets accepted later stay in the listener's namespace; those this thread
             # connects from now on are made in the target's.
-            _setns(target_ns)
+            if target_ns is not None:
+                _setns(target_ns)
         except BaseException as exc:
             ready.put(exc)
             return
@@ -435,6 +447,7 @@ class _Relay:
                 if not data:
                     break
                 if sender is None:
+                    self.passing.wait()
                     dst.sendall(data)
                 else:
                     held.put((time.monotonic() + self.delay, data))
@@ -448,20 +461,27 @@ class _Relay:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
-    @staticmethod
-    def _send_later(held: queue.Queue[tuple[float, bytes]], dst: socket.socket) -> None:
+    def _send_later(self, held: queue.Queue[tuple[float, bytes]], dst: socket.socket) -> None:
         while True:
             due, data = held.get()
             if not data:
                 return
             time.sleep(max(0.0, due - time.monotonic()))
+            self.passing.wait()
             try:
                 dst.sendall(data)
             except OSError:
                 return
 
+    def cut(self) -> None:
+        self.passing.clear()
+
+    def heal(self) -> None:
+        self.passing.set()
+
     def close(self) -> None:
         self.closed.set()
+        self.passing.set()
         for s in self.sockets:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)

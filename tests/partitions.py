@@ -372,13 +372,19 @@ async def leader_cut(cluster: BedCluster, server: str, cut: float) -> Result:
 
 
 Scenario = Callable[[BedCluster], Awaitable[Result]]
-SCENARIOS: dict[str, Scenario] = {
-    "worker-both": lambda c: worker_cut(c, "both", 8),
-    "worker->nats": lambda c: worker_cut(c, "worker->nats", 8),
-    "nats->worker": lambda c: worker_cut(c, "nats->worker", 8),
-    "leader-redis": lambda c: leader_cut(c, "redis", 8),
-    "leader-nats": lambda c: leader_cut(c, "nats", 8),
-}
+
+
+def scenarios(cut: float = 8) -> dict[str, Scenario]:
+    """Every scenario, each cutting for `cut` seconds (longer than the dead-after time)."""
+    return {
+        "worker-both": lambda c: worker_cut(c, "both", cut),
+        "worker->nats": lambda c: worker_cut(c, "worker->nats", cut),
+        "nats->worker": lambda c: worker_cut(c, "nats->worker", cut),
+        "leader-redis": lambda c: leader_cut(c, "redis", cut),
+        "leader-nats": lambda c: leader_cut(c, "nats", cut),
+    }
+
+
 QUICK = ["worker-both", "leader-nats"]
 
 
@@ -387,4 +393,4 @@ async def run_scenario(name: str, data_dir: Path,
     """A fresh bed and cluster for one scenario, torn down whatever happens."""
     with Bed(HOSTS) as bed:
         cluster = start_cluster(bed, data_dir, WORKERS, ENV, api_host="svc")
-        return await (scenario or SCENARIOS[name])(cluster)
+        return await (scenario or scenarios()[name])(cluster)
