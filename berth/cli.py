@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from berth import backup, creds_cli
+from berth import backup, creds_cli, token_cli
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -29,6 +29,7 @@ from berth.client import (
 from berth.creds_cli import cli_connection, cli_credentials
 from shared import subjects
 from shared.credentials import Credentials
+from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
 
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
@@ -210,8 +211,25 @@ async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
         return await cancel_job(nc, job_id, reason, creds.user)
 
 
+def _ended(api_url: str, job_id: str) -> str | None:
+    """The state of the job if the dashboard knows it has ended; None if it has not, or
+    the dashboard cannot say (the cancel then goes ahead: the submitter decides)."""
+    try:
+        job = api_get(api_url, f"/api/jobs/{job_id}")
+    except ApiError:
+        return None
+    state = job.get("state") if isinstance(job, dict) else None
+    return state if state in TERMINAL else None
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     nats_url, api_url = _urls(args)
+    # Cancelling a job that already ended changes nothing: say so, and fail, rather than
+    # report a cancel that did not happen.
+    if (state := _ended(api_url, args.job)) is not None:
+        print(f"berth: job {args.job} already ended ({state}); nothing to cancel",
+              file=sys.stderr)
+        return 1
     creds = cli_credentials(args.data_dir)
     outcome = asyncio.run(_cancel(nats_url, creds, args.job, args.reason))
     if not outcome.accepted:
@@ -249,6 +267,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"refused_double_bookings={report.refused_double_bookings}")
     print(f"refused_events={report.refused_events} (last at {report.last_refused_seq})")
     print(f"double_booked_hosts={report.double_booked_hosts}")
+    print(f"double_booked_ports={report.double_booked_ports}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -278,12 +297,15 @@ def _start(args: argparse.Namespace) -> Any:
 
     data_dir = Path(args.data_dir).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
-    stack = start_stack(
-        data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
-        worker_memory_mb=args.worker_memory_mb, api_port=args.port,
-        nats_port=args.nats_port, redis_port=args.redis_port,
-        prefer_redis_on_path=args.redis_server,
-    )
+    try:
+        stack = start_stack(
+            data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
+            worker_memory_mb=args.worker_memory_mb, api_port=args.port,
+            nats_port=args.nats_port, redis_port=args.redis_port,
+            prefer_redis_on_path=args.redis_server,
+        )
+    except DirLocked as exc:
+        raise SystemExit(f"berth: {exc}") from None
     print(f"  NATS       {stack.nats.url}\n  Redis      {stack.redis.url}\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
           f"  logs       {data_dir / 'logs'}\n"
@@ -380,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120, help="seconds to wait (default: 120)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")
-    p.add_argument("file")
+    p.add_argument("file", help="the spec: a .json file is JSON, any other YAML 1.2; - reads "
+                   "standard input (JSON if it parses as JSON, else YAML)")
     p.add_argument("--wait", action="store_true", help="wait until the job finishes")
     p.add_argument("--timeout", type=float, default=3600, help="with --wait (default: 3600 s)")
     p.add_argument("--idempotency-key", default=None, metavar="KEY",
@@ -393,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",
         description="Cancel a job. Its unfinished tasks are killed (SIGTERM, then SIGKILL "
         "after BERTH_KILL_GRACE seconds) and its child jobs are cancelled. Cancelling a job "
-        "that already ended changes nothing.")
+        "that already ended changes nothing: berth says so and exits with status 1.")
     p.add_argument("job", help="job id, e.g. j42-1a2b")
     p.add_argument("--reason", default="", help="recorded with the job's error")
     p.add_argument("--wait", action="store_true", help="wait until the job has ended")
@@ -407,12 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads Redis and the event log and reports every violation of the "
         "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
         "by two gangs, a port given twice, reservations with no live attempt, live attempts "
-        "with no reservation. Prints double_booked_hosts=0 when all is well; exit status 1 "
+        "with no reservation. Prints double_booked_hosts=0 and double_booked_ports=0 when all "
+        "is well (ports are counted per host address); exit status 1 "
         "when anything is wrong.")
     p.add_argument("--redis-url", help="Redis URL (default: $BERTH_REDIS_URL or `berth up`'s)")
     p.set_defaults(func=cmd_doctor)
     creds_cli.add_parser(sub)
     backup.add_parsers(sub)
+    token_cli.add_parser(sub)
     p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
     p.set_defaults(func=cmd_schema)
     p = sub.add_parser("run", help="run one service in the foreground",
@@ -428,8 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:
+        # The reader went away (`berth status | head -1`): end quietly, as a SIGPIPE
+        # would, and keep Python from complaining as it flushes stdout on exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
     return code
 
 

@@ -12,7 +12,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
@@ -94,17 +93,12 @@ async def submit_job(nc: NATS, spec: JobSpec, user: str | None = None,
 
 
 def load_spec_file(path: str) -> bytes:
-    """A job spec file (YAML or JSON) as the JSON bytes of a submit message. Validation is
-    the submitter's; this only converts the format."""
-    import yaml
+    """A job spec file (JSON if it ends in .json, else YAML 1.2; "-" for standard input) as
+    the JSON bytes of a submit message. Validation is the submitter's; this only converts
+    the format (berth/spec_files.py). Raises ValueError (one line) or OSError."""
+    from berth.spec_files import load_spec
 
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML or JSON: {exc}") from exc
-    return msgspec.json.encode(data)
+    return load_spec(path)
 
 
 class ApiError(Exception):

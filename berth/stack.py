@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.creds_cli import local_user
-from shared import servers
+from shared import dir_lock, servers
 from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
@@ -28,6 +28,7 @@ SERVICE_ROLES = {"submitter": Role.SUBMITTER, "scheduler": Role.SCHEDULER,
 
 
 API_TOKEN_FILE = "api-token"
+STACK_LOCK = "stack.lock"
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Stack:
     env: dict[str, str]
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     owns_servers: bool = True
+    # `berth up`'s lock on the data dir (start_stack); its children inherit it.
+    lock: dir_lock.DirLock | None = None
 
     @property
     def api_url(self) -> str:
@@ -78,6 +81,7 @@ class Stack:
                 [sys.executable, "-m", SERVICE_MODULES[name], *args],
                 env={**self.env, **creds, **(env or {})}, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=dir_lock.inherited_fds(),
             )
         self.children[label] = proc
         return proc
@@ -105,6 +109,9 @@ class Stack:
             self.redis.stop()
             self.nats.stop()
         (self.data_dir / "stack.json").unlink(missing_ok=True)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def write_info(self) -> None:
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
@@ -146,10 +153,16 @@ def start_stack(
     prefer_redis_on_path: bool = False,
     extra_env: dict[str, str] | None = None,
 ) -> Stack:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path)
+    """Everything of `berth up`, on a data dir no other stack uses: raises
+    dir_lock.DirLocked (naming the holder) before anything starts if one does."""
+    lock = dir_lock.acquire(data_dir / STACK_LOCK, "berth up", inherit=True)
+    try:
+        nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path)
+    except BaseException:
+        lock.release()
+        raise
     return start_services(data_dir, nats, redis, workers, worker_cpu, worker_memory_mb,
-                          api_port, extra_env, owns_servers=True)
+                          api_port, extra_env, owns_servers=True, lock=lock)
 
 
 def start_services(
@@ -162,13 +175,14 @@ def start_services(
     api_port: int | None = None,
     extra_env: dict[str, str] | None = None,
     owns_servers: bool = False,
+    lock: dir_lock.DirLock | None = None,
 ) -> Stack:
     """The four services and `workers` local workers against servers already running."""
     api_port = api_port or servers.free_port()
     env = servers.service_env(nats.url, redis.url, data_dir, BERTH_API_PORT=str(api_port),
                               **(extra_env or {}))
     env["BERTH_API_TOKEN"] = env.get("BERTH_API_TOKEN") or api_token(data_dir)
-    stack = Stack(data_dir, nats, redis, api_port, env, owns_servers=owns_servers)
+    stack = Stack(data_dir, nats, redis, api_port, env, owns_servers=owns_servers, lock=lock)
     try:
         # The `berth` command run here speaks as the local user (creds_cli.cli_credentials).
         if user := local_user():

@@ -38,11 +38,16 @@ class Report:
 
     @property
     def double_booked_hosts(self) -> int:
-        """Hosts over capacity, shared by two gangs, or with one port given twice."""
+        """Hosts over capacity or shared by two gangs."""
         hosts = set()
-        for line in self.over_committed + self.hosts_shared_by_gangs + self.ports_given_twice:
+        for line in self.over_committed + self.hosts_shared_by_gangs:
             hosts.add(line.split(":", 1)[0])
         return len(hosts)
+
+    @property
+    def double_booked_ports(self) -> int:
+        """(address, port) pairs given to two live attempts, per the log or per Redis."""
+        return len({line.split(" to ", 1)[0] for line in self.ports_given_twice})
 
     def violations(self) -> list[str]:
         out = []
@@ -74,9 +79,11 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                                          "capacity")
     # 2. Gangs: one holder per group, and no host with live attempts of two gangs.
     holders: dict[str, set[str]] = {}
+    # Ports belong to an address, which several workers may share.
+    ports_by_address: dict[str, dict[int, str]] = {}
     for w in state.workers.values():
         gangs: set[str] = set()
-        ports: dict[int, str] = {}
+        ports = ports_by_address.setdefault(w.address or w.worker_id, {})
         for key, (job_id, index, attempt_id) in w.live_attempts.items():
             job = state.jobs[job_id]
             attempt = job.tasks[index].attempt(attempt_id)
@@ -90,7 +97,7 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
             for port in attempt.ports.values():
                 if port in ports:
                     report.ports_given_twice.append(
-                        f"{w.worker_id}: port {port} to {ports[port]} and {key}")
+                        f"{w.address or w.worker_id}: port {port} to {ports[port]} and {key}")
                 ports[port] = key
         if len(gangs) > 1:
             report.hosts_shared_by_gangs.append(f"{w.worker_id}: {', '.join(sorted(gangs))}")
@@ -104,6 +111,16 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                 if host is not None and host.gang not in (None, g.owner):
                     report.groups_held_twice.append(
                         f"{g.name}: owner {g.owner}, but {member} is held by {host.gang}")
+    redis_ports: dict[str, dict[int, str]] = {}
+    for h in hosts:
+        for key, a in sorted(h.allocations.items()):
+            taken = redis_ports.setdefault(a.address or h.worker_id, {})
+            for port in a.ports:
+                if port in taken:
+                    report.ports_given_twice.append(
+                        f"{a.address or h.worker_id}: port {port} to {taken[port]} and {key} "
+                        "(redis)")
+                taken[port] = key
     # 3. Redis and the log agree on who holds what.
     for h in hosts:
         live = state.workers[h.worker_id].live_attempts if h.worker_id in state.workers else {}

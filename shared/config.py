@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from shared.bounded import MAX_MESSAGE_BYTES
+
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -36,12 +38,29 @@ def _env_flag(name: str) -> bool:
     raise SystemExit(f"{name}={raw!r} is not one of 1, true, yes, 0, false, no")
 
 
+def _max_submit_bytes() -> int:
+    """A submit becomes one JobSubmitted event and one run command per attempt, so it must
+    fit in a message with room to spare (shared/bounded.py)."""
+    value = _env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024)
+    if not 1024 <= value <= MAX_MESSAGE_BYTES:
+        raise SystemExit(f"BERTH_MAX_SUBMIT_BYTES={value} is out of range: it must be between "
+                         f"1024 and {MAX_MESSAGE_BYTES} (a submit must fit in one message)")
+    return value
+
+
 def _fence_margin(dead_after: float) -> float:
     margin = _env_float("BERTH_FENCE_MARGIN", max(1.0, dead_after / 4))
     if not 0 < margin < dead_after:
         raise SystemExit(f"BERTH_FENCE_MARGIN={margin:g} must be above 0 and below "
                          f"BERTH_WORKER_DEAD_AFTER={dead_after:g}")
     return margin
+
+
+def api_tokens_file(data_dir: str) -> str:
+    """The dashboard API's tokens file (shared/api_tokens.py): BERTH_API_TOKENS_FILE, else
+    under `data_dir` (so `berth token` and the dashboard agree on one data dir)."""
+    return os.environ.get("BERTH_API_TOKENS_FILE") or os.path.join(
+        data_dir, "auth", "api-tokens.json")
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,7 @@ class Settings:
     pending_reason_interval: float
     api_token: str
     api_closed_reads: bool
+    api_tokens_file: str
     snapshot_interval: float
     fence_margin: float
 
@@ -73,22 +93,24 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        data_dir = os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth"))
         return cls(
             nats_url=os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222"),
             nats_creds=os.environ.get("BERTH_NATS_CREDS", ""),
             redis_url=os.environ.get("BERTH_REDIS_URL", "redis://127.0.0.1:6379/0"),
-            data_dir=os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth")),
+            data_dir=data_dir,
             api_host=os.environ.get("BERTH_API_HOST", "127.0.0.1"),
             api_port=_env_int("BERTH_API_PORT", 8080),
             heartbeat_interval=_env_float("BERTH_HEARTBEAT_INTERVAL", 1.0),
             worker_dead_after=(dead_after := _env_float("BERTH_WORKER_DEAD_AFTER", 15.0)),
             lease_ttl=_env_float("BERTH_LEASE_TTL", 3.0),
             kill_grace=_env_float("BERTH_KILL_GRACE", 5.0),
-            max_submit_bytes=_env_int("BERTH_MAX_SUBMIT_BYTES", 256 * 1024),
+            max_submit_bytes=_max_submit_bytes(),
             tick_interval=_env_float("BERTH_TICK_INTERVAL", 0.5),
             pending_reason_interval=_env_float("BERTH_PENDING_REASON_INTERVAL", 1.0),
             api_token=os.environ.get("BERTH_API_TOKEN", ""),
             api_closed_reads=_env_flag("BERTH_API_CLOSED_READS"),
+            api_tokens_file=api_tokens_file(data_dir),
             snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
             fence_margin=_fence_margin(dead_after),
         )

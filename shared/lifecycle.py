@@ -66,6 +66,9 @@ class TaskView(msgspec.Struct, kw_only=True):
     attempts: list[AttemptView] = []
     failure_count: int = 0
     preemption_count: int = 0
+    # Brought down because another gang member failed terminally: finished, whatever its
+    # own counters say (they count only its own attempts).
+    stopped_with_gang: bool = False
     exit_code: int | None = None
     error: str = ""
     pending_reason: str = ""
@@ -507,7 +510,10 @@ class ClusterState:
         if job.spec.coscheduling is None:
             return
         finished = cause.state != S.PENDING
-        reason = f"gang sibling task {cause.index} " + ("failed" if finished else "is retried")
+        why = cause.error or (f"exit code {cause.exit_code}" if cause.exit_code is not None
+                              else "its attempt ended")
+        reason = (f"gang member {cause.index} failed: {why}" if finished
+                  else f"gang member {cause.index} is retried: {why}")
         for sibling in job.tasks:
             if sibling is cause:
                 continue
@@ -529,11 +535,15 @@ class ClusterState:
     def _preempt(self, task: TaskView, job: JobView, why: str, ts: float,
                  exhaust: bool = False) -> None:
         """WORKER_FAILED under the preemption budget: retried while it lasts (`exhaust`:
-        the budget is used up at once, so the task is finished)."""
+        the budget counts as used up, so the task is finished; its counter still counts
+        only its own preemptions)."""
         limit = job.spec.max_retries_preemption
         self._set_state(job, task, S.WORKER_FAILED)
         task.error = why
-        task.preemption_count = limit + 1 if exhaust else task.preemption_count + 1
+        task.preemption_count += 1
+        if exhaust:
+            task.stopped_with_gang = True
+            return
         decision = task_rules.retry_decision(S.WORKER_FAILED, task.preemption_count, limit)
         if decision == task_rules.RetryDecision.SHOULD_RETRY:
             self._requeue(job, task, ts)

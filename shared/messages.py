@@ -175,6 +175,15 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     ] = []
 
     def __post_init__(self) -> None:
+        if not self.command[0].strip():
+            raise ValueError("command: the program (command[0]) is empty")
+        for i, arg in enumerate(self.command):
+            if "\0" in arg:
+                raise ValueError(f"command[{i}]: contains a NUL byte (no process argument "
+                                 "can)")
+        for key, value in self.env.items():
+            if "\0" in value:
+                raise ValueError(f"env.{key}: contains a NUL byte (no environment value can)")
         for c in self.constraints:
             if c.op in (Op.EQ, Op.NE, Op.GT, Op.GE, Op.LT, Op.LE) and c.value is None:
                 raise ValueError(f"constraint on {c.key!r}: {c.op.value} needs a value")

@@ -154,7 +154,10 @@ class Outgoing:
 
 
 # A retry is the same message with the same dedup id, so retrying is always safe; these
-# are the failures worth retrying (anything else, e.g. a wrong stream, is a bug to raise).
+# are the failures worth retrying. Anything else (a message over max_payload, a wrong
+# stream) cannot succeed by retrying: that message is logged and dropped, never raised, so
+# no publish stops a service (every message is bounded by construction, shared/bounded.py,
+# so this is a last resort).
 RETRIABLE = (nats.errors.TimeoutError, TimeoutError, nats.errors.ConnectionClosedError,
              nats.errors.ConnectionReconnectingError, nats.js.errors.NoStreamResponseError)
 
@@ -175,7 +178,8 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
                          attempts: int = 0, timeout: float = 5.0) -> list[int]:
     """Publishes events with all their acks awaited together: one wait per batch instead
     of a round trip, timer and task per event. Retries what failed as `publish_event` does.
-    Returns the stream sequences, in order."""
+    Returns the stream sequences, in order; 0 for a message dropped because it could never
+    be stored (logged)."""
     seqs = [0] * len(outgoing)
     todo = list(range(len(outgoing)))
     tries = 0
@@ -190,6 +194,8 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
                                                  stream=subjects.EVENTS_STREAM)
             except RETRIABLE as error:
                 failed.append((i, error))
+            except Exception as error:  # e.g. MaxPayloadError: retrying cannot help
+                _dropped(out, error)
         if acks:
             await asyncio.wait(acks.values(), timeout=timeout)
         for i, ack in acks.items():
@@ -197,9 +203,10 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
                 ack.cancel()
                 failed.append((i, TimeoutError(f"no ack within {timeout:g}s")))
             elif (refused := ack.exception()) is not None:
-                if not isinstance(refused, RETRIABLE):
-                    raise refused
-                failed.append((i, refused))
+                if isinstance(refused, RETRIABLE):
+                    failed.append((i, refused))
+                else:
+                    _dropped(outgoing[i], refused)
             else:
                 seqs[i] = int(ack.result().seq)
         if not failed:
@@ -212,6 +219,11 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
         todo = sorted(i for i, _ in failed)
         await asyncio.sleep(min(0.1 * tries, 2.0))
     return seqs
+
+
+def _dropped(out: Outgoing, error: BaseException) -> None:
+    log.error("dropped a message to %s (%d bytes) that cannot be stored: %s: %s",
+              out.subject, len(out.payload), type(error).__name__, error)
 
 
 class EventPublisher:
@@ -319,6 +331,15 @@ async def follow_events(
 async def last_event_seq(js: JetStreamContext) -> int:
     info = await js.stream_info(subjects.EVENTS_STREAM)
     return int(info.state.last_seq)
+
+
+async def events_stream_identity(js: JetStreamContext) -> tuple[str, int]:
+    """Which events stream this is ("<name>@<creation time>"), and its last sequence. A
+    stream deleted and made again (e.g. its store removed) has another identity, so state
+    folded from the old one is known not to belong to it."""
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    created = info.created.isoformat() if info.created else "unknown"
+    return f"{info.config.name}@{created}", int(info.state.last_seq)
 
 
 async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[Msg]:

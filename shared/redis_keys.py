@@ -16,14 +16,18 @@ def host(worker_id: str) -> str:
 
 
 def host_allocations(worker_id: str) -> str:
-    """Hash: attempt key -> JSON {job, cpu, mem, disk, dev, ports, group} for every
-    reservation held on the host (group: the group hash key, or "")."""
+    """Hash: attempt key -> JSON {job, cpu, mem, disk, dev, ports, pk, group} for every
+    reservation held on the host (pk: the address_ports hash its ports are in; group: the
+    group hash key, or "")."""
     return f"{PREFIX}:alloc:{worker_id}"
 
 
-def host_ports(worker_id: str) -> str:
-    """Hash: port number -> attempt key, for every named port reserved on the host."""
-    return f"{PREFIX}:ports:{worker_id}"
+def address_ports(address: str) -> str:
+    """Hash: port number -> attempt key, for every named port reserved on one host address.
+    Ports belong to the address, not to a worker: several workers may share an address
+    (`berth up` runs all its workers on 127.0.0.1), and a port is free only once no live
+    attempt of any of them holds it."""
+    return f"{PREFIX}:addrports:{address}"
 
 
 def group(name: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
@@ -34,6 +34,9 @@ class Reservation:
     device_kind: str = ""
     ports: tuple[int, ...] = ()
     group: str = ""  # the coscheduling group name ("tpu-name=slice-a") of a gang's task
+    # The host address its ports are reserved on ("" for the worker id): ports belong to an
+    # address, which several workers may share.
+    address: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Allocation:
     need: Amounts
     ports: tuple[int, ...]
     group: str  # group name, "" if none
+    address: str = ""  # the address its ports are reserved on
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,6 @@ class HostUsage:
     device_kind: str
     gang: str | None
     allocations: dict[str, Allocation]
-    ports: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,9 @@ def _check(result: list[str]) -> int:
     return int(detail)
 
 
-def _host_keys(worker_id: str) -> list[str]:
+def _host_keys(worker_id: str, address: str) -> list[str]:
     return [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id),
-            redis_keys.host_ports(worker_id)]
+            redis_keys.address_ports(address or worker_id)]
 
 
 def _worker_of_host_key(key: str) -> str:
@@ -113,13 +116,17 @@ class ReservationStore:
         if not placements:
             return
         hosts: dict[str, int] = {}
-        for worker_id in [p.worker_id for p in placements] + [
-                m for g in groups for m in g.members]:
-            hosts.setdefault(worker_id, len(hosts))
+        addresses: dict[str, str] = {}
+        for p in placements:
+            hosts.setdefault(p.worker_id, len(hosts))
+            addresses.setdefault(p.worker_id, p.address)
+        for g in groups:
+            for m in g.members:
+                hosts.setdefault(m, len(hosts))
         group_index = {g.name: j for j, g in enumerate(groups)}
         keys = [redis_keys.EPOCH, redis_keys.GROUPS]
         for worker_id in hosts:
-            keys += _host_keys(worker_id)
+            keys += _host_keys(worker_id, addresses.get(worker_id, ""))
         keys += [redis_keys.group(g.name) for g in groups]
         request = {
             "hosts": list(hosts),
@@ -138,7 +145,7 @@ class ReservationStore:
             return 0
         keys = [redis_keys.EPOCH, redis_keys.GROUPS]
         for worker_id, _ in releases:
-            keys += _host_keys(worker_id)
+            keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
         args: list[str | int] = [epoch, *(key for _, key in releases)]
         return _check(await self._release(keys=keys, args=args))
 
@@ -154,13 +161,12 @@ class ReservationStore:
             for worker_id in worker_ids:
                 pipe.hgetall(redis_keys.host(worker_id))
                 pipe.hgetall(redis_keys.host_allocations(worker_id))
-                pipe.hgetall(redis_keys.host_ports(worker_id))
             for key in group_keys:
                 pipe.hgetall(key)
             replies: list[dict[str, str]] = await pipe.execute()
         host_usage: list[HostUsage] = []
         for n, worker_id in enumerate(worker_ids):
-            h, allocs, ports = replies[3 * n:3 * n + 3]
+            h, allocs = replies[2 * n:2 * n + 2]
             host_usage.append(HostUsage(
                 worker_id=worker_id,
                 capacity=_amounts(h, "cap"),
@@ -168,10 +174,9 @@ class ReservationStore:
                 device_kind=h.get("dev_kind", ""),
                 gang=h.get("gang"),
                 allocations={key: _allocation(raw) for key, raw in allocs.items()},
-                ports={int(p): key for p, key in ports.items()},
             ))
         group_usage: list[GroupUsage] = []
-        for key, g in zip(group_keys, replies[3 * len(worker_ids):], strict=True):
+        for key, g in zip(group_keys, replies[2 * len(worker_ids):], strict=True):
             if not g:
                 continue  # released since the set was read
             members = json.loads(g.get("members", "[]")) or []
@@ -208,4 +213,5 @@ def _allocation(raw: str) -> Allocation:
         job_id=a["job"], need=Amounts(a["cpu"], a["mem"], a["disk"], a["dev"]),
         ports=tuple(int(p) for p in ports) if isinstance(ports, list) else (),
         group=_group_name_of_key(a["group"]) if a.get("group") else "",
+        address=str(a.get("pk", "")).removeprefix(redis_keys.address_ports("")),
     )

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import bus_permissions
+from shared import bus_permissions, dir_lock
 from shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
 
 NATS_USERS_FILE = "nats-users.conf"
@@ -96,8 +96,10 @@ class ServerProcess:
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
+        # The data dir's lock goes with it (shared/dir_lock.py): held while it runs.
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=dir_lock.inherited_fds())
 
 
 def write_nats_users(auth: AuthDir) -> Path:

@@ -11,11 +11,14 @@ from shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 3
+FORMAT = 4
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
     format: int
+    # The events stream it was folded from ("<name>@<creation time>",
+    # nats_io.events_stream_identity): a snapshot of another stream is never continued.
+    stream: str
     last_seq: int
     epoch: int
     jobs: list[JobView]
@@ -33,9 +36,10 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Snapshot)
 
 
-def dump(state: ClusterState) -> bytes:
+def dump(state: ClusterState, stream: str) -> bytes:
     return _encoder.encode(Snapshot(
         format=FORMAT,
+        stream=stream,
         last_seq=state.last_seq,
         epoch=state.epoch,
         jobs=list(state.jobs.values()),
@@ -54,13 +58,21 @@ class UnusableSnapshot(Exception):
     """The bytes are not a snapshot this version can continue from."""
 
 
-def load(data: bytes) -> ClusterState:
+def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
+    """The state saved in `data`, if it was folded from `stream` (whose last sequence is
+    now `stream_last_seq`); else UnusableSnapshot says why."""
     try:
         snap = decode(_decoder, data)
     except msgspec.DecodeError as exc:
         raise UnusableSnapshot(f"unreadable: {exc}") from exc
     if snap.format != FORMAT:
         raise UnusableSnapshot(f"format {snap.format}, this version reads {FORMAT}")
+    if snap.stream != stream:
+        raise UnusableSnapshot(f"it was folded from stream {snap.stream}, the events stream "
+                               f"now is {stream}")
+    if snap.last_seq > stream_last_seq:
+        raise UnusableSnapshot(f"it reaches event {snap.last_seq}, the stream ends at "
+                               f"{stream_last_seq}")
     state = ClusterState()
     state.last_seq = snap.last_seq
     state.epoch = snap.epoch

@@ -82,14 +82,17 @@ def is_finished(
     max_retries_failure: int,
     preemption_count: int,
     max_retries_preemption: int,
+    stopped_with_gang: bool = False,
 ) -> bool:
-    """The seed's terminal-state summary."""
+    """The seed's terminal-state summary. `stopped_with_gang`: a gang member brought down
+    because another member failed terminally; its preemption budget counts as used up
+    (the seed), though its counter still counts only its own preemptions."""
     if state in (S.SUCCEEDED, S.KILLED, S.UNSCHEDULABLE):
         return True
     if state == S.FAILED:
         return failure_count > max_retries_failure
     if state == S.WORKER_FAILED:
-        return preemption_count > max_retries_preemption
+        return stopped_with_gang or preemption_count > max_retries_preemption
     return False
 
 
@@ -99,13 +102,15 @@ def can_be_scheduled(
     max_retries_failure: int,
     preemption_count: int,
     max_retries_preemption: int,
+    stopped_with_gang: bool = False,
 ) -> bool:
     """The seed's `can_be_scheduled`: PENDING, or a failure with retry budget left (not
     finished at the task level, so a new attempt may be dispatched)."""
     if state == S.PENDING:
         return True
     return state in (S.FAILED, S.WORKER_FAILED) and not is_finished(
-        state, failure_count, max_retries_failure, preemption_count, max_retries_preemption
+        state, failure_count, max_retries_failure, preemption_count, max_retries_preemption,
+        stopped_with_gang,
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from berth.stack import Stack
 from tests.conftest import get_json, wait_until
+from tests.test_api_auth import mint
 
 CHROMIUM = os.environ.get("BERTH_CHROMIUM", "/usr/bin/chromium")
 # As the machine notes say: no sandbox as root, and no background networking on a closed
@@ -97,5 +98,36 @@ async def test_submit_from_the_page_and_watch_it_succeed_without_reload(
             await page.wait_for_selector(f'tr[data-worker="{victim}"] .error')  # dead
             await page.screenshot(path=str(tmp_path / "workers.png"), full_page=True)
             assert await page.evaluate("window.__sameDocument") is True
+        finally:
+            await browser.close()
+
+
+async def test_the_page_asks_for_a_token_where_reads_are_closed(make_stack: Any) -> None:
+    chromium = chromium_or_skip()
+    from playwright.async_api import async_playwright
+
+    stack: Stack = make_stack(workers=0, extra_env={"BERTH_API_CLOSED_READS": "1"})
+    rita = mint(stack, "rita", "read")
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(stack.api_url + "/")
+            error = page.locator("#main .error")
+            await error.wait_for()
+            assert "reads are closed" in await error.inner_text()
+            assert "enter an API token" in await error.inner_text()
+            await page.wait_for_selector("#live.off:has-text('token needed')")
+
+            # A read token opens the page and its live stream; actions stay refused.
+            await page.fill("#token", rita)
+            await page.dispatch_event("#token", "change")
+            await page.wait_for_selector("#jobs")
+            await page.wait_for_selector("#live.on")
+            await page.click("#submit-box summary")
+            await page.click("#submit")
+            refused = page.locator("#submit-result .error")
+            await refused.wait_for()
+            assert "'rita' has role read" in await refused.inner_text()
         finally:
             await browser.close()

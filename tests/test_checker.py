@@ -69,3 +69,24 @@ def test_every_violation_is_found() -> None:
     assert report.reservations_without_attempt == ["w1: j9/0/0"]
     assert report.attempts_without_reservation == ["w1: j1/0/0", "w1: j2/0/0", "w1: j3/0/0"]
     assert report.double_booked_hosts == 1 and not report.ok
+
+
+def test_a_port_given_twice_on_one_address_is_double_booked() -> None:
+    """Two workers on one address: one port to two live attempts is a violation, in the
+    log and in Redis, even though each worker alone holds the port once."""
+    on_a = [WorkerRegistered(worker_id=w, incarnation="i", address="127.0.0.1",
+                             resources=Resources(cpu=4, memory_mb=1000)) for w in ("w1", "w2")]
+    state = fold(*on_a, job("j1"), job("j2"), assign("j1", "w1"), assign("j2", "w2"))
+    redis = [host({"j1/0/0": Allocation("j1", NEED, (30000,), "", "127.0.0.1")}, None, "w1"),
+             host({"j2/0/0": Allocation("j2", NEED, (30000,), "", "127.0.0.1")}, None, "w2")]
+    report = check(state, redis, [])
+    assert report.ports_given_twice == [
+        "127.0.0.1: port 30000 to j1/0/0 and j2/0/0",
+        "127.0.0.1: port 30000 to j1/0/0 and j2/0/0 (redis)"]
+    assert report.double_booked_ports == 1 and not report.ok
+    # On two addresses the same port is fine.
+    state = fold(worker("w1"), worker("w2"), job("j1"), job("j2"), assign("j1", "w1"),
+                 assign("j2", "w2"))
+    redis = [host({"j1/0/0": Allocation("j1", NEED, (30000,), "", "w1")}, None, "w1"),
+             host({"j2/0/0": Allocation("j2", NEED, (30000,), "", "w2")}, None, "w2")]
+    assert check(state, redis, []).double_booked_ports == 0

@@ -47,8 +47,9 @@ def test_schema_is_valid_json_schema_for_the_submit_message() -> None:
 
 def test_help_lists_every_command() -> None:
     out = run_berth("--help").stdout
-    for command in ("up", "demo", "submit", "cancel", "status", "schema", "run"):
+    for command in ("up", "demo", "submit", "cancel", "status", "schema", "run", "token"):
         assert command in out
+    assert "admin (everything)" in run_berth("token", "--help").stdout
     assert "--cpu" in run_berth("run", "worker", "--help").stdout
     assert "SIGKILL" in run_berth("cancel", "--help").stdout
 
@@ -140,3 +141,47 @@ def test_a_submit_whose_fate_is_unknown_can_be_retried_without_a_second_job(
     assert same.stdout == again.stdout
     listed = run_berth("status", env=env).stdout
     assert listed.count(" once ") == 1, listed
+
+
+def _closed_pipe(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Runs `berth ARGS | head -0`: the reader is gone before berth writes a byte."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = subprocess.run([*BERTH, *args], stdout=write_end, stderr=subprocess.PIPE,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    os.close(write_end)
+    return proc.returncode, proc.stderr
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    code, err = _closed_pipe("schema")
+    assert code == 128 + signal.SIGPIPE
+    assert err == "", err  # no BrokenPipeError, no "Exception ignored"
+
+
+def test_submit_from_stdin_cancel_of_an_ended_job_and_status_into_a_closed_pipe(
+        make_stack, tmp_path: Path) -> None:
+    stack: Stack = make_stack(workers=1)
+    env = {"BERTH_DATA_DIR": str(stack.data_dir)}
+    spec = '{"name": "from-stdin", "command": ["true"], "resources": {"cpu": 5e-1}}'
+    result = subprocess.run([*BERTH, "submit", "-", "--wait", "--timeout", "60"],
+                            input=spec, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.splitlines()[0]
+    assert f"job {job_id} (from-stdin): succeeded" in result.stdout
+
+    ended = run_berth("cancel", job_id, env=env)
+    assert ended.returncode == 1
+    assert ended.stderr.strip() == f"berth: job {job_id} already ended (succeeded); " \
+        "nothing to cancel"
+
+    code, err = _closed_pipe("status", env=env)
+    assert code == 128 + signal.SIGPIPE and err == "", err
+
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("name: a\ncommand: ['true']\nname: b\n")
+    refused = run_berth("submit", str(dup), env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == (f"berth: {dup}: not valid YAML: duplicate key 'name' "
+                                      "(line 3, first given on line 1)")

@@ -23,6 +23,22 @@ def test_every_bad_input_is_a_rejection_never_an_exception() -> None:
         assert out.reason
 
 
+def test_an_empty_command_or_a_nul_byte_is_rejected_with_the_field_named() -> None:
+    cases = {
+        b'{"name": "a", "command": []}': "command",
+        b'{"name": "a", "command": [""]}': "command: the program (command[0]) is empty",
+        b'{"name": "a", "command": ["  "]}': "command: the program (command[0]) is empty",
+        b'{"name": "a", "command": ["echo", "a\\u0000b"]}': "command[1]: contains a NUL byte",
+        b'{"name": "a", "command": ["x\\u0000"]}': "command[0]: contains a NUL byte",
+        b'{"name": "a", "command": ["x"], "env": {"K": "\\u0000"}}': "env.K: contains a NUL",
+    }
+    for payload, why in cases.items():
+        out = intake(payload, 1, 0, 1000)
+        assert isinstance(out, SubmitRejected), payload
+        assert out.reason.startswith("invalid job spec: ") and why in out.reason, out.reason
+        assert "\n" not in out.reason
+
+
 def test_job_ids_name_their_submit_sequence() -> None:
     assert submit_seq_of(job_id_for(42, 1)) == 42
     assert submit_seq_of("x42-abcd") is None and submit_seq_of("j-abcd") is None

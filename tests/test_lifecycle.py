@@ -303,13 +303,34 @@ def test_a_gang_task_failing_terminally_takes_its_siblings_down_for_good() -> No
     state, effects = fold([*gang_job(), report(0, S.FAILED, 1, index=0, worker="w0")])
     job = state.jobs["j1"]
     sibling = job.tasks[1]
-    assert sibling.state == S.WORKER_FAILED and sibling.error == "gang sibling task 0 failed"
-    assert sibling.preemption_count == job.spec.max_retries_preemption + 1  # exhausted
+    assert sibling.state == S.WORKER_FAILED and sibling.error == "gang member 0 failed: exit code 1"
+    # Finished (the seed exhausts its budget), but its counter counts its own attempts.
+    assert sibling.preemption_count == 1 and sibling.stopped_with_gang
     assert job.state == JobState.FAILED
-    assert Kill("w1", "i1", "j1", 1, 0, "gang sibling task 0 failed") in effects
+    assert Kill("w1", "i1", "j1", 1, 0, "gang member 0 failed: exit code 1") in effects
     assert state.groups  # w1's attempt has not confirmed its exit: the group is still held
     state.apply(0, report(0, S.KILLED, -15, index=1, worker="w1"))
     assert state.groups == {}
+
+
+def test_gang_members_count_their_own_attempts_and_say_which_member_failed() -> None:
+    """Issue 21: a member stopped because another failed for good read preemption_count
+    101 after two attempts, and said only "gang sibling task 0 failed"."""
+    state, _ = fold([*gang_job(max_retries_failure=1),
+                     report(0, S.FAILED, 1, index=0, worker="w0", error="exit code 1"),
+                     report(0, S.KILLED, -15, index=1, worker="w1"),
+                     gang_assigned(1, 0, "w0"), gang_assigned(1, 1, "w1"),
+                     report(1, S.RUNNING, index=0, worker="w0"),
+                     report(1, S.RUNNING, index=1, worker="w1"),
+                     report(1, S.FAILED, 2, index=0, worker="w0", error="exit code 2")])
+    job = state.jobs["j1"]
+    member = job.tasks[1]
+    assert len(member.attempts) == 2
+    assert (member.state, member.preemption_count, member.failure_count) == (
+        S.WORKER_FAILED, 2, 0)
+    assert member.error == "gang member 0 failed: exit code 2"
+    assert job.tasks[0].failure_count == 2 and job.state == JobState.FAILED
+    assert ("j1", 1) not in state.pending
 
 
 def test_a_retried_gang_task_requeues_the_whole_gang() -> None:
@@ -318,7 +339,7 @@ def test_a_retried_gang_task_requeues_the_whole_gang() -> None:
     job = state.jobs["j1"]
     assert [t.state for t in job.tasks] == [S.PENDING, S.PENDING]
     assert job.tasks[1].preemption_count == 1 and job.tasks[0].failure_count == 1
-    assert Kill("w1", "i1", "j1", 1, 0, "gang sibling task 0 is retried") in effects
+    assert Kill("w1", "i1", "j1", 1, 0, "gang member 0 is retried: exit code 1") in effects
     # The killed sibling confirms its exit: the task stays PENDING, waiting for the gang.
     state.apply(0, report(0, S.KILLED, -15, index=1, worker="w1"))
     assert [t.state for t in job.tasks] == [S.PENDING, S.PENDING]
@@ -331,7 +352,7 @@ def test_a_dead_worker_in_a_gang_retries_the_whole_gang() -> None:
     job = state.jobs["j1"]
     assert [t.state for t in job.tasks] == [S.PENDING, S.PENDING]
     assert [t.preemption_count for t in job.tasks] == [1, 1]
-    assert Kill("w1", "i1", "j1", 1, 0, "gang sibling task 0 is retried") in effects
+    assert Kill("w1", "i1", "j1", 1, 0, "gang member 0 is retried: worker dead") in effects
 
 
 # --- properties over random event sequences ------------------------------------------------
@@ -405,7 +426,7 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
                     assert task.state == finished[task.key]
                 done = task_rules.is_finished(
                     task.state, task.failure_count, spec.max_retries_failure,
-                    task.preemption_count, spec.max_retries_preemption)
+                    task.preemption_count, spec.max_retries_preemption, task.stopped_with_gang)
                 if done:
                     finished.setdefault(task.key, task.state)
                 # Counters never exceed limit + 1.
@@ -414,7 +435,7 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
                 # Exactly the schedulable tasks wait for placement.
                 schedulable = task_rules.can_be_scheduled(
                     task.state, task.failure_count, spec.max_retries_failure,
-                    task.preemption_count, spec.max_retries_preemption)
+                    task.preemption_count, spec.max_retries_preemption, task.stopped_with_gang)
                 assert (task.key in state.pending) == schedulable
                 # When a job has ended, none of its tasks is left unfinished.
                 if job.state in JOB_TERMINAL:
@@ -483,13 +504,13 @@ def test_a_snapshot_taken_anywhere_continues_to_the_same_state(
     first = ClusterState()
     for seq, event in enumerate(events[:cut], start=1):
         first.apply(seq, event)
-    resumed = state_snapshot.load(state_snapshot.dump(first))
+    resumed = state_snapshot.load(state_snapshot.dump(first, "events@t"), "events@t", cut)
     redelivered_from = data.draw(st.integers(1, cut + 1))
     for seq, event in enumerate(events[redelivered_from - 1:], start=redelivered_from):
         resumed.apply(seq, event)
     # Compared as plain data: the test builds some float fields from ints (4 == 4.0).
     def plain(state: ClusterState) -> object:
-        return msgspec.msgpack.decode(state_snapshot.dump(state))
+        return msgspec.msgpack.decode(state_snapshot.dump(state, "events@t"))
 
     assert plain(resumed) == plain(straight)
     assert resumed.job_by_submit == straight.job_by_submit

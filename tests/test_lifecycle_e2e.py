@@ -214,10 +214,15 @@ async def test_cancel_mid_run_kills_the_processes(make_stack, nc, tmp_path: Path
     resp = httpx.post(f"{stack.api_url}/api/jobs/{polite}/cancel", json={"reason": "done"},
                       headers=auth)
     assert resp.status_code == 202, resp.text
-    assert get_json(stack, f"/api/submits/{resp.json()['submit_seq']}")["kind"] == "cancel"
+    # 202 is the cancel stored, not yet decided: its outcome is folded a moment later.
+    outcome = f"{stack.api_url}/api/submits/{resp.json()['submit_seq']}"
+    decided = await wait_until(lambda: (r := httpx.get(outcome, timeout=10)).status_code == 200
+                               and r.json(), what="the cancel's outcome")
+    assert decided["kind"] == "cancel"
 
     job = await wait_for_job(stack, polite, {"killed"})
-    assert job["error"] == "cancelled: done"
+    # The API's cancel carries the token's identity (BERTH_API_TOKEN's is `admin`).
+    assert job["error"] == "cancelled by admin: done"
     assert task(job)["state"] == "killed"
     attempt = await wait_until(
         lambda: task(job_now(stack, polite))["attempts"][0]["exited"]

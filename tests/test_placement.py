@@ -145,6 +145,39 @@ def test_ports_are_distinct_per_host_and_skip_ports_in_use() -> None:
     assert sorted(ports) == [30001, 30002, 30003, 30004]
 
 
+@pytest.mark.parametrize(
+    ("addresses", "used", "expected"),
+    [
+        # Four workers on one address: four distinct ports (the `berth up` case).
+        (["127.0.0.1"] * 4, {}, [30000, 30001, 30002, 30003]),
+        # A port taken by one worker's attempt is taken for every worker at the address.
+        (["127.0.0.1"] * 4, {0: {30000, 30002}}, [30001, 30003, 30004, 30005]),
+        # Workers on distinct addresses may each use the lowest port.
+        (["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], {}, [30000] * 4),
+        # No address: the worker is its own unit.
+        (["", "", "", ""], {}, [30000] * 4),
+        # Two addresses, two workers each.
+        (["a", "a", "b", "b"], {2: {30000}}, [30000, 30001, 30001, 30002]),
+    ],
+)
+def test_named_ports_are_allocated_per_address(
+        addresses: list[str], used: dict[int, set[int]], expected: list[int]) -> None:
+    hosts = [Host(f"w{i}", cpu(1000, 1000), address=addr, ports_used=set(used.get(i, ())))
+             for i, addr in enumerate(addresses)]
+    result = place([task("j", 0, 1, 2, 3, ports=("http",))], hosts)
+    by_worker = {a.worker_id: a.ports["http"] for a in result.assignments}
+    assert [by_worker[f"w{i}"] for i in range(4)] == expected
+
+
+def test_a_gang_on_one_address_gets_distinct_ports_and_coordinator() -> None:
+    hosts = [Host(f"w{i}", cpu(1000, 1000), address="127.0.0.1", attributes={"rack": "r"})
+             for i in range(3)]
+    result = place([Unit("g", (0, 1, 2), ONE_CORE, "", (), ("coord",),
+                         Coscheduling(group_by="rack"))], hosts)
+    assert sorted(a.ports["coord"] for a in result.assignments) == [30000, 30001, 30002]
+    assert {a.coordinator for a in result.assignments} == {"127.0.0.1:30000"}
+
+
 def test_priority_order_is_the_callers() -> None:
     hosts = [Host("a", cpu(1000))]
     result = place([task("prod", 0), task("batch", 0)], hosts)
@@ -164,17 +197,19 @@ def test_never_over_commits_a_host_nor_shares_a_group(
              for i, (c, m, n) in enumerate(tasks)]
     units += [Unit(f"g{k}", (0, 1), cpu(500, 10), "", (), ("coord",),
                    Coscheduling(group_by="rack")) for k in range(gangs)]
-    caps = [Host(f"h{i}", cpu(c, m), attributes={"rack": str(i % 3)})
+    # Some hosts share an address: ports must be distinct per address, not per worker.
+    caps = [Host(f"h{i}", cpu(c, m), attributes={"rack": str(i % 3)}, address=f"ip{i % 2}")
             for i, (c, m) in enumerate(hosts)]
     result = place(units, caps)
     used: dict[str, Amounts] = {}
-    ports: set[tuple[str, int]] = set()
+    ports: set[tuple[str, int]] = set()  # (address, port)
     for a in result.assignments:
         unit = next(u for u in units if u.job_id == a.job_id)
         used[a.worker_id] = used.get(a.worker_id, Amounts()) + unit.need
+        address = next(h.address for h in caps if h.worker_id == a.worker_id)
         for port in a.ports.values():
-            assert (a.worker_id, port) not in ports
-            ports.add((a.worker_id, port))
+            assert (address, port) not in ports
+            ports.add((address, port))
     for cap in caps:
         assert used.get(cap.worker_id, Amounts()).fits_in(cap.free)
     placed = {(a.job_id, a.task_index) for a in result.assignments}

@@ -5,7 +5,9 @@ whole events stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import signal
 from pathlib import Path
@@ -13,15 +15,17 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import cancel_job, publish_submit, wait_for_outcome
 from berth.stack import Stack, wait_for_api
 from services.dashboard_api import views
+from services.dashboard_api.projection import Projection
 from shared import nats_io, servers, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
 from shared.lifecycle import ClusterState
-from shared.messages import JobSpec, LeaderElected, encode
+from shared.messages import JobSpec, JobSubmitted, LeaderElected, encode
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import SMALL, accepted, long_task, pids_of, task
 
@@ -123,10 +127,13 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
                      what="the dashboard to catch up")
     fresh = await folded_stream(nc, last)
 
-    # Every job as the API shows it equals the same view of a fresh fold from sequence 1.
+    # Every job as the API shows it (to an admin: env values and all) equals the same view
+    # of a fresh fold from sequence 1.
     assert set(fresh.jobs) == {flaky, survivor, doomed}
+    admin = {"Authorization": f"Bearer {stack.api_token}"}
     for job_id, job in fresh.jobs.items():
-        assert get_json(stack, f"/api/jobs/{job_id}") == as_json(views.job_detail(job))
+        shown = httpx.get(f"{stack.api_url}/api/jobs/{job_id}", headers=admin, timeout=10)
+        assert shown.json() == as_json(views.job_detail(job))
     flaky_task = fresh.jobs[flaky].tasks[0]
     assert flaky_task.failure_count == 2 and len(flaky_task.attempts) == 3
     survivor_task = fresh.jobs[survivor].tasks[0]
@@ -141,8 +148,54 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
     # Its saved state, written as it stopped, is the fresh fold exactly.
     stack.stop_child("dashboard")
     saved = (stack.data_dir / "dashboard" / "projection.snapshot").read_bytes()
-    assert state_snapshot.load(saved).last_seq == last
-    assert msgspec.msgpack.decode(saved) == msgspec.msgpack.decode(state_snapshot.dump(fresh))
+    stream, _ = await nats_io.events_stream_identity(js)
+    assert state_snapshot.load(saved, stream, last).last_seq == last
+    assert msgspec.msgpack.decode(saved) == msgspec.msgpack.decode(
+        state_snapshot.dump(fresh, stream))
+
+
+async def test_a_snapshot_of_another_events_stream_is_thrown_away(
+        nc: NATS, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The events stream was made again (its store removed by hand, say): the dashboard's
+    snapshot of the old one must not be continued, or it would show the old jobs and never
+    the new ones (it would wait for sequences past the old stream's end)."""
+    js = nc.jetstream()
+    await nats_io.ensure_streams(js)
+
+    async def submitted(job_id: str, submit_seq: int) -> None:
+        await nats_io.publish_event(js, subjects.submit_outcome(None, submit_seq), JobSubmitted(
+            job_id=job_id, submit_seq=submit_seq,
+            spec=JobSpec(name=job_id, command=["true"], resources=SMALL)), f"{job_id}-test")
+
+    for n in range(1, 4):
+        await submitted(f"j{n}-old", n)
+    path = tmp_path / "dashboard" / "projection.snapshot"
+    first = Projection(nc, 5.0, snapshot_path=path)
+    await first.start()
+    await asyncio.wait_for(first.caught_up.wait(), 30)
+    await first.stop()
+    assert path.exists() and len(first.state.jobs) == 3
+
+    await js.delete_stream(subjects.EVENTS_STREAM)
+    await nats_io.ensure_streams(js)
+    await submitted("j1-new", 1)
+    with caplog.at_level(logging.WARNING, logger="berth.dashboard.projection"):
+        second = Projection(nc, 5.0, snapshot_path=path)
+        await second.start()
+        try:
+            await asyncio.wait_for(second.caught_up.wait(), 30)
+            assert set(second.state.jobs) == {"j1-new"}
+        finally:
+            await second.stop()
+    assert any("not used (it was folded from stream BERTH_EVENTS@" in r.getMessage()
+               for r in caplog.records), caplog.text
+    # The snapshot saved now is of the new stream, and is used by the next start.
+    third = Projection(nc, 5.0, snapshot_path=path)
+    await third.start()
+    try:
+        assert set(third.state.jobs) == {"j1-new"} and third.caught_up.is_set()
+    finally:
+        await third.stop()
 
 
 async def test_an_unreadable_snapshot_means_a_rebuild_not_a_crash(

@@ -4,6 +4,7 @@ capacity in every dimension, device kinds, ports and gang groups re-checked at c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -74,17 +75,37 @@ async def test_devices_must_match_kind_and_count(store: ReservationStore) -> Non
 
 async def test_a_port_is_never_given_twice_on_one_host(store: ReservationStore) -> None:
     epoch = await leader_with_hosts(store, "h1", "h2")
-    with pytest.raises(ReservationConflict, match="port 30000 on h1 is taken"):
+    with pytest.raises(ReservationConflict, match="port 30000 of h1's address is taken"):
         await store.reserve(epoch, [res("h1", "a/0/0", 10, ports=(30000,)),
                                     res("h1", "b/0/0", 10, ports=(30000,))])
     await store.reserve(epoch, [res("h1", "a/0/0", 10, ports=(30000,)),
                                 res("h2", "b/0/0", 10, ports=(30000,))])  # other host: fine
-    with pytest.raises(ReservationConflict, match="port 30000 on h1 is taken"):
+    with pytest.raises(ReservationConflict, match="port 30000 of h1's address is taken"):
         await store.reserve(epoch, [res("h1", "c/0/0", 10, ports=(30000,))])
     await store.release(epoch, [("h1", "a/0/0")])
     await store.reserve(epoch, [res("h1", "c/0/0", 10, ports=(30000,))])
     (h1, _) = await store.host_usage()
-    assert h1.ports == {30000: "c/0/0"}
+    assert {k: a.ports for k, a in h1.allocations.items()} == {"c/0/0": (30000,)}
+
+
+async def test_workers_sharing_an_address_share_its_ports(store: ReservationStore) -> None:
+    """Ports belong to the address: two workers on 127.0.0.1 never get the same port, in
+    one commit or across commits, and a released port is free for either."""
+    epoch = await leader_with_hosts(store, "w1", "w2", "w3")
+
+    def on(worker: str, key: str, address: str = "127.0.0.1") -> Reservation:
+        return replace(res(worker, key, 10, ports=(30000,)), address=address)
+
+    with pytest.raises(ReservationConflict, match="port 30000 of w2's address is taken"):
+        await store.reserve(epoch, [on("w1", "a/0/0"), on("w2", "b/0/0")])
+    await store.reserve(epoch, [on("w1", "a/0/0"), on("w3", "b/0/0", "10.0.0.3")])
+    with pytest.raises(ReservationConflict, match="port 30000 of w2's address is taken"):
+        await store.reserve(epoch, [on("w2", "c/0/0")])
+    await store.release(epoch, [("w1", "a/0/0")])
+    await store.reserve(epoch, [on("w2", "c/0/0")])
+    hosts, _ = await store.usage()
+    held = {k: (a.address, a.ports) for h in hosts for k, a in h.allocations.items()}
+    assert held == {"b/0/0": ("10.0.0.3", (30000,)), "c/0/0": ("127.0.0.1", (30000,))}
 
 
 async def test_a_group_is_held_by_one_gang_until_its_last_attempt_is_released(

@@ -1,6 +1,7 @@
 """The HTTP API (Litestar, msgspec structs) over the projection, and the web pages.
-OpenAPI at /schema (JSON at /schema/openapi.json). Reads are open unless
-BERTH_API_CLOSED_READS is set; actions need the bearer token (see auth.py)."""
+OpenAPI at /schema (JSON at /schema/openapi.json). Reads are open unless closed (see
+auth.closed_reads_reason); actions need a bearer token whose role allows them (auth.py); a
+spec's env values reach only those allowed to see them (redact.py)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,24 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 from litestar import Litestar, MediaType, Request, Router, get, post
-from litestar.exceptions import ClientException, NotFoundException, ValidationException
+from litestar.exceptions import (
+    ClientException,
+    NotFoundException,
+    PermissionDeniedException,
+    ValidationException,
+)
 from litestar.openapi import OpenAPIConfig
 from litestar.params import Parameter
 from litestar.response import Response, Stream
 from litestar.static_files import create_static_files_router
 from nats.js import JetStreamContext
 
-from services.dashboard_api import auth, live, views
+from services.dashboard_api import auth, live, redact, views
 from services.dashboard_api.projection import Projection
 from shared import nats_io, subjects
+from shared.api_tokens import Role
 from shared.lifecycle import JobView, TaskView
 from shared.messages import CancelRequest, JobSpec, encode
 from shared.states import JOB_TERMINAL, JobState
@@ -29,7 +37,7 @@ STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000
 
 
-def create_app(projection: Projection, js: JetStreamContext, token: str = "",
+def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens,
                closed_reads: bool = False) -> Litestar:
     def find_job(job_id: str) -> JobView:
         job = projection.state.jobs.get(job_id)
@@ -110,9 +118,11 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
             next_cursor=str(page[-1].submit_seq) if more else None)
 
     @get("/jobs/{job_id:str}", sync_to_thread=False)
-    def job_detail(job_id: str) -> views.JobDetail:
-        """A job with its task-state counts, its tasks and each task's attempt history."""
-        return views.job_detail(find_job(job_id))
+    def job_detail(job_id: str, request: Request) -> views.JobDetail:  # type: ignore[type-arg]
+        """A job with its task-state counts, its tasks and each task's attempt history. The
+        spec's env values show only to an admin or the job's own user."""
+        job = find_job(job_id)
+        return views.job_detail(job, redact.spec_for(tokens.caller(request), job.spec))
 
     @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
     def task_detail(job_id: str, index: int) -> views.TaskDetail:
@@ -120,7 +130,7 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
         job, task = find_task(job_id, index)
         return views.task_detail(job, task)
 
-    @post("/jobs", guards=[auth.action_guard(token)], status_code=202)
+    @post("/jobs", guards=[auth.action_guard(tokens, "submitting")], status_code=202)
     async def submit(
         data: JobSpec,
         request: Request,  # type: ignore[type-arg]
@@ -130,9 +140,17 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
         """Submits a job: the same JSON as a message on berth.submit.job (`berth schema`).
         201 with the job id once accepted within `wait`; 400 naming the problem if the
         submitter rejects it; 202 with the submit sequence if the verdict is still to come.
-        An Idempotency-Key header makes a retried request the same submission."""
+        An Idempotency-Key header makes a retried request the same submission. The job's
+        `user` is the token's identity; an admin token may name any user."""
+        who = auth.require(tokens, request, "submitting", (Role.SUBMIT, Role.ADMIN))
+        user = _acting_user(who, data.user)
+        if user != data.user:
+            data = msgspec.structs.replace(data, user=user)
+        # An admin submits on the bare subject (its spec's user taken as given), anyone
+        # else on its own, where the submitter holds it to its identity.
+        subject = subjects.submit_job(None if who.role is Role.ADMIN else who.name)
         msg_id = request.headers.get("idempotency-key") or uuid.uuid4().hex
-        ack = await js.publish(subjects.SUBMIT_JOB, encode(data),
+        ack = await js.publish(subject, encode(data),
                                headers={"Nats-Msg-Id": msg_id}, stream=subjects.SUBMIT_STREAM)
         seq = int(ack.seq)
         outcome = f"/api/submits/{seq}"
@@ -149,18 +167,27 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
                 return Response(views.SubmitAccepted(seq, None, outcome), status_code=202)
             await projection.wait_for_change(left)
 
-    @post("/jobs/{job_id:str}/cancel", guards=[auth.action_guard(token)], status_code=202)
-    async def cancel(job_id: str, data: views.CancelBody | None = None) -> views.CancelAccepted:
+    @post("/jobs/{job_id:str}/cancel", guards=[auth.action_guard(tokens, "cancelling")],
+          status_code=202)
+    async def cancel(job_id: str, request: Request,  # type: ignore[type-arg]
+                     data: views.CancelBody | None = None) -> views.CancelAccepted:
         """Cancels a job: its unfinished tasks are killed (SIGTERM, then SIGKILL after the
         grace period) and its child jobs cancelled. The same as publishing a cancel message
-        to berth.submit.cancel; the outcome lands at /api/submits/{submit_seq}."""
+        to berth.submit.cancel; the outcome lands at /api/submits/{submit_seq}. A submit
+        token may cancel only its own user's jobs; an admin token any job."""
+        who = auth.require(tokens, request, "cancelling", (Role.SUBMIT, Role.ADMIN))
         job = find_job(job_id)
+        if not who.owns(job.spec.user):
+            raise PermissionDeniedException(
+                f"job {job_id} belongs to user {job.spec.user!r}; token {who.name!r} "
+                f"(role {who.role.value}) may cancel only its own jobs")
+        body = data or views.CancelBody()
+        user = _acting_user(who, body.user)
         if job.state in JOB_TERMINAL:
             raise ClientException(f"job {job_id} already {job.state.display}", status_code=409)
-        body = data or views.CancelBody()
-        request = CancelRequest(job_id=job_id, reason=body.reason, user=body.user)
-        ack = await js.publish(subjects.SUBMIT_CANCEL, encode(request),
-                               stream=subjects.SUBMIT_STREAM)
+        cancel_request = CancelRequest(job_id=job_id, reason=body.reason, user=user)
+        subject = subjects.submit_cancel(None if who.role is Role.ADMIN else who.name)
+        ack = await js.publish(subject, encode(cancel_request), stream=subjects.SUBMIT_STREAM)
         return views.CancelAccepted(job_id=job_id, submit_seq=int(ack.seq))
 
     @get("/jobs/{job_id:str}/tasks/{index:int}/logs", media_type=MediaType.TEXT)
@@ -245,12 +272,15 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
                 raise ValidationException(f"Last-Event-ID: {header!r} is not a sequence")
             after = int(header)
         start = projection.state.last_seq if after is None else after
-        return Stream(live.sse_events(projection, start), media_type="text/event-stream",
+        who = tokens.caller(request)
+        return Stream(live.sse_events(projection, start,
+                                      lambda data: redact.event_for(who, data)),
+                      media_type="text/event-stream",
                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     api = Router(
         path="/api",
-        guards=[auth.read_guard(token, closed_reads)],
+        guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, job_detail, task_detail, submit, cancel, task_logs,
                         list_workers, worker_detail, submit_outcome, events],
     )
@@ -276,3 +306,15 @@ def create_app(projection: Projection, js: JetStreamContext, token: str = "",
         openapi_config=OpenAPIConfig(title="berth dashboard API", version="0.2.0",
                                      path="/schema"),
     )
+
+
+def _acting_user(who: auth.Caller, asked: str) -> str:
+    """The user a request acts as: a submit token only as its own identity, an admin as the
+    user it names (itself if none)."""
+    if who.role is Role.ADMIN:
+        return asked or who.name
+    if asked and asked != who.name:
+        raise PermissionDeniedException(
+            f"user: {asked!r} is not this token's identity {who.name!r}; a {who.role.value} "
+            "token acts only as itself (leave user empty)")
+    return who.name

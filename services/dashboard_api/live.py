@@ -24,10 +24,12 @@ def sse_frame(seq: int, data: bytes) -> bytes:
 
 
 async def sse_events(projection: Projection, after_seq: int,
+                     shown: Callable[[bytes], bytes | None],
                      keepalive: float = 15.0) -> AsyncGenerator[bytes]:
     """Every event after `after_seq`, as SSE frames, then each new one as it is folded. An
     event is sent only once the projection has folded it, so a client that fetches the API
-    on an event sees that event's effect."""
+    on an event sees that event's effect. `shown` is the event as this client may see it
+    (None: not at all)."""
     yield b"retry: %d\n\n" % RETRY_MS
     next_seq = after_seq + 1
     recent = projection.recent
@@ -36,15 +38,16 @@ async def sse_events(projection: Projection, after_seq: int,
         if next_seq < oldest:
             # Older than the memory window: read that stretch from the stream itself.
             async for raw in nats_io.follow_raw_events(projection.js, next_seq):
-                yield sse_frame(raw.seq, raw.data)
+                if (data := shown(raw.data)) is not None:
+                    yield sse_frame(raw.seq, data)
                 next_seq = raw.seq + 1
                 if next_seq >= oldest:
                     break
             continue
         if next_seq <= projection.state.last_seq:
             start = bisect.bisect_left(recent, next_seq, key=lambda item: item[0])
-            for seq, data in list(itertools.islice(recent, start, None)):
-                if data is not None:
+            for seq, folded in list(itertools.islice(recent, start, None)):
+                if folded is not None and (data := shown(folded)) is not None:
                     yield sse_frame(seq, data)
                 next_seq = seq + 1
             continue

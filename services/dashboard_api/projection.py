@@ -79,8 +79,8 @@ class Projection:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.stream, self._catch_up_to = await nats_io.events_stream_identity(self.js)
         self._load_snapshot()
-        self._catch_up_to = await nats_io.last_event_seq(self.js)
         if self.state.last_seq >= self._catch_up_to:
             self.caught_up.set()
         await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
@@ -152,7 +152,8 @@ class Projection:
         if self.snapshot_path is None or not self.snapshot_path.exists():
             return
         try:
-            self.state = state_snapshot.load(self.snapshot_path.read_bytes())
+            self.state = state_snapshot.load(self.snapshot_path.read_bytes(), self.stream,
+                                             self._catch_up_to)
         except state_snapshot.UnusableSnapshot as exc:
             log.warning("snapshot %s not used (%s): rebuilding from the first event",
                         self.snapshot_path, exc)
@@ -168,7 +169,7 @@ class Projection:
             return
         # Encoded here, between two folds, so it is one consistent state; written by a
         # thread, then renamed into place so a crash never leaves half a snapshot.
-        data = state_snapshot.dump(self.state)
+        data = state_snapshot.dump(self.state, self.stream)
         seq = self.state.last_seq
         try:
             await asyncio.to_thread(_write_atomically, self.snapshot_path, data)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import uvicorn
 
+from services.dashboard_api import auth
 from services.dashboard_api.app import create_app
 from services.dashboard_api.projection import Projection
-from shared import nats_io, service
+from shared import api_tokens, dir_lock, nats_io, service
 from shared.config import Settings
 from shared.credentials import Role
 
@@ -27,7 +28,8 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def run(settings: Settings, stop: asyncio.Event) -> None:
+async def run(settings: Settings, tokens: auth.Tokens, closed_reads: bool,
+              stop: asyncio.Event) -> None:
     nc = await nats_io.connect_service(settings, "berth-dashboard", Role.DASHBOARD)
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
@@ -37,10 +39,11 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         snapshot_interval=settings.snapshot_interval,
     )
     await projection.start()
-    if not settings.api_token:
-        log.warning("BERTH_API_TOKEN is not set: submit and cancel over HTTP are disabled")
+    if not tokens.configured:
+        log.warning("no API token exists (BERTH_API_TOKEN unset, %s empty): submit and cancel "
+                    "over HTTP are off until one is minted", tokens.path)
     config = uvicorn.Config(
-        create_app(projection, js, settings.api_token, settings.api_closed_reads),
+        create_app(projection, js, tokens, closed_reads),
         host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="on",
         # Live streams (SSE, followed logs) never end by themselves.
         timeout_graceful_shutdown=2,
@@ -60,7 +63,25 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     settings = Settings.from_env()
-    if settings.api_closed_reads and not settings.api_token:
-        raise SystemExit("BERTH_API_CLOSED_READS needs BERTH_API_TOKEN: reads would be "
-                         "closed to everyone")
-    service.run("dashboard", lambda stop: run(settings, stop))
+    # Before service.run, so what the checks below log is not lost (a second call is a no-op).
+    service.setup_logging("dashboard")
+    tokens = auth.Tokens(settings.api_token, Path(settings.api_tokens_file))
+    try:
+        tokens.load()
+    except api_tokens.TokensFileError as exc:
+        raise SystemExit(f"BERTH_API_TOKENS_FILE: {exc}") from None
+    closed_why = auth.closed_reads_reason(settings.api_host, settings.api_closed_reads)
+    if closed_why is not None and not tokens.configured:
+        raise SystemExit(f"reads need a token ({closed_why}) and none exists: set "
+                         f"BERTH_API_TOKEN or mint one with `berth token create NAME`")
+    if closed_why is not None:
+        log.info("reads need a bearer token: %s", closed_why)
+    # One dashboard per data dir: its snapshot and durable consumer live there.
+    try:
+        lock = dir_lock.acquire(Path(settings.data_dir) / "dashboard.lock", "dashboard")
+    except dir_lock.DirLocked as exc:
+        raise SystemExit(f"berth dashboard: {exc}") from None
+    try:
+        service.run("dashboard", lambda stop: run(settings, tokens, closed_why is not None, stop))
+    finally:
+        lock.release()

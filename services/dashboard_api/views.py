@@ -153,10 +153,12 @@ def job_summary(job: JobView) -> JobSummary:
     return JobSummary(**_summary_fields(job))  # type: ignore[arg-type]
 
 
-def job_detail(job: JobView) -> JobDetail:
+def job_detail(job: JobView, spec: JobSpec | None = None) -> JobDetail:
+    """`spec`: the job's spec as the reader may see it (redact.spec_for); default as is."""
     return JobDetail(
         **_summary_fields(job),  # type: ignore[arg-type]
-        spec=job.spec, children=list(job.children), tasks=[task_out(t) for t in job.tasks],
+        spec=job.spec if spec is None else spec, children=list(job.children),
+        tasks=[task_out(t) for t in job.tasks],
     )
 
 

@@ -4,7 +4,9 @@ Work comes in units: a single task, or a coscheduled job's pending tasks (a gang
 placed whole on workers sharing one value of its `group_by` attribute, or not at all. Units
 are taken in priority order (the caller sorts: band, then FIFO); each placement in a call
 sees the capacity, ports and group claims of the ones before it, so one call never
-over-commits a host, never gives one port twice, and never gives one group to two gangs."""
+over-commits a host, never gives one port of an address twice, and never gives one group
+to two gangs. Named ports belong to a host's address, not to a worker: workers that share
+an address (several workers on one machine) draw their ports from one set."""
 
 from __future__ import annotations
 
@@ -39,7 +41,14 @@ class Host:
     address: str = ""
     # The job whose gang holds a group this host belongs to, exclusively.
     holder: str | None = None
+    # Ports taken on this host's address (by any worker there); hosts sharing an address
+    # share this set during a call to `place`.
     ports_used: set[int] = field(default_factory=set)
+
+    @property
+    def port_domain(self) -> str:
+        """The unit ports are allocated per: the address, or the worker if it has none."""
+        return self.address or self.worker_id
 
 
 @dataclass(frozen=True)
@@ -66,18 +75,20 @@ def group_name(attribute: str, value: str) -> str:
 
 
 def _free_ports(host: Host, names: Sequence[str]) -> dict[str, int]:
+    """The lowest free ports of the host's address, one per name, taken at once (so the
+    next host on the same address, even within one gang, gets others)."""
     ports: dict[str, int] = {}
     if not names:
         return ports
     it = (p for p in PORT_RANGE if p not in host.ports_used)
     for name in names:
         ports[name] = next(it)
+    host.ports_used.update(ports.values())
     return ports
 
 
-def _take(host: Host, need: Amounts, ports: dict[str, int]) -> None:
+def _take(host: Host, need: Amounts) -> None:
     host.free = host.free - need
-    host.ports_used.update(ports.values())
 
 
 def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
@@ -150,7 +161,7 @@ class _SingleTasks:
             out.pending_reasons[(unit.job_id, index)] = reason
             return
         ports = _free_ports(best, unit.ports)
-        _take(best, unit.need, ports)
+        _take(best, unit.need)
         out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports))
 
     def _best(self, heap: list[tuple[int, str, int]], need: Amounts) -> Host | None:
@@ -215,7 +226,7 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
             if zero_port is not None:
                 coordinator = f"{zero.address or zero.worker_id}:{zero_port}"
         for i, host in chosen.items():
-            _take(host, unit.need, ports[i])
+            _take(host, unit.need)
             out.assignments.append(
                 Assignment(unit.job_id, i, host.worker_id, ports[i], name, coordinator))
         if not gang.shareable:
@@ -238,9 +249,14 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     """Places units in the given order. Single tasks go to the matching host with the most
     free cpu (spreading replicas), ties broken by worker id; a gang goes whole to one group,
     task i on its i-th worker in `order_by` order, or waits with a reason. Once `limit`
-    tasks are placed, the units left are not examined (a gang is never split)."""
+    tasks are placed, the units left are not examined (a gang is never split). Ports
+    are chosen per address: the union of every given host's `ports_used` at that address
+    is taken."""
+    taken: dict[str, set[int]] = {}
+    for h in hosts:
+        taken.setdefault(h.port_domain, set()).update(h.ports_used)
     free = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
-                 set(h.ports_used)) for h in hosts]
+                 taken[h.port_domain]) for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)
     for unit in units:

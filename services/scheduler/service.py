@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 
 from services.scheduler import heartbeats, placement
-from shared import nats_io, redis_io, service, subjects, telemetry
+from shared import bounded, nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import Settings
 from shared.credentials import Role
@@ -269,8 +269,10 @@ class Leader:
         attempt = job.tasks[index].attempt(attempt_id)
         assert attempt is not None
         res = job.spec.resources
+        worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
-                           tuple(attempt.ports.values()), attempt.group)
+                           tuple(attempt.ports.values()), attempt.group,
+                           worker.address if worker else "")
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -505,7 +507,7 @@ class Leader:
             res = self.state.jobs[a.job_id].spec.resources
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
-                res.amounts, res.device_kind, tuple(a.ports.values()), a.group,
+                res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
@@ -547,7 +549,7 @@ class Leader:
                 continue
             event = TaskUnschedulable(
                 job_id=job_id, task_index=index, epoch=self.epoch, ts=now,
-                reason=f"scheduling timeout of {limit:g}s expired: {reason}",
+                reason=bounded.clip(f"scheduling timeout of {limit:g}s expired: {reason}"),
             )
             log.info("task %s/%d is unschedulable: %s", job_id, index, event.reason)
             await nats_io.publish_event(
@@ -567,7 +569,8 @@ class Leader:
         if self.state.last_seq >= self.reasons_in_flight_seq:
             self.reasons_in_flight.clear()
         changed: list[PendingReason] = []
-        for (job_id, index), reason in unplaced.items():
+        for (job_id, index), full_reason in unplaced.items():
+            reason = bounded.clip(full_reason)
             task = self.state.jobs[job_id].tasks[index]
             if task.state != TaskState.PENDING or task.pending_reason == reason:
                 continue
@@ -578,11 +581,16 @@ class Leader:
             return
         self.reasons_announced_at = now
         self.reasons_in_flight = {(r.job_id, r.task_index): r.reason for r in changed}
-        self.reasons_in_flight_seq = await nats_io.publish_event(
-            self.js, subjects.PENDING_REASONS,
-            PendingReasonsChanged(reasons=changed, epoch=self.epoch, ts=time.time()),
-            msg_id=f"reasons:{self.epoch}:{uuid.uuid4().hex}",
-        )
+        # In chunks under the message bound: with tens of thousands of pending tasks one
+        # message would exceed NATS's max_payload (issue 21).
+        ts, announcement = time.time(), uuid.uuid4().hex
+        outgoing = [nats_io.Outgoing(
+            subjects.PENDING_REASONS,
+            encode(PendingReasonsChanged(reasons=chunk, epoch=self.epoch, ts=ts)),
+            nats_io.message_headers(f"reasons:{self.epoch}:{announcement}:{n}"))
+            for n, chunk in enumerate(bounded.chunks(changed, _encoded_size))]
+        seqs = await nats_io.publish_events(self.js, outgoing)
+        self.reasons_in_flight_seq = max(seqs)
 
     async def _dispatch(self, assigned: list[TaskAssigned]) -> None:
         """Logs a tick's assignments (their acks awaited together), then sends the run
@@ -618,7 +626,13 @@ class Leader:
     async def _send(self, worker_id: str, command: Command) -> None:
         self._check_lease()
         headers = telemetry.inject({})
-        await self.nc.publish(subjects.worker_commands(worker_id), encode(command), headers=headers)
+        try:
+            await self.nc.publish(subjects.worker_commands(worker_id), encode(command),
+                                  headers=headers)
+        except nats.errors.MaxPayloadError as exc:
+            # Bounded by construction (the spec is at most BERTH_MAX_SUBMIT_BYTES): a last
+            # resort, never fatal. The heartbeat comparison re-sends or gives up on it.
+            log.error("command %s for %s not sent: %s", type(command).__name__, worker_id, exc)
 
     async def _send_run(self, worker: WorkerView, task: TaskView, attempt_id: int) -> None:
         spec = self.state.jobs[task.job_id].spec
@@ -789,6 +803,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     finally:
         await nats_io.close(nc)
         await redis.aclose()
+
+
+def _encoded_size(reason: PendingReason) -> int:
+    return len(encode(reason)) + 1  # and its comma
 
 
 def main() -> None:

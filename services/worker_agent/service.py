@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from services.worker_agent import simulation
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from services.worker_agent.task_env import task_environment
-from shared import nats_io, service, subjects, telemetry
+from shared import dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
@@ -534,4 +534,14 @@ async def run_simulated(settings: Settings, args: argparse.Namespace, nc: NATS,
 def main(argv: list[str] | None = None) -> None:
     settings = Settings.from_env()
     args = parse_args(argv)
-    service.run("worker", lambda stop: run(settings, args, stop))
+    # One agent per worker id and data dir: a second would kill the first one's tasks as
+    # orphans and share its task homes (shared/dir_lock.py).
+    try:
+        lock = dir_lock.acquire(Path(settings.data_dir) / f"worker-{args.id}.lock",
+                                f"worker {args.id}")
+    except dir_lock.DirLocked as exc:
+        raise SystemExit(f"berth worker: {exc}") from None
+    try:
+        service.run("worker", lambda stop: run(settings, args, stop))
+    finally:
+        lock.release()

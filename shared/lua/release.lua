@@ -2,7 +2,8 @@
 -- was declared dead). Releasing an attempt that holds nothing changes nothing. When a
 -- group's last reservation goes, the group and its hosts are free for another gang.
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
--- KEYS[3+3k], KEYS[4+3k], KEYS[5+3k]: host hash, allocation hash, port hash of release k
+-- KEYS[3+2k], KEYS[4+2k]: host hash, allocation hash of release k. A reservation's ports
+-- are released from the address port hash it recorded (pk), as its group from its group key.
 -- ARGV[1] the caller's epoch; ARGV[k+2] the attempt key of release k (k = 0 ..)
 -- Returns {"ok", released} or {"stale_epoch", current}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -12,15 +13,17 @@ end
 local dims = {'cpu', 'mem', 'disk', 'dev'}
 local released = 0
 for k = 0, #ARGV - 2 do
-  local host, alloc, ports = KEYS[3 + 3 * k], KEYS[4 + 3 * k], KEYS[5 + 3 * k]
+  local host, alloc = KEYS[3 + 2 * k], KEYS[4 + 2 * k]
   local key = ARGV[k + 2]
   local held = redis.call('HGET', alloc, key)
   if held then
     local a = cjson.decode(held)
     redis.call('HDEL', alloc, key)
     for _, d in ipairs(dims) do redis.call('HINCRBY', host, d .. '_used', -a[d]) end
-    for _, p in ipairs(a.ports) do
-      if redis.call('HGET', ports, p) == key then redis.call('HDEL', ports, p) end
+    if type(a.ports) == 'table' and a.pk then
+      for _, p in ipairs(a.ports) do
+        if redis.call('HGET', a.pk, p) == key then redis.call('HDEL', a.pk, p) end
+      end
     end
     if a.group ~= '' and redis.call('HINCRBY', a.group, 'live', -1) <= 0 then
       local g = redis.call('HMGET', a.group, 'owner', 'members')

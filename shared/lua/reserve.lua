@@ -1,9 +1,12 @@
 -- Commit every placement of one scheduling tick, all or nothing, after re-checking, for every
 -- host it touches: capacity (cpu, memory, disk, devices), the device kind, named ports, and
 -- gang ownership of coscheduling groups. Nothing is written unless everything holds.
+-- Named ports belong to the host's address, not to the worker: workers sharing an address
+-- share one port hash, so a port goes to one live attempt per address.
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
--- KEYS[3+3i], KEYS[4+3i], KEYS[5+3i]: host hash, allocation hash, port hash of host i
---   (i = 0 .. #hosts-1); then KEYS[3+3H+j]: the group hash of group j (j = 0 ..).
+-- KEYS[3+3i], KEYS[4+3i], KEYS[5+3i]: host hash, allocation hash, and the port hash of the
+--   address of host i (i = 0 .. #hosts-1; hosts sharing an address repeat the same key);
+--   then KEYS[3+3H+j]: the group hash of group j (j = 0 ..).
 -- ARGV[1] the caller's epoch; ARGV[2] JSON:
 --   {"hosts": [worker ids], "r": [{"h": host index, "key": attempt key, "job": job id,
 --     "cpu", "mem", "disk", "dev": amounts, "kind": device kind, "ports": [numbers],
@@ -57,9 +60,9 @@ for _, r in ipairs(req.r) do
     return {'conflict', 'host ' .. name(h) .. ' has no device ' .. r.kind}
   end
   for _, p in ipairs(r.ports) do
-    local seen = h .. ':' .. p
+    local seen = pkey(h) .. ':' .. p
     if ports_seen[seen] or redis.call('HEXISTS', pkey(h), p) == 1 then
-      return {'conflict', 'port ' .. p .. ' on ' .. name(h) .. ' is taken'}
+      return {'conflict', 'port ' .. p .. ' of ' .. name(h) .. "'s address is taken"}
     end
     ports_seen[seen] = true
   end
@@ -85,7 +88,7 @@ for _, r in ipairs(req.r) do
     redis.call('HINCRBY', group, 'live', 1)
   end
   redis.call('HSET', akey(h), r.key, cjson.encode({job = r.job, cpu = r.cpu, mem = r.mem,
-    disk = r.disk, dev = r.dev, ports = r.ports, group = group}))
+    disk = r.disk, dev = r.dev, ports = r.ports, pk = pkey(h), group = group}))
   for _, d in ipairs(dims) do redis.call('HINCRBY', hkey(h), d .. '_used', r[d]) end
   for _, p in ipairs(r.ports) do redis.call('HSET', pkey(h), p, r.key) end
 end

@@ -40,7 +40,9 @@ async function api(path, options = {}) {
   if (!resp.ok) {
     const detail = body && body.detail ? body.detail : `${resp.status} ${resp.statusText}`;
     const extra = body && body.extra ? ` ${JSON.stringify(body.extra)}` : "";
-    throw new Error(detail + extra);
+    // The API's detail speaks of headers; in the page the token goes in the field above.
+    const hint = resp.status === 401 ? " (enter an API token in the field at the top)" : "";
+    throw new Error(detail + extra + hint);
   }
   return body;
 }
