@@ -34,6 +34,10 @@ from tests.netbed import Bed, BedError
 NATS_PORT = 4222
 REDIS_PORT = 6379
 API_PORT = 8080
+# The dashboard listens beyond loopback here, so its reads are closed: the test reads as
+# the admin (BERTH_API_TOKEN).
+API_TOKEN = "bed-admin-token"
+HEADERS = {"Authorization": f"Bearer {API_TOKEN}"}
 MODULES = {"scheduler": "services.scheduler", "submitter": "services.submitter",
            "dashboard": "services.dashboard_api", "worker": "services.worker_agent"}
 ROLES = {"scheduler": Role.SCHEDULER, "submitter": Role.SUBMITTER,
@@ -114,7 +118,7 @@ class BedCluster:
         return ReservationStore(redis_io.connect(self.redis_url))
 
     def get(self, path: str) -> object:
-        resp = httpx.get(self.api_url + path, timeout=10)
+        resp = httpx.get(self.api_url + path, timeout=10, headers=HEADERS)
         resp.raise_for_status()
         return resp.json()
 
@@ -153,7 +157,7 @@ def start_cluster(bed: Bed, data_dir: Path, workers: Sequence[str],
         f"nats://{bed.address('nats')}:{NATS_PORT}",
         f"redis://{bed.address('redis')}:{REDIS_PORT}/0", data_dir,
         BERTH_API_HOST=bed.address(api_host), BERTH_API_PORT=str(API_PORT),
-        BERTH_API_TOKEN="bed-token", **(extra_env or {}))
+        BERTH_API_TOKEN=API_TOKEN, **(extra_env or {}))
     env.pop("BERTH_NATS_CREDS", None)
     cluster = BedCluster(bed, data_dir, env, api_host=api_host)
     cluster.services["nats-server"] = ("nats", nats)

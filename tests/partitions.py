@@ -30,7 +30,7 @@ from berth.client import submit_job
 from shared import subjects
 from shared.checker import check_cluster
 from shared.messages import JobSpec, Resources, command_decoder, decode
-from tests.bed_cluster import BedCluster, start_cluster
+from tests.bed_cluster import HEADERS, BedCluster, start_cluster
 from tests.netbed import Bed
 
 # The issue's timings: heartbeat 0.5 s, dead-after 3 s, lease TTL 2 s (fence margin 1 s).
@@ -50,7 +50,7 @@ class Result:
     acked: int = 0
     lost: int = 0
     not_terminal: int = 0
-    double_booked: int = 0
+    double_booked: int = 0         # hosts and (address, port) pairs, by the checker
     two_copies: int = 0            # tasks seen with two attempts alive at once
     two_copies_s: float = 0.0      # the longest such overlap, seconds
     stale_obeyed: int = 0          # commands of a deposed epoch not refused by the worker
@@ -210,7 +210,8 @@ class Run:
         return ids
 
     def job(self, job_id: str) -> dict[str, Any] | None:
-        resp = httpx.get(f"{self.cluster.api_url}/api/jobs/{job_id}", timeout=10)
+        resp = httpx.get(f"{self.cluster.api_url}/api/jobs/{job_id}", timeout=10,
+                         headers=HEADERS)
         if resp.status_code == 404:
             return None
         resp.raise_for_status()
@@ -242,7 +243,8 @@ class Run:
             report = await check_cluster(js, store)
         finally:
             await store.client.aclose()
-        self.max_double_booked = max(self.max_double_booked, report.double_booked_hosts)
+        self.max_double_booked = max(self.max_double_booked,
+                                     report.double_booked_hosts + report.double_booked_ports)
 
     async def finish(self, timeout: float = 45) -> Result:
         """Lets every task end, waits for every job, then counts."""
@@ -329,9 +331,12 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         return await run.finish()
 
 
-async def leader_cut(cluster: BedCluster, server: str, cut: float) -> Result:
-    """The leader's host cut off from Redis or from NATS (both ways), the standby's not."""
-    async with Run(cluster, f"leader cut from {server}, {cut:g} s") as run:
+async def leader_cut(cluster: BedCluster, server: str, cut: float,
+                     schedulers: tuple[str, ...] = ("ctl",)) -> Result:
+    """The leader's host cut off from Redis or from NATS (both ways), the standby's not; or
+    (schedulers=both hosts) Redis cut off from both schedulers, after which they resume."""
+    who = "leader" if schedulers == ("ctl",) else "both schedulers"
+    async with Run(cluster, f"{who} cut from {server}, {cut:g} s") as run:
         ids = await run.submit(4)
         await run.until("4 running", lambda: run.running(ids), 30)
         old_epoch = max(e for _, e in run.bus.elected) if run.bus.elected else None
@@ -339,7 +344,7 @@ async def leader_cut(cluster: BedCluster, server: str, cut: float) -> Result:
             msg = await run.nc.jetstream().get_last_msg(subjects.EVENTS_STREAM,
                                                         subjects.LEADER_EVENTS)
             old_epoch = int(json.loads(msg.data)["epoch"])
-        run.bed.partition(["ctl"], [server])
+        run.bed.partition(schedulers, [server])
         cut_at = time.monotonic()
         await asyncio.sleep(0.5)
         probe = await run.submit(1)
@@ -382,6 +387,7 @@ def scenarios(cut: float = 8) -> dict[str, Scenario]:
         "nats->worker": lambda c: worker_cut(c, "nats->worker", cut),
         "leader-redis": lambda c: leader_cut(c, "redis", cut),
         "leader-nats": lambda c: leader_cut(c, "nats", cut),
+        "schedulers-redis": lambda c: leader_cut(c, "redis", cut, ("ctl", "ctl2")),
     }
 
 
