@@ -292,6 +292,9 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         ids = await run.submit(6)
         await run.until("6 running", lambda: run.running(ids), 30)
         by_worker = {w["worker_id"]: w for w in run.workers()}
+        # Each worker advertises its own host's address, as tasks on other hosts reach it.
+        run.result.notes["addresses_advertised"] = all(
+            by_worker[w]["address"] == run.bed.address(w) for w in WORKERS)
         victim = max(WORKERS, key=lambda w: len(by_worker[w]["running_attempts"]))
         old_incarnation = by_worker[victim]["incarnation"]
         victims = _where(run, victim)

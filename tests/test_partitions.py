@@ -24,6 +24,7 @@ async def test_partition_scenario_counts_nothing_bad(name: str, tmp_path: Path) 
     # The scenario did exercise what it claims.
     if name.startswith("worker"):
         assert result.notes["victim_tasks"] >= 1 and result.notes["rejoined_after_heal_s"]
+        assert result.notes["addresses_advertised"]
         assert result.notes["old_copies_gone_s"] < result.notes["first_retry_s"]
     else:
         assert result.notes["take_over_s"] is not None, "the standby never took over"
