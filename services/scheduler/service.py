@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -66,6 +67,9 @@ class LostLeadership(Exception):
 
 
 MAX_TICK_LINKS = 128
+# A leader must reach NATS as well as Redis: it renews its lease only while its last NATS
+# round trip that was answered was sent within this many lease TTLs (docs/reliability.md).
+BUS_FRESH_TTLS = 1.0
 # Placements per tick: a tick runs without yielding, and the lease must be renewed (every
 # TTL/3) while thousands of hosts free up at once. The next tick follows at once.
 MAX_TICK_PLACEMENTS = 1000
@@ -118,6 +122,7 @@ class Leader:
         store: ReservationStore,
         scheduler_id: str,
         epoch: int,
+        bus_ok_at: float | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -130,6 +135,10 @@ class Leader:
         # TTL on receipt, later). Past it, this leader commands, acknowledges and publishes
         # nothing: a successor may be leading already (docs/reliability.md).
         self.lease_until = time.monotonic() + self._lease_for()
+        # When the last NATS round trip that was answered was sent (CLOCK_MONOTONIC): a
+        # leader cut off from NATS renews its lease no more, so a standby takes over.
+        self.bus_ok_at = time.monotonic() if bus_ok_at is None else bus_ok_at
+        self.ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
@@ -166,6 +175,7 @@ class Leader:
         taking_over = asyncio.create_task(self._take_over(events, elected_seq))
         tasks: list[asyncio.Task[Any]] = [
             asyncio.create_task(self._keep_lease(), name="lease"),
+            asyncio.create_task(self._watch_bus(), name="bus"),
             asyncio.create_task(stop.wait(), name="stop"),
             taking_over,
         ]
@@ -345,8 +355,21 @@ class Leader:
                             self.settings.lease_ttl)
             await self._renew_lease()
 
+    async def _watch_bus(self) -> None:
+        every = self.settings.lease_ttl / 4
+        while True:
+            sent = time.monotonic()
+            if await bus_answers(self.ping_js):
+                self.bus_ok_at = max(self.bus_ok_at, sent)
+            await asyncio.sleep(max(0.0, sent + every - time.monotonic()))
+
     async def _renew_lease(self) -> None:
-        """Renews the lease; raises LostLeadership if it is no longer ours at our epoch."""
+        """Renews the lease; raises LostLeadership if it is no longer ours at our epoch, or
+        if NATS has not answered this leader lately (a leader that cannot reach NATS can
+        neither command nor hear the workers: it must let a standby lead)."""
+        unheard = time.monotonic() - self.bus_ok_at
+        if unheard > self.settings.lease_ttl * BUS_FRESH_TTLS:
+            raise LostLeadership(f"NATS has not answered for {unheard:.1f} s")
         ttl_ms = int(self.settings.lease_ttl * 1000)
         sent = time.monotonic()
         epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
@@ -732,6 +755,18 @@ class Leader:
         )
 
 
+async def bus_answers(js: JetStreamContext) -> bool:
+    """One round trip through NATS to the events stream (a request its timeout bounds; a
+    PING flush is not used: nats-py's reader dies on a PONG that comes after a timeout)."""
+    try:
+        await js.get_last_msg(subjects.EVENTS_STREAM, subjects.LEADER_EVENTS)
+    except nats.js.errors.NotFoundError:
+        return True  # answered: no leader yet
+    except (nats.errors.Error, TimeoutError, OSError):
+        return False
+    return True
+
+
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     scheduler_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     nc = await nats_io.connect_service(settings, f"berth-scheduler-{scheduler_id}",
@@ -747,14 +782,21 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                     "sooner than a leader take-over can take (about %.1f s): a take-over "
                     "will cost a retry of every running task (docs/reliability.md)",
                     settings.fence_after, take_over)
+    ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
     try:
         while not stop.is_set():
+            # Only a scheduler NATS answers may take the lease.
+            bus_ok_at = time.monotonic()
+            if not await bus_answers(ping_js):
+                log.warning("NATS does not answer; not taking the lease")
+                await service.wait_or_stop(stop, settings.lease_ttl / 3)
+                continue
             epoch = await store.acquire_lease(scheduler_id, ttl_ms)
             if not epoch:
                 await service.wait_or_stop(stop, settings.lease_ttl / 3)
                 continue
             try:
-                await Leader(settings, nc, store, scheduler_id, epoch).serve(stop)
+                await Leader(settings, nc, store, scheduler_id, epoch, bus_ok_at).serve(stop)
             except (LostLeadership, StaleEpochError) as exc:
                 # Every Redis write is fenced: a refused epoch anywhere ends the term.
                 log.warning("lost leadership: %s; standing by", exc)
