@@ -66,7 +66,8 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
     identity is a clear exit."""
     import nats
 
-    from shared.nats_io import auth_options
+    from shared.config import Settings
+    from shared.nats_io import auth_options, server_urls, settings_tls, tls_options
 
     refused: list[Exception] = []
 
@@ -74,8 +75,10 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
         refused.append(exc)
 
     try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2,
-                                error_cb=on_error, **auth_options(creds))
+        nc = await nats.connect(server_urls(nats_url), connect_timeout=5,
+                                max_reconnect_attempts=2, error_cb=on_error,
+                                **auth_options(creds),
+                                **tls_options(settings_tls(Settings.from_env())))
     except Exception as exc:
         why = refused[-1] if refused else exc
         raise SystemExit(f"berth: cannot use NATS at {nats_url} as {creds.name}: {why}"
@@ -95,24 +98,28 @@ def _local_auth(data_dir: Path) -> AuthDir:
         return AuthDir.of(data_dir)
 
 
-def _running_nats_pid(data_dir: Path) -> int | None:
+def _running_nats_pids(data_dir: Path) -> list[int]:
+    """The nats-servers of the `berth up` running in `data_dir` (every node of its cluster)
+    that are still running."""
     try:
         info = json.loads((data_dir / "stack.json").read_text())
-        pid = int(info["nats_pid"])
-        os.kill(pid, 0)
+        pids = [int(pid) for pid in info.get("nats_pids") or [info["nats_pid"]]]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return pid
+        return []
+    return [pid for pid in pids if servers.is_nats_server(pid)]
 
 
 def _apply(data_dir: Path, auth: AuthDir) -> None:
-    """Renders the server's users and, beside a local `berth up`, reloads its nats-server
+    """Renders the server's users and, beside a local `berth up`, reloads its nats-servers
     (no restart: connected clients stay connected)."""
     users = servers.write_nats_users(auth)
-    pid = _running_nats_pid(data_dir)
-    if pid is not None:
-        servers.reload_nats(pid)
-        print(f"nats-server (pid {pid}) reloaded with {users}", file=sys.stderr)
+    pids = _running_nats_pids(data_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # it ended since it was looked at
+            servers.reload_nats(pid)
+    if pids:
+        print(f"nats-server (pid {', '.join(map(str, pids))}) reloaded with {users}",
+              file=sys.stderr)
     else:
         print(f"wrote {users}: copy it to every nats-server's config folder and reload "
               "them (`nats-server --signal reload`)", file=sys.stderr)

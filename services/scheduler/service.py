@@ -771,7 +771,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     scheduler_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     nc = await nats_io.connect_service(settings, f"berth-scheduler-{scheduler_id}",
                                       Role.SCHEDULER)
-    await nats_io.ensure_streams(nc.jetstream())
+    await nats_io.ensure_streams(nc.jetstream(), settings.stream_replicas)
     redis = redis_io.connect(settings.redis_url)
     store = ReservationStore(redis)
     ttl_ms = int(settings.lease_ttl * 1000)

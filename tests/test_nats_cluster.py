@@ -1,0 +1,282 @@
+"""berth on a 3-node JetStream cluster (real nats-servers on loopback): authenticated
+routes, streams with 3 replicas, identities that reach every node, and the whole stack
+carrying on through a burst of submits while one node is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from nats.aio.client import Client as NATS
+
+from berth.client import publish_submit, wait_for_outcome
+from berth.stack import Stack, start_services
+from services.dashboard_api import views
+from shared import nats_io, servers, subjects
+from shared.credentials import AuthDir, Role, load
+from shared.lifecycle import ClusterState
+from shared.messages import JobSpec, Resources, encode
+from shared.states import JobState
+from tests.conftest import get_json, wait_until
+from tests.test_projection import as_json
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[servers.NatsCluster]:
+    nats = servers.start_nats_cluster(tmp_path / "servers", 3)
+    try:
+        yield nats
+    finally:
+        nats.stop()
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def node_connect(node: servers.ServerProcess, creds_dir: Path) -> NATS:
+    """A connection to this one node only (no other server to fail over to)."""
+    import nats
+
+    creds = AuthDir(creds_dir).ensure(Role.ADMIN)
+    return await nats.connect(node.url, connect_timeout=3, max_reconnect_attempts=0,
+                              allow_reconnect=False, dont_randomize=True,
+                              **nats_io.auth_options(creds))
+
+
+async def test_three_nodes_route_with_a_secret_and_hold_every_stream_three_times(
+        cluster: servers.NatsCluster, tmp_path: Path) -> None:
+    auth = AuthDir(cluster.auth_dir)
+    secret = auth.path / servers.NATS_ROUTE_AUTH_FILE
+    assert mode(secret) == 0o600
+    password = json.loads(secret.read_text())["password"]
+    for config in cluster.configs:
+        assert mode(config) == 0o600  # it holds the route password
+        text = config.read_text()
+        assert "127.0.0.1" in text and "0.0.0.0" not in text
+        assert text.count(f"route:{password}@") == 2  # one route to each other node
+    assert len(cluster.url.split(",")) == 3
+
+    # Right after start there is no meta leader yet: ensure_streams waits for one.
+    nc = await nats_io.connect(cluster.url, "test", cluster.admin_creds())
+    try:
+        js = nc.jetstream()
+        await nats_io.ensure_streams(js, replicas=3)
+        for config in nats_io.STREAMS:
+            info = await js.stream_info(str(config.name))
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None and info.cluster.leader
+            assert len(info.cluster.replicas or []) == 2
+        # A service left at the default (1 replica) does not take copies away.
+        await nats_io.ensure_streams(js, replicas=1)
+        info = await js.stream_info(subjects.EVENTS_STREAM)
+        assert info.config.num_replicas == 3
+    finally:
+        await nc.close()
+
+    # What one node stores, another serves: the nodes are routed to each other.
+    first = await node_connect(cluster.nodes[0], cluster.auth_dir)
+    last = await node_connect(cluster.nodes[2], cluster.auth_dir)
+    try:
+        ack = await first.jetstream().publish(subjects.SUBMIT_JOB, b"{}",
+                                              stream=subjects.SUBMIT_STREAM)
+        msg = await last.jetstream().get_msg(subjects.SUBMIT_STREAM, ack.seq)
+        assert msg.data == b"{}"
+    finally:
+        await first.close()
+        await last.close()
+
+    # A server that knows the cluster's name and a route address, but not the secret, is
+    # refused by the routes.
+    rogue_dir = tmp_path / "rogue"
+    rogue_dir.mkdir()
+    target = cluster.cluster_ports[0]
+    config = rogue_dir / "server.conf"
+    config.write_text(
+        f'listen: "127.0.0.1:{servers.free_port()}"\nserver_name: "rogue"\n'
+        f'cluster {{\n  name: "{servers.CLUSTER_NAME}"\n'
+        f'  listen: "127.0.0.1:{servers.free_port()}"\n'
+        f'  routes: ["nats-route://127.0.0.1:{target}"]\n}}\n')
+    rogue = servers._spawn([servers.nats_server_binary(), "-c", str(config)],
+                           rogue_dir / "rogue.log")
+    try:
+        await wait_until(lambda: "Authorization Violation" in (rogue_dir / "rogue.log")
+                         .read_text(), 15, "the rogue route to be refused")
+    finally:
+        rogue.kill()
+        rogue.wait()
+
+
+async def test_a_new_identity_reaches_every_node_and_a_restarted_one(
+        cluster: servers.NatsCluster) -> None:
+    auth = AuthDir(cluster.auth_dir)
+    pids = [node.proc.pid for node in cluster.nodes]
+    creds = auth.ensure(Role.WORKER, "late-1")
+    servers.write_nats_users(auth)
+    servers.reload_all(cluster, creds)  # waits until each node admits it
+    for node in cluster.nodes:
+        assert servers.admitted(node.port, creds)
+    assert [node.proc.pid for node in cluster.nodes] == pids  # reloaded, not restarted
+
+    # With one node down, a reload reaches the others; the node reads the users on restart.
+    cluster.kill(1)
+    revoked = auth.ensure(Role.WORKER, "late-2")
+    servers.write_nats_users(auth)
+    servers.reload_all(cluster, revoked)
+    cluster.restart(1)
+    servers.wait_until_admitted(cluster.nodes[1].port, revoked)
+
+
+# --- one node SIGKILLed under a burst of submits, with the whole stack on the cluster -------
+
+JOBS = 300
+TINY = Resources(cpu=0.1, memory_mb=16)
+
+
+class Fold:
+    """The events stream folded as it arrives, from sequence 1."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState()
+        self.seq = 0
+
+    async def run(self, nc: NATS) -> None:
+        async for record in nats_io.follow_events(nc.jetstream()):
+            self.state.apply(record.seq, record.event)
+            self.seq = record.seq
+
+
+async def submit_burst(nc: NATS, user: str, count: int, acked: dict[int, str],
+                       halfway: asyncio.Event) -> int:
+    """Publishes `count` submits, 25 in flight at a time; each that fails is published again
+    with the same dedup id until acknowledged. `acked`: submit seq -> dedup id. Returns how
+    many publishes failed (and were retried)."""
+    failures = 0
+
+    async def one(i: int) -> None:
+        nonlocal failures
+        msg_id = f"burst-{i}"
+        payload = encode(JobSpec(name=f"b{i}", command=["true"], resources=TINY))
+        while True:
+            try:
+                seq = await publish_submit(nc, payload, msg_id, subject=subjects.submit_job(user))
+                acked[seq] = msg_id
+                return
+            except Exception:
+                failures += 1
+                await asyncio.sleep(0.2)
+
+    for start in range(0, count, 25):
+        await asyncio.gather(*(one(i) for i in range(start, min(start + 25, count))))
+        if start >= count // 3:
+            halfway.set()
+    return failures
+
+
+@pytest.mark.slow
+async def test_a_burst_of_submits_survives_a_node_killed_mid_burst(
+        cluster: servers.NatsCluster, tmp_path: Path) -> None:
+    redis = servers.start_redis(tmp_path / "servers")
+    stack: Stack | None = None
+    fold = Fold()
+    tasks: list[asyncio.Task[Any]] = []
+    clients: list[NATS] = []
+    try:
+        stack = start_services(tmp_path / "berth", cluster, redis, workers=2, worker_cpu=4,
+                               extra_env={"BERTH_HEARTBEAT_INTERVAL": "0.5",
+                                          "BERTH_WORKER_DEAD_AFTER": "5"})
+        assert stack.env["BERTH_STREAM_REPLICAS"] == "3"
+        user = "burst"
+        submitter = load(stack.creds_for(Role.SUBMIT, user))
+        admin = await nats_io.connect(cluster.url, "test-fold", cluster.admin_creds())
+        client = await nats_io.connect(cluster.url, "test-burst", submitter)
+        clients += [admin, client]
+        js = admin.jetstream()
+        info = await js.stream_info(subjects.EVENTS_STREAM)
+        assert info.config.num_replicas == 3 and info.cluster is not None
+        tasks.append(asyncio.create_task(fold.run(admin)))
+        await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, 30, "2 workers")
+
+        # The node that leads the events stream is the one to lose: the stream must elect
+        # a new leader while submits, outcomes and reports keep coming.
+        victim = next(i for i, n in enumerate(cluster.nodes) if n.name == info.cluster.leader)
+        acked: dict[int, str] = {}
+        halfway = asyncio.Event()
+        started = time.monotonic()
+        burst = asyncio.create_task(submit_burst(client, user, JOBS, acked, halfway))
+        await halfway.wait()
+        killed_pid = cluster.kill(victim)
+        killed_at = len(acked)
+        failures = await asyncio.wait_for(burst, 120)
+        assert len(set(acked.values())) == JOBS  # every submit acknowledged (once)
+
+        # 0 acknowledged submits lost: each has its verdict, and each was accepted.
+        outcomes = await asyncio.gather(*(wait_for_outcome(client, seq, user, 90)
+                                          for seq in acked))
+        rejected = [o.reason for o in outcomes if not o.accepted]
+        assert not rejected, rejected[:3]
+        job_ids = {str(o.job_id) for o in outcomes}
+        assert len(job_ids) == JOBS
+
+        # Every job ends, succeeded, with the node still down.
+        def done() -> bool:
+            return all(j in fold.state.jobs and fold.state.jobs[j].state == JobState.SUCCEEDED
+                       for j in job_ids)
+
+        await wait_until(done, 180, "every job to succeed")
+        burst_s = time.monotonic() - started
+
+        # The node comes back and catches up; the stream is whole on three nodes again.
+        cluster.restart(victim)
+        stack.write_info()
+
+        async def replicas_current() -> bool:
+            info = await js.stream_info(subjects.EVENTS_STREAM)
+            peers = (info.cluster.replicas or []) if info.cluster else []
+            return len(peers) == 2 and all(p.current for p in peers)
+
+        deadline = time.monotonic() + 60
+        while not await replicas_current():
+            assert time.monotonic() < deadline, "the restarted node never caught up"
+            await asyncio.sleep(0.5)
+
+        # The dashboard's projection equals a fresh fold of the whole log.
+        last = await nats_io.last_event_seq(js)
+        await wait_until(lambda: get_json(stack, "/healthz")["events_seq"] >= last, 60,
+                         "the dashboard to catch up")
+        await wait_until(lambda: fold.seq >= last, 60, "the test's fold to catch up")
+        fresh = ClusterState()
+        async for record in nats_io.follow_events(js):
+            fresh.apply(record.seq, record.event)
+            if record.seq >= last:
+                break
+        assert set(fresh.jobs) == job_ids
+        async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as http:
+            for job_id in sorted(job_ids):
+                shown = (await http.get(f"/api/jobs/{job_id}")).json()
+                assert shown == as_json(views.job_detail(fresh.jobs[job_id])), job_id
+
+        # No service process exited.
+        for label, proc in stack.children.items():
+            assert proc.poll() is None, f"{label} exited with {proc.returncode}"
+        print(f"\n{JOBS} jobs, node {victim + 1} (pid {killed_pid}) killed after {killed_at} "
+              f"acks; {failures} publishes retried; all succeeded in {burst_s:.1f} s")
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for nc in clients:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        if stack is not None:
+            stack.stop()
+        redis.stop()
