@@ -280,3 +280,59 @@ async def test_a_burst_of_submits_survives_a_node_killed_mid_burst(
         if stack is not None:
             stack.stop()
         redis.stop()
+
+
+def test_berth_up_with_three_nats_nodes(tmp_path: Path) -> None:
+    """`berth up --nats-nodes 3`: R3 streams, `berth creds` reloads every node, and the
+    `berth` command submits through the comma-separated URL it records."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = tmp_path / "d"
+    env = {**os.environ, "BERTH_DATA_DIR": str(data)}
+    env.pop("BERTH_NATS_URL", None)
+    env.pop("BERTH_NATS_CREDS", None)
+    berth = [sys.executable, "-m", "berth.cli"]
+    up = subprocess.Popen([*berth, "up", "--nats-nodes", "3", "--workers", "1"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (data / "stack.json").exists():
+            assert up.poll() is None, up.stderr.read() if up.stderr else ""
+            assert time.monotonic() < deadline, "berth up did not start"
+            time.sleep(0.2)
+        info = json.loads((data / "stack.json").read_text())
+        assert len(info["nats_pids"]) == 3 and len(info["nats_url"].split(",")) == 3
+        assert all(servers.is_nats_server(pid) for pid in info["nats_pids"])
+
+        made = subprocess.run([*berth, "creds", "user", "ada"], env=env, capture_output=True,
+                              text=True, timeout=30)
+        assert made.returncode == 0, made.stderr
+        assert ", ".join(map(str, info["nats_pids"])) in made.stderr  # all three reloaded
+        spec = tmp_path / "job.yaml"
+        spec.write_text("name: hello\ncommand: ['true']\nresources: {cpu: 0.1, memory_mb: 16}\n")
+        submitted = subprocess.run(
+            [*berth, "submit", str(spec), "--wait", "--timeout", "60"],
+            env={**env, "BERTH_NATS_CREDS": made.stdout.strip()}, capture_output=True,
+            text=True, timeout=120)
+        assert submitted.returncode == 0, submitted.stderr
+        assert "(hello): succeeded" in submitted.stdout
+
+        async def replicas() -> int:
+            creds = AuthDir(Path(info["auth_dir"])).ensure(Role.ADMIN)
+            nc = await nats_io.connect(info["nats_url"], "test", creds)
+            try:
+                return int((await nc.jetstream().stream_info(subjects.EVENTS_STREAM))
+                           .config.num_replicas)
+            finally:
+                await nc.close()
+
+        assert asyncio.run(replicas()) == 3
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
+    assert not (data / "stack.json").exists()
+    for pid in info["nats_pids"]:
+        assert not servers.is_nats_server(pid)
