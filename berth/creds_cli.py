@@ -24,6 +24,7 @@ from shared.credentials import (
     describe,
     identity_name,
     load,
+    write_private,
 )
 
 ROLES_WITH_SCOPE = {"worker": Role.WORKER, "user": Role.SUBMIT}
@@ -125,10 +126,32 @@ def _apply(data_dir: Path, auth: AuthDir) -> None:
               "them (`nats-server --signal reload`)", file=sys.stderr)
 
 
+ROUTES_FILE = "cluster-routes.conf"
+
+
+def _routes(auth: AuthDir, addresses: str) -> int:
+    """Renders the routes file every node of a NATS cluster on real hosts includes in its
+    `cluster {}` (deploy/nats-cluster.conf): the route secret of this auth folder (made
+    once) and a route to each `host:port`."""
+    routes = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not routes or any(":" not in r or "@" in r or "/" in r for r in routes):
+        print("berth: `berth creds routes` needs the nodes' route addresses, comma-separated: "
+              "nats-1:6222,nats-2:6222,nats-3:6222", file=sys.stderr)
+        return 2
+    path = auth.path / ROUTES_FILE
+    write_private(path, servers.routes_config(servers.RouteAuth.of(auth), routes).encode())
+    print(f"wrote {path}: copy it beside nats-cluster.conf on every node (mode 0640, owner "
+          "root, group nats) and reload them; it holds the route password", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def cmd_creds(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     auth = _local_auth(data_dir)
     try:
+        if args.action == "routes":
+            return _routes(auth, args.name)
         if args.action == "list":
             for identity in auth.identities():
                 scope = f" ({identity.scope})" if identity.scope else ""
@@ -171,10 +194,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "as HOST and receive only HOST's commands); `berth creds user NAME` one for a user "
         "who submits jobs (which are then NAME's, and only NAME may cancel them). Beside a "
         "running `berth up` the NATS server is reloaded at once; elsewhere, copy the "
-        "rendered users file to the servers and reload them.")
+        "rendered users file to the servers and reload them. `berth creds routes "
+        "nats-1:6222,nats-2:6222,nats-3:6222` renders the routes file of a NATS cluster "
+        "(its route password, made once, and the routes; docs/nats-cluster.md).")
     p.add_argument("action", choices=["worker", "user", "scheduler", "submitter", "dashboard",
-                                      "admin", "list", "revoke"],
-                   help="the role to make credentials for, or list / revoke")
+                                      "admin", "list", "revoke", "routes"],
+                   help="the role to make credentials for, or list / revoke / routes")
     p.add_argument("name", nargs="?", default="",
-                   help="worker id (worker), user name (user), identity (revoke)")
+                   help="worker id (worker), user name (user), identity (revoke), the nodes' "
+                   "route addresses host:port, comma-separated (routes)")
     p.set_defaults(func=cmd_creds)

@@ -209,26 +209,37 @@ class RouteAuth:
         return cls(str(raw["user"]), str(raw["password"]))
 
 
-def nats_cluster_config(name: str, port: int, cluster_port: int, peers: list[int],
-                        store: Path, users_file: Path, route_auth: RouteAuth, config_dir: Path,
-                        host: str = "127.0.0.1", tls: ServerTls | None = None) -> str:
-    """One node of a JetStream cluster: `nats_config` plus its name and its routes to the
-    other nodes (`peers`: their cluster ports on `host`), authenticated with the route user
-    (nats-server sends a route's credentials only from its URL, so the config holds the
-    password: write it owner-only), and TLS on the routes too when given a CA (the nodes
-    verify each other's certificates)."""
+def routes_config(route_auth: RouteAuth, routes: list[str]) -> str:
+    """The secret part of a node's `cluster {}` (included there; write it owner-only): the
+    route user and password it asks of the other nodes, and its routes to them
+    (`host:port` each) carrying the same (nats-server presents a route's credentials only
+    from its URL). A route to the node itself is allowed: nats-server ignores it, so every
+    node may share one file (`berth creds routes`)."""
     secret = f"{route_auth.user}:{route_auth.password}"
-    routes = "".join(f"    {json.dumps(f'nats-route://{secret}@{host}:{p}')}\n" for p in peers)
+    urls = "".join(f"  {json.dumps(f'nats-route://{secret}@{route}')}\n" for route in routes)
+    return (
+        "# The routes' user and password; the routes to the other nodes, with them.\n"
+        "authorization {\n"
+        f"  user: {json.dumps(route_auth.user)}\n"
+        f"  password: {json.dumps(route_auth.password)}\n"
+        "  timeout: 5\n"
+        "}\n"
+        f"routes: [\n{urls}]\n"
+    )
+
+
+def nats_cluster_config(name: str, port: int, cluster_port: int, store: Path,
+                        users_file: Path, routes_file: Path, config_dir: Path,
+                        host: str = "127.0.0.1", tls: ServerTls | None = None) -> str:
+    """One node of a JetStream cluster: `nats_config` plus its name and a `cluster {}` whose
+    route secret and routes come from `routes_file` (`routes_config`), with TLS on the
+    routes too when given a CA (the nodes then verify each other's certificates). The same
+    shape as deploy/nats-cluster.conf."""
     cluster = (
         "cluster {\n"
         f"  name: {json.dumps(CLUSTER_NAME)}\n"
         f"  listen: {json.dumps(f'{host}:{cluster_port}')}\n"
-        "  authorization {\n"
-        f"    user: {json.dumps(route_auth.user)}\n"
-        f"    password: {json.dumps(route_auth.password)}\n"
-        "    timeout: 5\n"
-        "  }\n"
-        f"  routes: [\n{routes}  ]\n"
+        f"  include {json.dumps(os.path.relpath(routes_file, config_dir))}\n"
         + ("  " + tls.block(routes=True).replace("\n", "\n  ").rstrip() + "\n"
            if tls is not None and tls.ca is not None else "")
         + "}\n"
@@ -317,10 +328,11 @@ def start_nats_cluster(data_dir: Path, nodes: int = 3, tls: ServerTls | None = N
             store = data_dir / "nats" / f"n{i + 1}"
             store.mkdir(parents=True, exist_ok=True)
             config = store / "server.conf"
-            peers = [p for j, p in enumerate(cluster_ports) if j != i]
-            write_private(config, nats_cluster_config(
-                name, client_ports[i], cluster_ports[i], peers, store, users, route_auth, store,
-                tls=tls).encode())
+            routes = store / "cluster-routes.conf"
+            peers = [f"127.0.0.1:{p}" for j, p in enumerate(cluster_ports) if j != i]
+            write_private(routes, routes_config(route_auth, peers).encode())
+            config.write_text(nats_cluster_config(name, client_ports[i], cluster_ports[i],
+                                                  store, users, routes, store, tls=tls))
             log = data_dir / "logs" / f"nats-server-n{i + 1}.log"
             proc = _spawn([nats_server_binary(), "-c", str(config)], log)
             started.append(ServerProcess(name, f"{scheme}://127.0.0.1:{client_ports[i]}",

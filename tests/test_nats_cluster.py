@@ -59,10 +59,12 @@ async def test_three_nodes_route_with_a_secret_and_hold_every_stream_three_times
     assert mode(secret) == 0o600
     password = json.loads(secret.read_text())["password"]
     for config in cluster.configs:
-        assert mode(config) == 0o600  # it holds the route password
         text = config.read_text()
         assert "127.0.0.1" in text and "0.0.0.0" not in text
-        assert text.count(f"route:{password}@") == 2  # one route to each other node
+        assert password not in text and 'include "cluster-routes.conf"' in text
+        routes = config.parent / "cluster-routes.conf"
+        assert mode(routes) == 0o600  # it holds the route password
+        assert routes.read_text().count(f"route:{password}@127.0.0.1:") == 2  # the others
     assert len(cluster.url.split(",")) == 3
 
     # Right after start there is no meta leader yet: ensure_streams waits for one.
@@ -336,3 +338,27 @@ def test_berth_up_with_three_nats_nodes(tmp_path: Path) -> None:
     assert not (data / "stack.json").exists()
     for pid in info["nats_pids"]:
         assert not servers.is_nats_server(pid)
+
+
+def test_berth_creds_routes_renders_the_routes_file_of_a_cluster_on_hosts(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    berth = [sys.executable, "-m", "berth.cli", "--data-dir", str(tmp_path)]
+    made = subprocess.run([*berth, "creds", "routes", "nats-1:6222,nats-2:6222,nats-3:6222"],
+                          capture_output=True, text=True, timeout=30)
+    assert made.returncode == 0, made.stderr
+    path = Path(made.stdout.strip())
+    assert path == tmp_path / "auth" / "cluster-routes.conf" and mode(path) == 0o600
+    secret = servers.RouteAuth.of(AuthDir.of(tmp_path))
+    text = path.read_text()
+    for i in (1, 2, 3):
+        assert f'"nats-route://route:{secret.password}@nats-{i}:6222"' in text
+    # The same secret the next time: the nodes already configured keep working.
+    again = subprocess.run([*berth, "creds", "routes", "nats-1:6222,nats-2:6222,nats-3:6222"],
+                           capture_output=True, text=True, timeout=30)
+    assert again.returncode == 0 and path.read_text() == text
+    bad = subprocess.run([*berth, "creds", "routes", "nats://x:1"], capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode == 2 and "comma-separated" in bad.stderr
