@@ -52,6 +52,19 @@ async def node_connect(node: servers.ServerProcess, creds_dir: Path) -> NATS:
                               **nats_io.auth_options(creds))
 
 
+async def current_replicas(js: Any, stream: str, timeout: float = 60) -> None:
+    """Waits until `stream` has a leader and two other replicas that are current."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await js.stream_info(stream)
+        peers = (info.cluster.replicas or []) if info.cluster else []
+        if info.cluster and info.cluster.leader and len(peers) == 2 and all(
+                p.current for p in peers):
+            return
+        assert time.monotonic() < deadline, f"{stream}: replicas not current: {info.cluster}"
+        await asyncio.sleep(0.25)
+
+
 async def test_three_nodes_route_with_a_secret_and_hold_every_stream_three_times(
         cluster: servers.NatsCluster, tmp_path: Path) -> None:
     auth = AuthDir(cluster.auth_dir)
@@ -67,16 +80,19 @@ async def test_three_nodes_route_with_a_secret_and_hold_every_stream_three_times
         assert routes.read_text().count(f"route:{password}@127.0.0.1:") == 2  # the others
     assert len(cluster.url.split(",")) == 3
 
-    # Right after start there is no meta leader yet: ensure_streams waits for one.
+    # Right after start there is no meta leader yet: ensure_streams waits for one. Streams
+    # made with one copy are scaled up in place when the setting says three.
     nc = await nats_io.connect(cluster.url, "test", cluster.admin_creds())
     try:
         js = nc.jetstream()
+        await nats_io.ensure_streams(js, replicas=1)
+        await js.publish(subjects.SUBMIT_JOB, b"{}", stream=subjects.SUBMIT_STREAM)
         await nats_io.ensure_streams(js, replicas=3)
         for config in nats_io.STREAMS:
             info = await js.stream_info(str(config.name))
             assert info.config.num_replicas == 3
-            assert info.cluster is not None and info.cluster.leader
-            assert len(info.cluster.replicas or []) == 2
+            # A scaled-up stream's new peers join a moment later.
+            await current_replicas(js, str(config.name))
         # A service left at the default (1 replica) does not take copies away.
         await nats_io.ensure_streams(js, replicas=1)
         info = await js.stream_info(subjects.EVENTS_STREAM)
@@ -88,10 +104,11 @@ async def test_three_nodes_route_with_a_secret_and_hold_every_stream_three_times
     first = await node_connect(cluster.nodes[0], cluster.auth_dir)
     last = await node_connect(cluster.nodes[2], cluster.auth_dir)
     try:
-        ack = await first.jetstream().publish(subjects.SUBMIT_JOB, b"{}",
+        ack = await first.jetstream().publish(subjects.SUBMIT_JOB, b"{2}",
                                               stream=subjects.SUBMIT_STREAM)
+        assert ack.seq == 2  # after the one stored before the scale-up
         msg = await last.jetstream().get_msg(subjects.SUBMIT_STREAM, ack.seq)
-        assert msg.data == b"{}"
+        assert msg.data == b"{2}"
     finally:
         await first.close()
         await last.close()
@@ -240,15 +257,7 @@ async def test_a_burst_of_submits_survives_a_node_killed_mid_burst(
         cluster.restart(victim)
         stack.write_info()
 
-        async def replicas_current() -> bool:
-            info = await js.stream_info(subjects.EVENTS_STREAM)
-            peers = (info.cluster.replicas or []) if info.cluster else []
-            return len(peers) == 2 and all(p.current for p in peers)
-
-        deadline = time.monotonic() + 60
-        while not await replicas_current():
-            assert time.monotonic() < deadline, "the restarted node never caught up"
-            await asyncio.sleep(0.5)
+        await current_replicas(js, subjects.EVENTS_STREAM)
 
         # The dashboard's projection equals a fresh fold of the whole log.
         last = await nats_io.last_event_seq(js)
