@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from procstat import status_mib  # bench/procstat.py, beside this script
+from procstat import cpu_seconds, status_mib  # bench/procstat.py, beside this script
 
 from berth.stack import Stack, start_stack
 from shared import nats_io, redis_io, subjects
@@ -245,6 +245,8 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "submit_to_running_p50_ms": pct(to_running, 0.5),
             "submit_to_running_p99_ms": pct(to_running, 0.99),
             "scheduler_peak_rss_mib": round(status_mib(c.scheduler_pid(), "VmHWM"), 1),
+            # CPU time of every nats-server of the stack, start to end (R3: three stores).
+            "nats_cpu_s": round(sum(cpu_seconds(n.proc.pid) for n in c.stack.nats.nodes), 1),
             "rejected": seen.rejected,
         }
 

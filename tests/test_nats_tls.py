@@ -136,3 +136,25 @@ def test_tls_settings_that_cannot_work_end_the_service_with_a_reason(
     with pytest.raises(SystemExit, match="NATS TLS files"):
         nats_io.tls_context(str(tmp_path / "missing.pem"))
     assert nats_io.tls_context("") is None
+
+
+async def test_a_cluster_over_tls_routes_and_serves_clients_with_certificates(
+        pki: dict[str, Path], tmp_path: Path) -> None:
+    """Routes with `verify: true` (each node checks the others' certificates against the
+    CA) and clients over TLS: the cluster forms, and holds R3 streams."""
+    tls = servers.ServerTls(pki["server-cert"], pki["server-key"], pki["ca"])
+    cluster = servers.start_nats_cluster(tmp_path, 3, tls=tls)
+    try:
+        assert all(node.url.startswith("tls://") for node in cluster.nodes)
+        assert "verify: true" in cluster.configs[0].read_text()
+        context = nats_io.tls_context(str(pki["ca"]))
+        nc = await nats_io.connect(cluster.url, "test", cluster.admin_creds(), tls=context)
+        try:
+            js = nc.jetstream()
+            await nats_io.ensure_streams(js, replicas=3)
+            info = await js.stream_info(subjects.EVENTS_STREAM)
+            assert info.config.num_replicas == 3 and info.cluster is not None
+        finally:
+            await nc.close()
+    finally:
+        cluster.stop()
