@@ -250,7 +250,18 @@ async def test_a_burst_of_submits_survives_a_node_killed_mid_burst(
             return all(j in fold.state.jobs and fold.state.jobs[j].state == JobState.SUCCEEDED
                        for j in job_ids)
 
-        await wait_until(done, 180, "every job to succeed")
+        try:
+            await wait_until(done, 180, "every job to succeed")
+        except AssertionError:
+            states: dict[str, int] = {}
+            for j in job_ids:
+                job = fold.state.jobs.get(j)
+                name = job.state.display if job else "unseen"
+                states[name] = states.get(name, 0) + 1
+            raise AssertionError(
+                f"not all succeeded: {states}; log at {await nats_io.last_event_seq(js)}, "
+                f"test fold at {fold.seq}, dashboard at "
+                f"{get_json(stack, '/healthz')['events_seq']}") from None
         burst_s = time.monotonic() - started
 
         # The node comes back and catches up; the stream is whole on three nodes again.

@@ -153,6 +153,10 @@ class Leader:
         # what the fold has already freed).
         self.unreleased: list[tuple[str, str]] = []
         self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
+        # Assignments committed but not yet stored in the log (their publish is awaiting
+        # its ack, e.g. while a NATS cluster elects a new stream leader): no run command
+        # may go out for them, or the worker's reports could be logged before them.
+        self.unlogged: set[str] = set()
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
 
@@ -608,9 +612,14 @@ class Leader:
                 outgoing.append(nats_io.Outgoing(
                     subjects.task_events(event.job_id), encode(event),
                     nats_io.message_headers(f"assign:{event.epoch}:{key}")))
+        keys = {attempt_key(e.job_id, e.task_index, e.attempt_id) for e in assigned}
         try:
             self._check_lease()
-            await nats_io.publish_events(self.js, outgoing)
+            self.unlogged |= keys
+            try:
+                await nats_io.publish_events(self.js, outgoing)
+            finally:
+                self.unlogged -= keys
             for event, span in zip(assigned, spans, strict=True):
                 task = self.state.task(event.job_id, event.task_index)
                 assert task is not None
@@ -714,6 +723,8 @@ class Leader:
             await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
                                        index, attempt_id, "killed before it started"))
         for job_id, index, attempt_id in verdict.lost_runs:
+            if attempt_key(job_id, index, attempt_id) in self.unlogged:
+                continue  # not lost: its run command goes out once it is in the log
             log.info("re-sending lost assignment %s to %s",
                      attempt_key(job_id, index, attempt_id), worker.worker_id)
             task = self.state.task(job_id, index)
