@@ -382,3 +382,22 @@ def test_berth_creds_routes_renders_the_routes_file_of_a_cluster_on_hosts(
     bad = subprocess.run([*berth, "creds", "routes", "nats://x:1"], capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode == 2 and "comma-separated" in bad.stderr
+
+
+def test_a_nats_url_setting_names_one_server_or_several(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.config import Settings
+
+    assert nats_io.server_urls("nats://a:4222") == ["nats://a:4222"]
+    assert nats_io.server_urls(" nats://a:4222, nats://b:4222,,tls://c:4222 ") == [
+        "nats://a:4222", "nats://b:4222", "tls://c:4222"]
+    with pytest.raises(SystemExit, match="no NATS server"):
+        nats_io.server_urls(" , ")
+    monkeypatch.setenv("BERTH_STREAM_REPLICAS", "3")
+    assert Settings.from_env().stream_replicas == 3
+    monkeypatch.delenv("BERTH_STREAM_REPLICAS")
+    assert Settings.from_env().stream_replicas == 1
+    for bad in ("0", "6"):
+        monkeypatch.setenv("BERTH_STREAM_REPLICAS", bad)
+        with pytest.raises(SystemExit, match="1 to 5"):
+            Settings.from_env()
