@@ -5,6 +5,7 @@ kube-scheduler's scheduler_perf, Armada's fake executor and Volcano's KWOK runs 
     .venv/bin/python bench/scale.py            # W1-W4 at full size (many minutes)
     .venv/bin/python bench/scale.py --quick    # a small version of each, under a minute
     .venv/bin/python bench/scale.py --only W2,W3
+    .venv/bin/python bench/scale.py --only W1 --nats-nodes 3   # NATS as 3 nodes, R3 streams
 
 Workloads (each on a fresh stack):
   W1 throughput  hosts x 4 cpu; single-task 1-cpu jobs submitted as fast as the client can:
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from procstat import status_mib  # bench/procstat.py, beside this script
+from procstat import cpu_seconds, status_mib  # bench/procstat.py, beside this script
 
 from berth.stack import Stack, start_stack
 from shared import nats_io, redis_auth, redis_io, subjects
@@ -153,7 +154,10 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 class Cluster:
-    """A fresh stack with `hosts` simulated workers."""
+    """A fresh stack with `hosts` simulated workers, on one nats-server or on a JetStream
+    cluster of `nats_nodes` (`--nats-nodes`; streams with min(nodes, 3) replicas)."""
+
+    nats_nodes = 1
 
     def __init__(self, root: Path, name: str, hosts: int, sim_args: list[str]) -> None:
         self.data = root / name
@@ -163,7 +167,8 @@ class Cluster:
         env = {"BERTH_HEARTBEAT_INTERVAL": str(interval),
                "BERTH_WORKER_DEAD_AFTER": str(interval * 6),
                "BERTH_LOG_LEVEL": "INFO"}
-        self.stack: Stack = start_stack(self.data, workers=0, extra_env=env)
+        self.stack: Stack = start_stack(self.data, workers=0, extra_env=env,
+                                        nats_nodes=self.nats_nodes)
         self.hosts = hosts
         self.stack.start_service("worker", "--id", "sim", "--simulate", str(hosts),
                                  "--address", "127.0.0.1", *sim_args, label="sim")
@@ -240,6 +245,8 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "submit_to_running_p50_ms": pct(to_running, 0.5),
             "submit_to_running_p99_ms": pct(to_running, 0.99),
             "scheduler_peak_rss_mib": round(status_mib(c.scheduler_pid(), "VmHWM"), 1),
+            # CPU time of every nats-server of the stack, start to end (R3: three stores).
+            "nats_cpu_s": round(sum(cpu_seconds(n.proc.pid) for n in c.stack.nats.nodes), 1),
             "rejected": seen.rejected,
         }
 
@@ -322,6 +329,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def emit(result: dict[str, Any]) -> None:
         result["machine_cpus"] = os.cpu_count()
+        result["nats_nodes"] = Cluster.nats_nodes
+        result["stream_replicas"] = min(Cluster.nats_nodes, 3)
         results.append(result)
         print(json.dumps(result), flush=True)
 
@@ -365,9 +374,14 @@ def main() -> None:
                         help="W4's host counts (default 1000,5000,10000)")
     parser.add_argument("--w4-cap", type=float, default=180,
                         help="seconds each W4 size may run (default 180)")
+    parser.add_argument("--nats-nodes", type=int, default=1,
+                        help="run NATS as a JetStream cluster of N nodes on this machine, "
+                        "streams with min(N, 3) replicas (default: 1 server, R1)")
     args = parser.parse_args()
+    Cluster.nats_nodes = args.nats_nodes
     results = asyncio.run(run(args))
-    print("\n" + table(results), file=sys.stderr)
+    print(f"\nNATS: {args.nats_nodes} node(s), streams with {min(args.nats_nodes, 3)} "
+          "replica(s)\n" + table(results), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 
 from berth.creds_cli import cli_connection, cli_credentials
 from shared import nats_io, subjects
+from shared.config import Settings
 
 FORMAT = "berth-events-backup/1"
 
@@ -110,7 +111,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with cli_connection(nats_url, creds) as nc:
             js = nc.jetstream()
-            await nats_io.ensure_streams(js)
+            # Into a NATS cluster: as many copies as its services keep (BERTH_STREAM_REPLICAS).
+            await nats_io.ensure_streams(js, Settings.from_env().stream_replicas)
             return await restore(js, open_lines(Path(args.file)))
 
     try:

@@ -341,10 +341,14 @@ def _start(args: argparse.Namespace) -> Any:
             data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
             worker_memory_mb=args.worker_memory_mb, api_port=args.port,
             nats_port=args.nats_port, redis_port=args.redis_port,
-            prefer_redis_on_path=args.redis_server,
+            prefer_redis_on_path=args.redis_server, nats_nodes=args.nats_nodes,
         )
     except DirLocked as exc:
         raise SystemExit(f"berth: {exc}") from None
+    nodes = len(stack.nats.nodes)
+    if nodes > 1:
+        print(f"  NATS       {nodes} nodes, streams with {stack.nats.stream_replicas} "
+              "replicas (docs/nats-cluster.md)", file=sys.stderr)
     print(f"  NATS       {stack.nats.url}\n"
           f"  Redis      {stack.redis.url} (users: {data_dir / 'auth' / 'redis.json'})\n"
           f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
@@ -416,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data-dir", default=os.environ.get("BERTH_DATA_DIR", ".berth"),
                         help="where `berth up` keeps NATS/Redis data and logs (default: .berth)")
-    parser.add_argument("--nats-url", help="NATS URL (default: $BERTH_NATS_URL or `berth up`'s)")
+    parser.add_argument("--nats-url", help="NATS URL, or several comma-separated (default: "
+                        "$BERTH_NATS_URL or `berth up`'s)")
     parser.add_argument("--api-url", help="dashboard API URL (default: $BERTH_API_URL or "
                         "`berth up`'s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -429,7 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="memory each local worker offers, MiB (default: 2048)")
         p.add_argument("--port", type=int, default=None,
                        help="dashboard port (default: a free port)")
-        p.add_argument("--nats-port", type=int, default=None, help="default: a free port")
+        p.add_argument("--nats-port", type=int, default=None,
+                       help="default: a free port (with --nats-nodes: the first node's)")
+        p.add_argument("--nats-nodes", type=int, default=1, metavar="N",
+                       help="run NATS as a JetStream cluster of N nodes on loopback, streams "
+                       "with min(N, 3) replicas (default: 1, one server)")
         p.add_argument("--redis-port", type=int, default=None, help="default: a free port")
         p.add_argument("--redis-server", action="store_true",
                        help="use redis-server from PATH instead of the bundled valkey-server")

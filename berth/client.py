@@ -59,6 +59,11 @@ async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str | None =
     return await wait_for_outcome(nc, seq, user, timeout)
 
 
+# A read that got no answer, which is worth asking again.
+UNANSWERED = (nats.errors.NoRespondersError, nats.errors.TimeoutError,
+              nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError)
+
+
 async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
                            timeout: float = 30) -> SubmitOutcome:
     """Waits for the submitter's verdict on submit `submit_seq` (a job or a cancel) made as
@@ -72,7 +77,9 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
         try:
             msg = await js.get_msg(subjects.EVENTS_STREAM, subject=subject, direct=True)
             break
-        except nats.js.errors.NotFoundError:
+        except (nats.js.errors.NotFoundError, *UNANSWERED):
+            # Not there yet; or, on a NATS cluster that just lost a node, no replica answered
+            # (reconnecting, or the stream electing a new leader): ask again.
             if time.monotonic() + pause > deadline:
                 raise TimeoutError(
                     f"no outcome for submit {submit_seq} within {timeout:g}s") from None

@@ -24,6 +24,7 @@ from shared.credentials import (
     describe,
     identity_name,
     load,
+    write_private,
 )
 
 ROLES_WITH_SCOPE = {"worker": Role.WORKER, "user": Role.SUBMIT}
@@ -66,7 +67,8 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
     identity is a clear exit."""
     import nats
 
-    from shared.nats_io import auth_options
+    from shared.config import Settings
+    from shared.nats_io import auth_options, server_urls, settings_tls, tls_options
 
     refused: list[Exception] = []
 
@@ -74,8 +76,10 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
         refused.append(exc)
 
     try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=2,
-                                error_cb=on_error, **auth_options(creds))
+        nc = await nats.connect(server_urls(nats_url), connect_timeout=5,
+                                max_reconnect_attempts=2, error_cb=on_error,
+                                **auth_options(creds),
+                                **tls_options(settings_tls(Settings.from_env())))
     except Exception as exc:
         why = refused[-1] if refused else exc
         raise SystemExit(f"berth: cannot use NATS at {nats_url} as {creds.name}: {why}"
@@ -95,33 +99,59 @@ def _local_auth(data_dir: Path) -> AuthDir:
         return AuthDir.of(data_dir)
 
 
-def _running_nats_pid(data_dir: Path) -> int | None:
+def _running_nats_pids(data_dir: Path) -> list[int]:
+    """The nats-servers of the `berth up` running in `data_dir` (every node of its cluster)
+    that are still running."""
     try:
         info = json.loads((data_dir / "stack.json").read_text())
-        pid = int(info["nats_pid"])
-        os.kill(pid, 0)
+        pids = [int(pid) for pid in info.get("nats_pids") or [info["nats_pid"]]]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return pid
+        return []
+    return [pid for pid in pids if servers.is_nats_server(pid)]
 
 
 def _apply(data_dir: Path, auth: AuthDir) -> None:
-    """Renders the server's users and, beside a local `berth up`, reloads its nats-server
+    """Renders the server's users and, beside a local `berth up`, reloads its nats-servers
     (no restart: connected clients stay connected)."""
     users = servers.write_nats_users(auth)
-    pid = _running_nats_pid(data_dir)
-    if pid is not None:
-        servers.reload_nats(pid)
-        print(f"nats-server (pid {pid}) reloaded with {users}", file=sys.stderr)
+    pids = _running_nats_pids(data_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # it ended since it was looked at
+            servers.reload_nats(pid)
+    if pids:
+        print(f"nats-server (pid {', '.join(map(str, pids))}) reloaded with {users}",
+              file=sys.stderr)
     else:
         print(f"wrote {users}: copy it to every nats-server's config folder and reload "
               "them (`nats-server --signal reload`)", file=sys.stderr)
+
+
+ROUTES_FILE = "cluster-routes.conf"
+
+
+def _routes(auth: AuthDir, addresses: str) -> int:
+    """Renders the routes file every node of a NATS cluster on real hosts includes in its
+    `cluster {}` (deploy/nats-cluster.conf): the route secret of this auth folder (made
+    once) and a route to each `host:port`."""
+    routes = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not routes or any(":" not in r or "@" in r or "/" in r for r in routes):
+        print("berth: `berth creds routes` needs the nodes' route addresses, comma-separated: "
+              "nats-1:6222,nats-2:6222,nats-3:6222", file=sys.stderr)
+        return 2
+    path = auth.path / ROUTES_FILE
+    write_private(path, servers.routes_config(servers.RouteAuth.of(auth), routes).encode())
+    print(f"wrote {path}: copy it beside nats-cluster.conf on every node (mode 0640, owner "
+          "root, group nats) and reload them; it holds the route password", file=sys.stderr)
+    print(path)
+    return 0
 
 
 def cmd_creds(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     auth = _local_auth(data_dir)
     try:
+        if args.action == "routes":
+            return _routes(auth, args.name)
         if args.action == "list":
             for identity in auth.identities():
                 scope = f" ({identity.scope})" if identity.scope else ""
@@ -164,10 +194,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "as HOST and receive only HOST's commands); `berth creds user NAME` one for a user "
         "who submits jobs (which are then NAME's, and only NAME may cancel them). Beside a "
         "running `berth up` the NATS server is reloaded at once; elsewhere, copy the "
-        "rendered users file to the servers and reload them.")
+        "rendered users file to the servers and reload them. `berth creds routes "
+        "nats-1:6222,nats-2:6222,nats-3:6222` renders the routes file of a NATS cluster "
+        "(its route password, made once, and the routes; docs/nats-cluster.md).")
     p.add_argument("action", choices=["worker", "user", "scheduler", "submitter", "dashboard",
-                                      "admin", "list", "revoke"],
-                   help="the role to make credentials for, or list / revoke")
+                                      "admin", "list", "revoke", "routes"],
+                   help="the role to make credentials for, or list / revoke / routes")
     p.add_argument("name", nargs="?", default="",
-                   help="worker id (worker), user name (user), identity (revoke)")
+                   help="worker id (worker), user name (user), identity (revoke), the nodes' "
+                   "route addresses host:port, comma-separated (routes)")
     p.set_defaults(func=cmd_creds)

@@ -34,7 +34,7 @@ STACK_LOCK = "stack.lock"
 @dataclass
 class Stack:
     data_dir: Path
-    nats: servers.ServerProcess
+    nats: servers.NatsServers
     redis: servers.RedisServer | servers.ReplicatedRedis
     api_port: int
     env: dict[str, str]
@@ -63,8 +63,9 @@ class Stack:
         if not path.exists():
             creds = self.auth.ensure(role, scope)
             servers.write_nats_users(self.auth)
-            servers.reload_nats(self.nats.proc.pid)
-            servers.wait_until_admitted(self.nats.port, creds)
+            # Every node includes the same users file: each is reloaded, and each must
+            # admit the new identity before it is used (a client may land on any of them).
+            servers.reload_all(self.nats, creds)
         return path
 
     def start_service(self, name: str, *args: str, label: str | None = None,
@@ -117,9 +118,10 @@ class Stack:
             self.lock = None
 
     def write_info(self) -> None:
+        pids = [node.proc.pid for node in self.nats.nodes]
         # No passwords here: `berth doctor` takes its own from <data dir>/auth/redis.json.
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
-                "pid": os.getpid(), "nats_pid": self.nats.proc.pid,
+                "pid": os.getpid(), "nats_pid": pids[0], "nats_pids": pids,
                 "auth_dir": str(self.auth.path)}
         if isinstance(self.redis, servers.ReplicatedRedis):
             info |= {"redis_sentinels": self.redis.sentinel_addresses,
@@ -138,9 +140,18 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 def start_servers(data_dir: Path, nats_port: int | None = None, redis_port: int | None = None,
-                  prefer_redis_on_path: bool = False) -> tuple[servers.ServerProcess,
-                                                               servers.RedisServer]:
-    nats = servers.start_nats(data_dir, nats_port)
+                  prefer_redis_on_path: bool = False, nats_nodes: int = 1
+                  ) -> tuple[servers.NatsServers, servers.RedisServer]:
+    """NATS (one server, or a cluster of `nats_nodes` whose first node listens on
+    `nats_port`) and the Redis-compatible server."""
+    nats: servers.NatsServers
+    if nats_nodes > 1:
+        ports = None
+        if nats_port:
+            ports = [nats_port, *(servers.free_port() for _ in range(nats_nodes - 1))]
+        nats = servers.start_nats_cluster(data_dir, nats_nodes, ports=ports)
+    else:
+        nats = servers.start_nats(data_dir, nats_port)
     try:
         redis = servers.start_redis(data_dir, redis_port, prefer_redis_on_path)
     except Exception:
@@ -159,12 +170,14 @@ def start_stack(
     redis_port: int | None = None,
     prefer_redis_on_path: bool = False,
     extra_env: dict[str, str] | None = None,
+    nats_nodes: int = 1,
 ) -> Stack:
     """Everything of `berth up`, on a data dir no other stack uses: raises
     dir_lock.DirLocked (naming the holder) before anything starts if one does."""
     lock = dir_lock.acquire(data_dir / STACK_LOCK, "berth up", inherit=True)
     try:
-        nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path)
+        nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path,
+                                    nats_nodes)
     except BaseException:
         lock.release()
         raise
@@ -174,7 +187,7 @@ def start_stack(
 
 def start_services(
     data_dir: Path,
-    nats: servers.ServerProcess,
+    nats: servers.NatsServers,
     redis: servers.RedisServer | servers.ReplicatedRedis,
     workers: int = 2,
     worker_cpu: float = 2,
@@ -184,10 +197,13 @@ def start_services(
     owns_servers: bool = False,
     lock: dir_lock.DirLock | None = None,
 ) -> Stack:
-    """The four services and `workers` local workers against servers already running."""
+    """The four services and `workers` local workers against servers already running. On a
+    NATS cluster the streams get its replica count (3 from 3 nodes on) unless `extra_env`
+    says otherwise."""
     api_port = api_port or servers.free_port()
-    env = servers.service_env(nats.url, redis.url, data_dir, BERTH_API_PORT=str(api_port),
-                              **(extra_env or {}))
+    env = servers.service_env(nats.url, redis.url, data_dir, **{
+        "BERTH_API_PORT": str(api_port), "BERTH_STREAM_REPLICAS": str(nats.stream_replicas),
+        **(extra_env or {})})
     env["BERTH_API_TOKEN"] = env.get("BERTH_API_TOKEN") or api_token(data_dir)
     stack = Stack(data_dir, nats, redis, api_port, env, owns_servers=owns_servers, lock=lock)
     try:

@@ -67,6 +67,10 @@ def api_tokens_file(data_dir: str) -> str:
 class Settings:
     nats_url: str
     nats_creds: str
+    nats_tls_ca: str
+    nats_tls_cert: str
+    nats_tls_key: str
+    stream_replicas: int
     redis_url: str
     data_dir: str
     api_host: str
@@ -91,12 +95,21 @@ class Settings:
         worker dead (from when it heard that heartbeat), by the margin (docs/reliability.md)."""
         return self.worker_dead_after - self.fence_margin
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.stream_replicas <= 5:
+            raise SystemExit(f"BERTH_STREAM_REPLICAS={self.stream_replicas} is not 1 to 5 "
+                             "(JetStream keeps at most 5 copies)")
+
     @classmethod
     def from_env(cls) -> Settings:
         data_dir = os.environ.get("BERTH_DATA_DIR", os.path.abspath(".berth"))
         return cls(
             nats_url=os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222"),
             nats_creds=os.environ.get("BERTH_NATS_CREDS", ""),
+            nats_tls_ca=os.environ.get("BERTH_NATS_TLS_CA", ""),
+            nats_tls_cert=os.environ.get("BERTH_NATS_TLS_CERT", ""),
+            nats_tls_key=os.environ.get("BERTH_NATS_TLS_KEY", ""),
+            stream_replicas=_env_int("BERTH_STREAM_REPLICAS", 1),
             redis_url=os.environ.get("BERTH_REDIS_URL", "redis://127.0.0.1:6379/0"),
             data_dir=data_dir,
             api_host=os.environ.get("BERTH_API_HOST", "127.0.0.1"),

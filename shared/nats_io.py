@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
+import ssl
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -73,6 +75,48 @@ STREAMS = [
 ]
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of a NATS URL setting: one URL, or several separated by commas (the
+    nodes of a cluster; nats-py picks one and fails over to the others)."""
+    urls = [part.strip() for part in url.split(",") if part.strip()]
+    if not urls:
+        raise SystemExit(f"no NATS server in {url!r}")
+    return urls
+
+
+def tls_context(ca: str, cert: str = "", key: str = "") -> ssl.SSLContext | None:
+    """The client side of TLS to NATS: the server is verified against `ca` (its certificate
+    must name the host in the URL); `cert`/`key` are this client's certificate, for servers
+    that ask for one. None without a CA (plain connections)."""
+    if not ca:
+        if cert or key:
+            raise SystemExit("BERTH_NATS_TLS_CERT/KEY need BERTH_NATS_TLS_CA too")
+        return None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        if cert or key:
+            if not (cert and key):
+                raise SystemExit("BERTH_NATS_TLS_CERT and BERTH_NATS_TLS_KEY go together")
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"NATS TLS files: {exc}") from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def settings_tls(settings: Settings) -> ssl.SSLContext | None:
+    return tls_context(settings.nats_tls_ca, settings.nats_tls_cert, settings.nats_tls_key)
+
+
+def tls_options(tls: ssl.SSLContext | None) -> dict[str, Any]:
+    """nats-py's arguments for TLS. The handshake comes first, before the server says
+    anything: a client that read the plain-text INFO first would go on without TLS if an
+    attacker's INFO said so (berth's server configs accept both: `handshake_first: auto`)."""
+    if tls is None:
+        return {}
+    return {"tls": tls, "tls_handshake_first": True}
+
+
 def auth_options(creds: Credentials | None) -> dict[str, Any]:
     """nats-py's connect arguments for an identity: its nkey signature, and replies under its
     own inbox prefix (the only inbox its permissions let it read)."""
@@ -82,11 +126,12 @@ def auth_options(creds: Credentials | None) -> dict[str, Any]:
 
 
 async def connect(url: str, name: str, creds: Credentials | None = None,
-                  refused_for: float = 10.0) -> NATS:
+                  refused_for: float = 10.0, tls: ssl.SSLContext | None = None) -> NATS:
     """A connection that outlives NATS outages: the first connect is retried (with backoff
     and jitter) until the server answers, and reconnects never give up. A server that
     refuses our identity is retried for `refused_for` seconds only (a just-added identity
-    is known once the server has reloaded its config), then it ends the service."""
+    is known once the server has reloaded its config), then it ends the service. `url` may
+    name several servers (`server_urls`); `tls` is `tls_context`'s."""
     last_error: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
@@ -100,12 +145,13 @@ async def connect(url: str, name: str, creds: Credentials | None = None,
         last_error.clear()
         try:
             return await nats.connect(
-                url,
+                server_urls(url),
                 name=name,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
                 **auth_options(creds),
+                **tls_options(tls),
             )
         except nats.errors.NoServersError:
             # nats-py says "no servers" for a refused identity too; the error callback
@@ -128,16 +174,59 @@ async def connect_service(settings: Settings, name: str, role: Role, scope: str 
         creds = credentials.for_service(settings.nats_creds, settings.data_dir, role, scope)
     except credentials.CredentialsError as exc:
         raise SystemExit(f"berth {name}: {exc}") from None
-    return await connect(settings.nats_url, name, creds)
+    return await connect(settings.nats_url, name, creds, tls=settings_tls(settings))
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Creates every stream, or updates it to this config; safe to call from every service."""
-    for config in STREAMS:
-        try:
-            await js.add_stream(config=config)
-        except BadRequestError:
-            await js.update_stream(config=config)
+# JetStream's answers while a cluster is still forming or has just lost a node: no meta
+# leader yet (10008 temporarily unavailable, 10009 not leader), too few peers up for the
+# replicas asked (10005 no suitable peers, 10023 insufficient resources). Worth a retry.
+CLUSTER_NOT_READY = {10005, 10008, 10009, 10023}
+
+
+def _cluster_not_ready(exc: BaseException) -> bool:
+    if isinstance(exc, nats.js.errors.APIError):
+        return exc.err_code in CLUSTER_NOT_READY or exc.code == 503
+    return isinstance(exc, nats.errors.TimeoutError | TimeoutError
+                      | nats.errors.NoRespondersError | nats.js.errors.ServiceUnavailableError)
+
+
+async def _create_or_update(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config=config)
+    except BadRequestError as exc:
+        if _cluster_not_ready(exc):
+            raise
+        # It exists with another config. A service started with fewer replicas than the
+        # stream has (BERTH_STREAM_REPLICAS left at 1 on a cluster) never takes copies away.
+        current = (await js.stream_info(str(config.name))).config.num_replicas or 1
+        if current > (config.num_replicas or 1):
+            log.warning("stream %s keeps its %d replicas (asked for %s)", config.name,
+                        current, config.num_replicas)
+            config = dataclasses.replace(config, num_replicas=current)
+        await js.update_stream(config=config)
+
+
+async def ensure_streams(js: JetStreamContext, replicas: int = 1, timeout: float = 60.0
+                         ) -> None:
+    """Creates every stream with `replicas` copies (BERTH_STREAM_REPLICAS; 3 on a 3-node
+    cluster), or updates it to this config; safe to call from every service. A cluster
+    that has not elected its JetStream meta leader yet, or has too few nodes up for the
+    replicas, is waited for up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    for base in STREAMS:
+        config = dataclasses.replace(base, num_replicas=replicas)
+        pause = 0.1
+        while True:
+            try:
+                await _create_or_update(js, config)
+                break
+            except Exception as exc:
+                if not _cluster_not_ready(exc) or time.monotonic() + pause > deadline:
+                    raise
+                log.info("stream %s (%d replicas) not created yet: %s; retrying",
+                         config.name, replicas, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
 
 def message_headers(msg_id: str) -> dict[str, str]:

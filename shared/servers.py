@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -24,6 +25,10 @@ from shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_
 from shared.redis_auth import ADMIN, REPLICA, SENTINEL, RedisUsers
 
 NATS_USERS_FILE = "nats-users.conf"
+# The user and password the nodes of a NATS cluster present to each other on their routes
+# (nats-server's `cluster { authorization {...} }`), made once per auth folder, owner-only.
+NATS_ROUTE_AUTH_FILE = "nats-route.json"
+CLUSTER_NAME = "berth"
 
 
 class ServerError(RuntimeError):
@@ -87,6 +92,15 @@ class ServerProcess:
             raise ServerError(f"{self.name} has no auth folder")
         return AuthDir(self.auth_dir).ensure(Role.ADMIN)
 
+    @property
+    def nodes(self) -> list[ServerProcess]:
+        """The NATS nodes behind `url`: this one (see NatsCluster for several)."""
+        return [self]
+
+    @property
+    def stream_replicas(self) -> int:
+        return 1
+
     def stop(self, timeout: float = 10) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -115,8 +129,34 @@ def write_nats_users(auth: AuthDir) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """A nats-server's certificate (PEM files) for client connections and, in a cluster,
+    its routes. `ca` verifies peers: the other nodes on routes, and clients' certificates
+    when `verify_clients` (mutual TLS) is set."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    verify_clients: bool = False
+
+    def block(self, routes: bool = False) -> str:
+        lines = [f"cert_file: {json.dumps(str(self.cert))}",
+                 f"key_file: {json.dumps(str(self.key))}"]
+        if self.ca is not None:
+            lines.append(f"ca_file: {json.dumps(str(self.ca))}")
+        if routes or self.verify_clients:
+            lines.append("verify: true")
+        if not routes:
+            # Clients that start with the TLS handshake (berth's, whenever a CA is set: no
+            # plain-text INFO an attacker could answer instead) and clients that read INFO
+            # first (other NATS clients) are both served; neither gets in without TLS.
+            lines.append("handshake_first: auto")
+        return "tls {\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
+
+
 def nats_config(port: int, store: Path, users_file: Path, config_dir: Path,
-                host: str = "127.0.0.1", extra: str = "") -> str:
+                host: str = "127.0.0.1", extra: str = "", tls: ServerTls | None = None) -> str:
     """A nats-server config: JetStream, and no connection without an identity. nats-server
     resolves includes relative to the config file, so the users file is named that way."""
     include = os.path.relpath(users_file, config_dir)
@@ -126,7 +166,8 @@ def nats_config(port: int, store: Path, users_file: Path, config_dir: Path,
         f"authorization {{\n  include {json.dumps(include)}\n}}\n"
         # Large enough for a whole worker's log chunk; berth's own messages stay far below.
         "max_payload: 1MB\n"
-        f"{extra}"
+        + (tls.block() if tls is not None else "")
+        + extra
     )
 
 
@@ -135,7 +176,8 @@ def ensure_service_identities(auth: AuthDir) -> None:
         auth.ensure(role)
 
 
-def start_nats(data_dir: Path, port: int | None = None) -> ServerProcess:
+def start_nats(data_dir: Path, port: int | None = None, tls: ServerTls | None = None
+               ) -> ServerProcess:
     port = port or free_port()
     store = data_dir / "nats"
     store.mkdir(parents=True, exist_ok=True)
@@ -143,17 +185,210 @@ def start_nats(data_dir: Path, port: int | None = None) -> ServerProcess:
     ensure_service_identities(auth)
     users = write_nats_users(auth)
     config = store / "server.conf"
-    config.write_text(nats_config(port, store, users, store))
+    config.write_text(nats_config(port, store, users, store, tls=tls))
     argv = [nats_server_binary(), "-c", str(config)]
     proc = _spawn(argv, data_dir / "logs" / "nats-server.log")
     wait_for_port(port, proc, "nats-server")
-    return ServerProcess("nats-server", f"nats://127.0.0.1:{port}", port, proc, auth.path)
+    scheme = "tls" if tls is not None else "nats"
+    return ServerProcess("nats-server", f"{scheme}://127.0.0.1:{port}", port, proc, auth.path)
+
+
+@dataclass(frozen=True)
+class RouteAuth:
+    """The user and password every node of a NATS cluster presents on its routes and asks
+    of the others (nats-server's `cluster { authorization {...} }`)."""
+
+    user: str
+    password: str
+
+    @classmethod
+    def of(cls, auth: AuthDir) -> RouteAuth:
+        """The auth folder's route secret, made once (owner-only) the first time."""
+        path = auth.path / NATS_ROUTE_AUTH_FILE
+        if not path.exists():
+            # URL-safe: it travels in the route URLs (nats-route://user:password@host:port).
+            made = {"user": "route", "password": secrets.token_urlsafe(32)}
+            write_private(path, (json.dumps(made) + "\n").encode())
+        raw = json.loads(path.read_text())
+        return cls(str(raw["user"]), str(raw["password"]))
+
+
+def routes_config(route_auth: RouteAuth, routes: list[str]) -> str:
+    """The secret part of a node's `cluster {}` (included there; write it owner-only): the
+    route user and password it asks of the other nodes, and its routes to them
+    (`host:port` each) carrying the same (nats-server presents a route's credentials only
+    from its URL). A route to the node itself is allowed: nats-server ignores it, so every
+    node may share one file (`berth creds routes`)."""
+    secret = f"{route_auth.user}:{route_auth.password}"
+    urls = "".join(f"  {json.dumps(f'nats-route://{secret}@{route}')}\n" for route in routes)
+    return (
+        "# The routes' user and password; the routes to the other nodes, with them.\n"
+        "authorization {\n"
+        f"  user: {json.dumps(route_auth.user)}\n"
+        f"  password: {json.dumps(route_auth.password)}\n"
+        "  timeout: 5\n"
+        "}\n"
+        f"routes: [\n{urls}]\n"
+    )
+
+
+def nats_cluster_config(name: str, port: int, cluster_port: int, store: Path,
+                        users_file: Path, routes_file: Path, config_dir: Path,
+                        host: str = "127.0.0.1", tls: ServerTls | None = None) -> str:
+    """One node of a JetStream cluster: `nats_config` plus its name and a `cluster {}` whose
+    route secret and routes come from `routes_file` (`routes_config`), with TLS on the
+    routes too when given a CA (the nodes then verify each other's certificates). The same
+    shape as deploy/nats-cluster.conf."""
+    cluster = (
+        "cluster {\n"
+        f"  name: {json.dumps(CLUSTER_NAME)}\n"
+        f"  listen: {json.dumps(f'{host}:{cluster_port}')}\n"
+        f"  include {json.dumps(os.path.relpath(routes_file, config_dir))}\n"
+        + ("  " + tls.block(routes=True).replace("\n", "\n  ").rstrip() + "\n"
+           if tls is not None and tls.ca is not None else "")
+        + "}\n"
+    )
+    return (f"server_name: {json.dumps(name)}\n"
+            + nats_config(port, store, users_file, config_dir, host, cluster, tls))
+
+
+@dataclass
+class NatsCluster:
+    """Several nats-servers routed into one JetStream cluster. Used where one ServerProcess
+    is (`url`, `auth_dir`, `admin_creds`, `nodes`, `stop`): `url` names every node,
+    comma-separated, as BERTH_NATS_URL may. `kill(i)` / `restart(i)` fail one node."""
+
+    nodes: list[ServerProcess]
+    configs: list[Path]
+    logs: list[Path]
+    cluster_ports: list[int]  # each node's route listener
+    auth_dir: Path
+    name: str = "nats-cluster"
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    @property
+    def port(self) -> int:
+        """A live node's client port."""
+        return self.live_nodes()[0].port
+
+    @property
+    def stream_replicas(self) -> int:
+        return min(3, len(self.nodes))
+
+    def live_nodes(self) -> list[ServerProcess]:
+        return [node for node in self.nodes if node.proc.poll() is None]
+
+    def admin_creds(self) -> Credentials:
+        return AuthDir(self.auth_dir).ensure(Role.ADMIN)
+
+    def kill(self, index: int) -> int:
+        """SIGKILLs node `index` (no goodbye to its routes or clients); returns its pid."""
+        proc = self.nodes[index].proc
+        proc.kill()
+        proc.wait()
+        return proc.pid
+
+    def restart(self, index: int) -> ServerProcess:
+        """Starts node `index` again (stopped or killed) on its own config, ports and store."""
+        node = self.nodes[index]
+        node.stop()
+        proc = _spawn([nats_server_binary(), "-c", str(self.configs[index])], self.logs[index])
+        wait_for_port(node.port, proc, node.name)
+        node.proc = proc
+        return node
+
+    def stop(self, timeout: float = 10) -> None:
+        for node in self.nodes:
+            if node.proc.poll() is None:
+                node.proc.terminate()
+        for node in self.nodes:
+            node.stop(timeout)
+
+
+def start_nats_cluster(data_dir: Path, nodes: int = 3, tls: ServerTls | None = None,
+                       ports: list[int] | None = None) -> NatsCluster:
+    """`nodes` nats-servers on loopback, each with its own config, name and JetStream store
+    (`<data_dir>/nats/n<i>/`), the same users (one users file, included by every node), and
+    authenticated routes to every other node. Returns once every node listens; JetStream
+    elects its meta leader a moment later (`nats_io.ensure_streams` waits for it)."""
+    if nodes < 1:
+        raise ServerError("a NATS cluster needs at least one node")
+    auth = AuthDir.of(data_dir)
+    ensure_service_identities(auth)
+    users = write_nats_users(auth)
+    route_auth = RouteAuth.of(auth)
+    client_ports = ports or [free_port() for _ in range(nodes)]
+    cluster_ports = [free_port() for _ in range(nodes)]
+    started: list[ServerProcess] = []
+    configs: list[Path] = []
+    logs: list[Path] = []
+    scheme = "tls" if tls is not None else "nats"
+    try:
+        for i in range(nodes):
+            name = f"berth-n{i + 1}"
+            store = data_dir / "nats" / f"n{i + 1}"
+            store.mkdir(parents=True, exist_ok=True)
+            config = store / "server.conf"
+            routes = store / "cluster-routes.conf"
+            peers = [f"127.0.0.1:{p}" for j, p in enumerate(cluster_ports) if j != i]
+            write_private(routes, routes_config(route_auth, peers).encode())
+            config.write_text(nats_cluster_config(name, client_ports[i], cluster_ports[i],
+                                                  store, users, routes, store, tls=tls))
+            log = data_dir / "logs" / f"nats-server-n{i + 1}.log"
+            proc = _spawn([nats_server_binary(), "-c", str(config)], log)
+            started.append(ServerProcess(name, f"{scheme}://127.0.0.1:{client_ports[i]}",
+                                         client_ports[i], proc, auth.path))
+            configs.append(config)
+            logs.append(log)
+        for node in started:
+            wait_for_port(node.port, node.proc, node.name)
+    except BaseException:
+        for node in started:
+            node.stop()
+        raise
+    return NatsCluster(started, configs, logs, cluster_ports, auth.path)
+
+
+NatsServers = ServerProcess | NatsCluster
 
 
 def reload_nats(pid: int) -> None:
     """Tells a running nats-server to re-read its config (new or revoked identities) without
     a restart: nats-server reloads on SIGHUP."""
     os.kill(pid, signal.SIGHUP)
+
+
+def is_nats_server(pid: int) -> bool:
+    """Whether `pid` is a live nats-server (and not another process that took a dead one's
+    pid), as far as /proc tells; True where there is no /proc to ask."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        if not Path("/proc/self").exists():
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+            return True
+        return False
+    except OSError:
+        return False
+    return b"nats-server" in cmdline.split(b"\0", 1)[0]
+
+
+def reload_all(nats: NatsServers, creds: Credentials | None = None, timeout: float = 10
+               ) -> None:
+    """Reloads every live node (they all include the same users file) and, given `creds`,
+    waits until each of them admits it."""
+    live = [node for node in nats.nodes if node.proc.poll() is None]
+    for node in live:
+        reload_nats(node.proc.pid)
+    if creds is not None:
+        for node in live:
+            wait_until_admitted(node.port, creds, timeout)
 
 
 def admitted(port: int, creds: Credentials, host: str = "127.0.0.1") -> bool:

@@ -23,9 +23,11 @@ from kubernetes_validate.utils import all_versions
 
 from shared.credentials import AuthDir, Role
 from shared.servers import (
+    RouteAuth,
     free_port,
     nats_server_binary,
     redis_server_binary,
+    routes_config,
     wait_for_port,
     write_nats_users,
 )
@@ -361,7 +363,15 @@ def test_nats_server_accepts_the_kubernetes_config(tmp_path: Path) -> None:
 def test_nats_server_accepts_the_host_config(tmp_path: Path) -> None:
     shutil.copy(DEPLOY / "nats-cluster.conf", tmp_path / "nats-cluster.conf")
     (tmp_path / "nats-users.conf").write_text(_users_conf(tmp_path))
+    # cluster-routes.conf as `berth creds routes nats-1:6222,...` renders it.
+    routes = [f"nats-{i}:6222" for i in (1, 2, 3)]
+    auth = AuthDir(tmp_path / "identities")
+    (tmp_path / "cluster-routes.conf").write_text(routes_config(RouteAuth.of(auth), routes))
     _nats_test(tmp_path / "nats-cluster.conf", {"NATS_SERVER_NAME": "nats-1"})
+    # Without the routes file the node does not start: it is read.
+    (tmp_path / "cluster-routes.conf").unlink()
+    with pytest.raises(AssertionError):
+        _nats_test(tmp_path / "nats-cluster.conf", {"NATS_SERVER_NAME": "nats-1"})
 
 
 PASSWORDS = {"SCHEDULER-PASSWORD": "sched-pw", "REPLICA-PASSWORD": "repl-pw",

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 THROUGHPUT_KEYS = {"placements_per_s", "completions_per_s", "submit_to_assigned_p50_ms",
@@ -32,3 +34,18 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_is_clean() -> None:
     assert w2["gangs_placed"] == w2["gangs"]
     assert {"submit_to_running_p50_ms", "submit_to_running_p99_ms"} <= set(by_name["W3"][0])
     assert "workload" in done.stderr and "placements/s" in done.stderr  # the table
+
+
+@pytest.mark.slow
+def test_quick_scale_benchmark_runs_on_three_nats_nodes() -> None:
+    done = subprocess.run([sys.executable, "bench/scale.py", "--quick", "--only", "W1,W2",
+                           "--nats-nodes", "3"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {r["workload"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert set(results) == {"W1", "W2"}
+    assert all(r["nats_nodes"] == 3 and r["stream_replicas"] == 3 for r in results.values())
+    assert set(results["W1"]) >= THROUGHPUT_KEYS | {"nats_cpu_s"}
+    assert results["W1"]["placed"] == results["W1"]["jobs"]
+    assert results["W2"]["doctor_violations"] == 0
+    assert results["W2"]["gangs_placed"] == results["W2"]["gangs"]

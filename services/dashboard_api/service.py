@@ -32,7 +32,7 @@ async def run(settings: Settings, tokens: auth.Tokens, closed_reads: bool,
               stop: asyncio.Event) -> None:
     nc = await nats_io.connect_service(settings, "berth-dashboard", Role.DASHBOARD)
     js = nc.jetstream()
-    await nats_io.ensure_streams(js)
+    await nats_io.ensure_streams(js, settings.stream_replicas)
     projection = Projection(
         nc, settings.worker_dead_after,
         snapshot_path=Path(settings.data_dir) / "dashboard" / "projection.snapshot",

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -73,6 +74,9 @@ class LostLeadership(Exception):
 
 
 MAX_TICK_LINKS = 128
+# A leader must reach NATS as well as Redis: it renews its lease only while its last NATS
+# round trip that was answered was sent within this many lease TTLs (docs/reliability.md).
+BUS_FRESH_TTLS = 1.0
 # Placements per tick: a tick runs without yielding, and the lease must be renewed (every
 # TTL/3) while thousands of hosts free up at once. The next tick follows at once.
 MAX_TICK_PLACEMENTS = 1000
@@ -125,6 +129,7 @@ class Leader:
         store: ReservationStore,
         scheduler_id: str,
         lease: fencing.Lease,
+        bus_ok_at: float | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -138,6 +143,10 @@ class Leader:
         # TTL on receipt, later). Past it, this leader commands, acknowledges and publishes
         # nothing: a successor may be leading already (docs/reliability.md).
         self.lease_until = lease.sent + self._lease_for()
+        # When the last NATS round trip that was answered was sent (CLOCK_MONOTONIC): a
+        # leader cut off from NATS renews its lease no more, so a standby takes over.
+        self.bus_ok_at = time.monotonic() if bus_ok_at is None else bus_ok_at
+        self.ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
@@ -152,6 +161,10 @@ class Leader:
         # what the fold has already freed).
         self.unreleased: list[tuple[str, str]] = []
         self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
+        # Assignments committed but not yet stored in the log (their publish is awaiting
+        # its ack, e.g. while a NATS cluster elects a new stream leader): no run command
+        # may go out for them, or the worker's reports could be logged before them.
+        self.unlogged: set[str] = set()
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
 
@@ -170,6 +183,7 @@ class Leader:
         taking_over = asyncio.create_task(self._take_over(events, elected_seq))
         tasks: list[asyncio.Task[Any]] = [
             asyncio.create_task(self._keep_lease(), name="lease"),
+            asyncio.create_task(self._watch_bus(), name="bus"),
             asyncio.create_task(stop.wait(), name="stop"),
             taking_over,
         ]
@@ -356,8 +370,21 @@ class Leader:
                             self.settings.lease_ttl)
             await self._renew_lease()
 
+    async def _watch_bus(self) -> None:
+        every = self.settings.lease_ttl / 4
+        while True:
+            sent = time.monotonic()
+            if await bus_answers(self.ping_js):
+                self.bus_ok_at = max(self.bus_ok_at, sent)
+            await asyncio.sleep(max(0.0, sent + every - time.monotonic()))
+
     async def _renew_lease(self) -> None:
-        """Renews the lease; raises LostLeadership if it is no longer ours at our epoch."""
+        """Renews the lease; raises LostLeadership if it is no longer ours at our epoch, or
+        if NATS has not answered this leader lately (a leader that cannot reach NATS can
+        neither command nor hear the workers: it must let a standby lead)."""
+        unheard = time.monotonic() - self.bus_ok_at
+        if unheard > self.settings.lease_ttl * BUS_FRESH_TTLS:
+            raise LostLeadership(f"NATS has not answered for {unheard:.1f} s")
         ttl_ms = int(self.settings.lease_ttl * 1000)
         sent = time.monotonic()
         epoch = await self.store.acquire_lease(self.scheduler_id, ttl_ms)
@@ -596,9 +623,14 @@ class Leader:
                 outgoing.append(nats_io.Outgoing(
                     subjects.task_events(event.job_id), encode(event),
                     nats_io.message_headers(f"assign:{event.epoch}:{key}")))
+        keys = {attempt_key(e.job_id, e.task_index, e.attempt_id) for e in assigned}
         try:
             self._check_lease()
-            await nats_io.publish_events(self.js, outgoing)
+            self.unlogged |= keys
+            try:
+                await nats_io.publish_events(self.js, outgoing)
+            finally:
+                self.unlogged -= keys
             for event, span in zip(assigned, spans, strict=True):
                 task = self.state.task(event.job_id, event.task_index)
                 assert task is not None
@@ -702,6 +734,8 @@ class Leader:
             await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
                                        index, attempt_id, "killed before it started"))
         for job_id, index, attempt_id in verdict.lost_runs:
+            if attempt_key(job_id, index, attempt_id) in self.unlogged:
+                continue  # not lost: its run command goes out once it is in the log
             log.info("re-sending lost assignment %s to %s",
                      attempt_key(job_id, index, attempt_id), worker.worker_id)
             task = self.state.task(job_id, index)
@@ -743,6 +777,18 @@ class Leader:
         )
 
 
+async def bus_answers(js: JetStreamContext) -> bool:
+    """One round trip through NATS to the events stream (a request its timeout bounds; a
+    PING flush is not used: nats-py's reader dies on a PONG that comes after a timeout)."""
+    try:
+        await js.get_last_msg(subjects.EVENTS_STREAM, subjects.LEADER_EVENTS)
+    except nats.js.errors.NotFoundError:
+        return True  # answered: no leader yet
+    except (nats.errors.Error, TimeoutError, OSError):
+        return False
+    return True
+
+
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     scheduler_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     redis_settings = RedisSettings.from_env(settings.redis_url)
@@ -752,7 +798,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         raise SystemExit(f"berth scheduler: {exc}") from None
     nc = await nats_io.connect_service(settings, f"berth-scheduler-{scheduler_id}",
                                       Role.SCHEDULER)
-    await nats_io.ensure_streams(nc.jetstream())
+    await nats_io.ensure_streams(nc.jetstream(), settings.stream_replicas)
     store = ReservationStore(redis, redis_settings.wait_replicas, redis_settings.wait_timeout)
     log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
     take_over = settings.lease_ttl * 4 / 3 + 1.0
@@ -783,10 +829,17 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
     answers again."""
     ttl_ms = int(settings.lease_ttl * 1000)
     js = nc.jetstream()
+    ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
     backoff = fencing.Backoff()
     outage = fencing.Outage("Redis")
     folded = 0  # the highest epoch an earlier term of this process saw in the log
     while not stop.is_set():
+        # Only a scheduler NATS answers may take the lease.
+        bus_ok_at = time.monotonic()
+        if not await bus_answers(ping_js):
+            log.warning("NATS does not answer; not taking the lease")
+            await service.wait_or_stop(stop, settings.lease_ttl / 3)
+            continue
         try:
             lease = await fencing.take_lease(store, js, scheduler_id, ttl_ms, folded)
         except (*redis_io.UNREACHABLE, NotDurable) as exc:
@@ -804,7 +857,7 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             # Standbys poll a little out of step with each other.
             await service.wait_or_stop(stop, settings.lease_ttl / 3 * random.uniform(0.8, 1.2))
             continue
-        leader = Leader(settings, nc, store, scheduler_id, lease)
+        leader = Leader(settings, nc, store, scheduler_id, lease, bus_ok_at)
         try:
             await leader.serve(stop)
         except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict,

@@ -142,7 +142,7 @@ def _stored_ns(msg: Msg) -> int:
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     nc = await nats_io.connect_service(settings, "berth-submitter", Role.SUBMITTER)
     js = nc.jetstream()
-    await nats_io.ensure_streams(js)
+    await nats_io.ensure_streams(js, settings.stream_replicas)
     sub = await js.pull_subscribe(
         subjects.SUBMIT_ALL,
         durable=subjects.SUBMITTER_DURABLE,

@@ -1,0 +1,405 @@
+"""Partition scenarios on the test bed, each bounded and each counting what must read 0:
+acknowledged submits lost, jobs not terminal, double-booked hosts (the checker), two live
+copies of one task (sampled from /proc), stale commands obeyed, healthy workers declared
+dead, services that died. Run by tests/test_partitions.py (the quick form) and by
+bench/partitions.py (every scenario, a table).
+
+Tasks run until a stop file appears and carry a unique token in their argv; a sampler
+thread reads /proc every 0.1 s and records which attempt of which token is alive on which
+worker (BERTH_ATTEMPT_ID, BERTH_WORKER_ID from the process's environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from nats.aio.msg import Msg
+
+from berth.client import submit_job
+from shared import subjects
+from shared.checker import check_cluster
+from shared.messages import JobSpec, Resources, command_decoder, decode
+from tests.bed_cluster import HEADERS, BedCluster, start_cluster
+from tests.netbed import Bed
+
+# The issue's timings: heartbeat 0.5 s, dead-after 3 s, lease TTL 2 s (fence margin 1 s).
+ENV = {"BERTH_HEARTBEAT_INTERVAL": "0.5", "BERTH_WORKER_DEAD_AFTER": "3",
+       "BERTH_LEASE_TTL": "2", "BERTH_KILL_GRACE": "2", "BERTH_TICK_INTERVAL": "0.2"}
+WORKERS = ["w1", "w2", "w3"]
+HOSTS = ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS]
+TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
+TOKEN = "bedtok"
+TASK = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n"
+SAMPLE_EVERY = 0.1
+
+
+@dataclass
+class Result:
+    scenario: str
+    acked: int = 0
+    lost: int = 0
+    not_terminal: int = 0
+    double_booked: int = 0         # hosts and (address, port) pairs, by the checker
+    two_copies: int = 0            # tasks seen with two attempts alive at once
+    two_copies_s: float = 0.0      # the longest such overlap, seconds
+    stale_obeyed: int = 0          # commands of a deposed epoch not refused by the worker
+    wrong_deaths: int = 0          # workers declared dead that were not cut off
+    died: list[str] = field(default_factory=list)
+    # Measured, not judged: seconds from the cut unless said otherwise.
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def violations(self) -> list[str]:
+        out = [f"{name}={getattr(self, name)}" for name in
+               ("lost", "not_terminal", "double_booked", "two_copies", "stale_obeyed",
+                "wrong_deaths") if getattr(self, name)]
+        if self.died:
+            out.append(f"died={self.died}")
+        return out
+
+
+class Sampler:
+    """Which attempt of which task is alive where, every SAMPLE_EVERY seconds."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        # (token, worker, attempt) -> [first seen, last seen] (monotonic)
+        self.seen: dict[tuple[str, str, str], list[float]] = {}
+        self.overlap: dict[str, list[float]] = {}  # token -> monotonic times of overlap
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while not self.halt.is_set():
+            now = time.monotonic()
+            alive: dict[str, set[tuple[str, str]]] = {}
+            for token, worker, attempt in self.sample():
+                alive.setdefault(token, set()).add((worker, attempt))
+                self.seen.setdefault((token, worker, attempt), [now, now])[1] = now
+            for token, copies in alive.items():
+                if len({a for _, a in copies}) > 1:
+                    self.overlap.setdefault(token, []).append(now)
+            self.halt.wait(SAMPLE_EVERY)
+
+    def sample(self) -> list[tuple[str, str, str]]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                token = next((a.decode() for a in argv if a.startswith(self.tag.encode())),
+                             None)
+                if token is None or any(b"supervise" in a for a in argv):
+                    continue
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            except OSError:
+                continue
+            found.append((token, env.get(b"BERTH_WORKER_ID", b"?").decode(),
+                          env.get(b"BERTH_ATTEMPT_ID", b"?").decode()))
+        return found
+
+    def longest_overlap(self) -> float:
+        """The longest run of consecutive overlapping samples, in seconds."""
+        best = 0.0
+        for times in self.overlap.values():
+            start = prev = times[0]
+            for t in times[1:]:
+                if t - prev > 3 * SAMPLE_EVERY:
+                    start = t
+                prev = t
+                best = max(best, prev - start + SAMPLE_EVERY)
+            best = max(best, SAMPLE_EVERY)
+        return best
+
+
+class Bus:
+    """What the test hears on the bus (through the NATS portal, never cut): commands and
+    their epochs, leader elections, death verdicts."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[float, str, int, str]] = []  # (t, worker, epoch, kind)
+        self.elected: list[tuple[float, int]] = []
+        self.deaths: list[tuple[float, str]] = []
+
+    async def listen(self, nc: Any) -> None:
+        async def command(msg: Msg) -> None:
+            with contextlib.suppress(Exception):
+                cmd = decode(command_decoder, msg.data)
+                self.commands.append((time.monotonic(), msg.subject.split(".")[2], cmd.epoch,
+                                      type(cmd).__name__))
+
+        async def elected(msg: Msg) -> None:
+            with contextlib.suppress(Exception):
+                self.elected.append((time.monotonic(), int(json.loads(msg.data)["epoch"])))
+
+        async def death(msg: Msg) -> None:
+            with contextlib.suppress(Exception):
+                self.deaths.append((time.monotonic(), json.loads(msg.data)["worker_id"]))
+
+        await nc.subscribe(subjects.worker_commands("*"), cb=command)
+        await nc.subscribe(subjects.LEADER_EVENTS, cb=elected)
+        await nc.subscribe(subjects.worker_verdicts("*"), cb=death)
+
+
+class Run:
+    """One scenario's cluster, jobs and observers."""
+
+    def __init__(self, cluster: BedCluster, name: str) -> None:
+        self.cluster = cluster
+        self.bed: Bed = cluster.bed
+        self.result = Result(name)
+        self.tag = f"{TOKEN}-{uuid.uuid4().hex[:8]}"
+        self.stop_file = cluster.data_dir / f"stop-{self.tag}"
+        self.sampler = Sampler(self.tag)
+        self.bus = Bus()
+        self.jobs: dict[str, str] = {}  # job id -> token
+        self.nc: Any = None
+        self.max_double_booked = 0
+        self.started = time.monotonic()
+        self.submitted = 0
+        self.marks: dict[str, float] = {}
+
+    async def __aenter__(self) -> Run:
+        self.nc = await self.cluster.admin()
+        await self.bus.listen(self.nc)
+        self.sampler.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.sampler.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+    async def submit(self, n: int, cpu: float = 0.5) -> list[str]:
+        ids = []
+        for _ in range(n):
+            self.submitted += 1
+            token = f"{self.tag}-{self.submitted}"
+            spec = JobSpec(name=token, command=["python3", "-c", TASK, str(self.stop_file),
+                                                token],
+                           resources=Resources(cpu=cpu, memory_mb=32))
+            outcome = await submit_job(self.nc, spec, timeout=30)
+            if outcome.accepted:
+                self.result.acked += 1
+                ids.append(str(outcome.job_id))
+                self.jobs[str(outcome.job_id)] = token
+        return ids
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        resp = httpx.get(f"{self.cluster.api_url}/api/jobs/{job_id}", timeout=10,
+                         headers=HEADERS)
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def workers(self) -> list[dict[str, Any]]:
+        got = self.cluster.get("/api/workers")
+        assert isinstance(got, list)
+        return got
+
+    async def until(self, what: str, predicate: Callable[[], Any], timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if got := predicate():
+                    return got
+            await asyncio.sleep(0.2)
+        self.result.notes.setdefault("timeouts", []).append(what)
+        return None
+
+    def running(self, ids: list[str]) -> bool:
+        return all((j := self.job(i)) is not None and j["state"] == "running" for i in ids)
+
+    async def check(self) -> None:
+        js = self.nc.jetstream()
+        store = self.cluster.store()
+        try:
+            report = await check_cluster(js, store)
+        finally:
+            await store.client.aclose()
+        self.max_double_booked = max(self.max_double_booked,
+                                     report.double_booked_hosts + report.double_booked_ports)
+
+    async def finish(self, timeout: float = 45) -> Result:
+        """Lets every task end, waits for every job, then counts."""
+        self.stop_file.write_text("stop")
+        await self.until("every job terminal", lambda: all(
+            (j := self.job(i)) is not None and j["state"] in TERMINAL for i in self.jobs),
+            timeout)
+        await asyncio.sleep(1)
+        await self.check()
+        r = self.result
+        for job_id in self.jobs:
+            job = self.job(job_id)
+            if job is None:
+                r.lost += 1
+            elif job["state"] not in TERMINAL:
+                r.not_terminal += 1
+            elif job["state"] != "succeeded":
+                r.notes.setdefault("not_succeeded", []).append(f"{job_id}:{job['state']}")
+        r.double_booked = self.max_double_booked
+        r.two_copies = len(self.sampler.overlap)
+        r.two_copies_s = round(self.sampler.longest_overlap(), 1) if r.two_copies else 0.0
+        if r.two_copies:  # which attempts, where, and when (from the start of the run)
+            r.notes["overlaps"] = {
+                tok: sorted((w, a, round(v[0] - self.started, 1), round(v[1] - self.started, 1))
+                            for (t, w, a), v in self.sampler.seen.items() if t == tok)
+                for tok in self.sampler.overlap}
+        r.died = self.cluster.died()
+        r.notes["resets"] = sum(1 for c in self.bus.commands if c[3] == "ResetWorker")
+        r.notes["retries"] = sum(
+            max(0, len((self.job(i) or {"tasks": [{"attempts": [0]}]})["tasks"][0]["attempts"])
+                - 1) for i in self.jobs)
+        return r
+
+
+def _where(run: Run, worker: str) -> list[str]:
+    """Tokens whose (live) attempt runs on `worker`, by the sampler."""
+    return sorted({tok for tok, w, _ in run.sampler.sample() if w == worker})
+
+
+async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
+    """A worker host cut off from the NATS host (both ways, or one way) for `cut` seconds
+    while running tasks: its tasks must be stopped by its own fence before their retries
+    start elsewhere, and after the heal it rejoins as a new incarnation."""
+    async with Run(cluster, f"worker cut from NATS, {mode}, {cut:g} s") as run:
+        ids = await run.submit(6)
+        await run.until("6 running", lambda: run.running(ids), 30)
+        by_worker = {w["worker_id"]: w for w in run.workers()}
+        # Each worker advertises its own host's address, as tasks on other hosts reach it.
+        run.result.notes["addresses_advertised"] = all(
+            by_worker[w]["address"] == run.bed.address(w) for w in WORKERS)
+        victim = max(WORKERS, key=lambda w: len(by_worker[w]["running_attempts"]))
+        old_incarnation = by_worker[victim]["incarnation"]
+        victims = _where(run, victim)
+        run.result.notes["victim_tasks"] = len(victims)
+        if mode == "both":
+            run.bed.partition([victim], ["nats"])
+        elif mode == "worker->nats":
+            run.bed.partition([victim], ["nats"], oneway=True)
+        else:
+            run.bed.partition(["nats"], [victim], oneway=True)
+        cut_at = time.monotonic()
+        await asyncio.sleep(min(1.0, cut / 4))
+        await run.submit(2)  # acknowledged during the cut
+        await asyncio.sleep(max(0.0, cut_at + cut / 2 - time.monotonic()))
+        await run.check()
+        await asyncio.sleep(max(0.0, cut_at + cut - time.monotonic()))
+        run.bed.heal()
+        healed = time.monotonic()
+
+        def rejoined() -> bool:
+            w = next(w for w in run.workers() if w["worker_id"] == victim)
+            return bool(w["healthy"] and w["incarnation"] != old_incarnation)
+
+        back = await run.until(f"{victim} rejoined", rejoined, 30)
+        run.result.notes["rejoined_after_heal_s"] = (
+            round(time.monotonic() - healed, 1) if back else None)
+        await run.check()
+        await asyncio.sleep(2)  # late heartbeats, resets, verdicts after the heal
+        # When the victim's old copies died, and when their retries started, from the cut.
+        gone = [v[1] for (tok, w, _), v in run.sampler.seen.items()
+                if tok in victims and w == victim and v[0] < cut_at]
+        retried = [v[0] for (tok, w, _), v in run.sampler.seen.items()
+                   if tok in victims and v[0] > cut_at]
+        run.result.notes["old_copies_gone_s"] = round(max(gone) - cut_at, 1) if gone else None
+        run.result.notes["first_retry_s"] = round(min(retried) - cut_at, 1) if retried else None
+        run.result.wrong_deaths = sum(1 for _, w in run.bus.deaths if w != victim)
+        return await run.finish()
+
+
+async def leader_cut(cluster: BedCluster, server: str, cut: float,
+                     schedulers: tuple[str, ...] = ("ctl",)) -> Result:
+    """The leader's host cut off from Redis or from NATS (both ways), the standby's not; or
+    (schedulers=both hosts) Redis cut off from both schedulers, after which they resume."""
+    who = "leader" if schedulers == ("ctl",) else "both schedulers"
+    async with Run(cluster, f"{who} cut from {server}, {cut:g} s") as run:
+        ids = await run.submit(4)
+        await run.until("4 running", lambda: run.running(ids), 30)
+        old_epoch = max(e for _, e in run.bus.elected) if run.bus.elected else None
+        if old_epoch is None:  # elected before we listened: read it from the log
+            msg = await run.nc.jetstream().get_last_msg(subjects.EVENTS_STREAM,
+                                                        subjects.LEADER_EVENTS)
+            old_epoch = int(json.loads(msg.data)["epoch"])
+        run.bed.partition(schedulers, [server])
+        cut_at = time.monotonic()
+        await asyncio.sleep(0.5)
+        probe = await run.submit(1)
+
+        def probe_running() -> bool:
+            return run.running(probe)
+
+        placed = await run.until("the probe job running", probe_running, cut + 8)
+        run.result.notes["probe_placed_s"] = (
+            round(time.monotonic() - cut_at, 1) if placed else None)
+        await asyncio.sleep(max(0.0, cut_at + cut - time.monotonic()))
+        await run.check()
+        run.bed.heal()
+        await asyncio.sleep(5)  # what the cut-off leader buffered arrives now
+        new = [(t, e) for t, e in run.bus.elected if e > old_epoch]
+        run.result.notes["take_over_s"] = round(new[0][0] - cut_at, 1) if new else None
+        if new:
+            taken = new[0][0]
+            stale = [c for c in run.bus.commands if c[0] >= taken and c[2] <= old_epoch]
+            refused = sum(cluster.log(w).count("refusing command") for w in WORKERS)
+            run.result.notes["stale_commands_heard"] = len(stale)
+            run.result.notes["stale_commands_refused"] = refused
+            run.result.stale_obeyed = max(0, len(stale) - refused)
+        else:
+            run.result.notes["standby_took_over"] = False
+        run.result.wrong_deaths = len(run.bus.deaths)
+        leader = cluster.services["scheduler-a"][1]
+        run.result.notes["old_leader_alive"] = leader.poll() is None
+        return await run.finish()
+
+
+Scenario = Callable[[BedCluster], Awaitable[Result]]
+
+
+def scenarios(cut: float = 8) -> dict[str, Scenario]:
+    """Every scenario, each cutting for `cut` seconds (longer than the dead-after time)."""
+    return {
+        "worker-both": lambda c: worker_cut(c, "both", cut),
+        "worker->nats": lambda c: worker_cut(c, "worker->nats", cut),
+        "nats->worker": lambda c: worker_cut(c, "nats->worker", cut),
+        "leader-redis": lambda c: leader_cut(c, "redis", cut),
+        "leader-nats": lambda c: leader_cut(c, "nats", cut),
+        "schedulers-redis": lambda c: leader_cut(c, "redis", cut, ("ctl", "ctl2")),
+    }
+
+
+QUICK = ["worker-both", "leader-nats"]
+
+
+async def run_scenario(name: str, data_dir: Path,
+                       scenario: Scenario | None = None) -> Result:
+    """A fresh bed and cluster for one scenario, torn down whatever happens."""
+    with Bed(HOSTS) as bed:
+        cluster = start_cluster(bed, data_dir, WORKERS, ENV, api_host="svc")
+        return await (scenario or scenarios()[name])(cluster)
