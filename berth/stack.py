@@ -148,7 +148,8 @@ def start_servers(data_dir: Path, nats_port: int | None = None, redis_port: int 
     if nats_nodes > 1:
         ports = None
         if nats_port:
-            ports = [nats_port, *(servers.free_port() for _ in range(nats_nodes - 1))]
+            others = [p for p in servers.free_ports(nats_nodes) if p != nats_port]
+            ports = [nats_port, *others[:nats_nodes - 1]]
         nats = servers.start_nats_cluster(data_dir, nats_nodes, ports=ports)
     else:
         nats = servers.start_nats(data_dir, nats_port)

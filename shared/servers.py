@@ -5,6 +5,7 @@ Used by `berth up` and by the test fixtures alike."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -36,9 +37,19 @@ class ServerError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports: every socket is held open until all are
+    chosen (one at a time, the kernel may hand the same just-closed port out twice)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def nats_server_binary() -> str:
@@ -320,8 +331,9 @@ def start_nats_cluster(data_dir: Path, nodes: int = 3, tls: ServerTls | None = N
     ensure_service_identities(auth)
     users = write_nats_users(auth)
     route_auth = RouteAuth.of(auth)
-    client_ports = ports or [free_port() for _ in range(nodes)]
-    cluster_ports = [free_port() for _ in range(nodes)]
+    chosen = free_ports(2 * nodes)
+    client_ports = ports or chosen[:nodes]
+    cluster_ports = [p for p in chosen[nodes:] + chosen[:nodes] if p not in client_ports][:nodes]
     started: list[ServerProcess] = []
     configs: list[Path] = []
     logs: list[Path] = []
