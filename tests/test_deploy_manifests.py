@@ -22,6 +22,7 @@ import yaml
 from kubernetes_validate.utils import all_versions
 
 from shared.credentials import AuthDir, Role
+from shared.redis_auth import DATA_NODE_RULES
 from shared.servers import (
     RouteAuth,
     free_port,
@@ -375,7 +376,22 @@ def test_nats_server_accepts_the_host_config(tmp_path: Path) -> None:
 
 
 PASSWORDS = {"SCHEDULER-PASSWORD": "sched-pw", "REPLICA-PASSWORD": "repl-pw",
-             "SENTINEL-PASSWORD": "sent-pw", "ADMIN-PASSWORD": "admin-pw"}
+             "SENTINEL-PASSWORD": "sent-pw", "ADMIN-PASSWORD": "admin-pw",
+             "DOCTOR-PASSWORD": "doctor-pw"}
+
+
+def test_the_shipped_acl_is_the_one_berth_renders() -> None:
+    """deploy/'s valkey ACL has every user berth makes, each with berth's own rules (so a
+    rule tightened in shared/redis_auth.py cannot be forgotten here)."""
+    shipped = {}
+    for line in _example_secret("valkey-auth", "users.acl").splitlines():
+        _, name, state, *rest = line.split()
+        if name == "default":
+            assert line == "user default off resetchannels -@all"
+            continue
+        assert state == "on" and rest[0].startswith(">"), line
+        shipped[name] = " ".join(rest[1:])
+    assert shipped == DATA_NODE_RULES
 
 
 def _example_secret(name: str, key: str) -> str:
@@ -526,7 +542,7 @@ def test_valkey_primary_replica_and_sentinel_start_from_the_shipped_configs(
                             decode_responses=True)
         assert admin.config_get("appendonly") == {"appendonly": "yes"}
         assert redis.Redis(port=r_port, username="replica", password="repl-pw").ping()
-        _wait(lambda: primary.info("replication")["connected_slaves"] == 1,
+        _wait(lambda: admin.info("replication")["connected_slaves"] == 1,
               "the replica to sync (user replica, masterauth from the script)")
         sentinel = redis.Redis(port=s_port, decode_responses=True)
 
@@ -539,6 +555,12 @@ def test_valkey_primary_replica_and_sentinel_start_from_the_shipped_configs(
         _wait(sentinel_sees_primary_and_replica, "Sentinel to see the primary and its replica")
         assert sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "berth") == [
             "127.0.0.1", str(p_port)]
+        # Anyone may look the primary up; only the sentinel user may reconfigure.
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            sentinel.execute_command("SENTINEL", "REMOVE", "berth")
+        peer = redis.Redis(port=s_port, username="sentinel", password="sent-pw",
+                           decode_responses=True)
+        assert peer.execute_command("SENTINEL", "CONFIG", "GET", "resolve-hostnames")
         for s in servers:
             assert s.proc.poll() is None, s.log.read_text()
     finally:
