@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -165,3 +166,17 @@ async def wait_for_job(stack: Stack, job_id: str, states: set[str], timeout: flo
 
     result: dict[str, Any] = await wait_until(check, timeout, f"job {job_id} to reach {states}")
     return result
+
+
+async def run_doctor(stack: Stack) -> str:
+    """`berth doctor` beside the stack, as a user runs it (the read-only Redis user): its
+    output, once it has exited 0."""
+    from shared import redis_auth
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
+        "--redis-url", stack.redis.url_for(redis_auth.DOCTOR),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()

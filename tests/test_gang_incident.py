@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from shared.messages import (
     encode,
 )
 from shared.reservations import ReservationStore
-from tests.conftest import get_json, wait_for_job, wait_until
+from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 
 # Records what the task saw, then runs until $DIR/<job>.done exists (exit 0) or, for the
 # task index in $FAIL_INDEX on attempt 0, until $DIR/<job>.fail exists (exit 1).
@@ -299,10 +298,5 @@ async def test_doctor_prints_zero_on_a_healthy_stack(make_stack, nc, tmp_path: P
     outcome = await submit_job(nc, JobSpec(name="ok", command=["true"],
                                            resources=Resources(cpu=0.5, memory_mb=64)))
     await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
-        "--redis-url", stack.redis.url_for(redis_auth.DOCTOR),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    assert "double_booked_hosts=0" in out.decode() and "violations=0" in out.decode()
+    out = await run_doctor(stack)
+    assert "double_booked_hosts=0" in out and "violations=0" in out

@@ -5,17 +5,15 @@ job submitted afterwards still succeeds, and a fresh scheduler, a fresh dashboar
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
 from berth.client import submit_job
 from berth.stack import Stack, wait_for_api
-from shared import redis_auth, subjects
+from shared import subjects
 from shared.messages import JobSpec, LeaderElected, Resources, TaskAssigned, encode
-from tests.conftest import get_json, wait_for_job, wait_until
+from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_projection import accepted
 
 SMALL = Resources(cpu=0.1, memory_mb=16)
@@ -84,14 +82,9 @@ async def test_poison_in_the_events_stream_stops_no_fold(make_stack, nc: NATS,
     assert health["refused_events"] == refused
     assert get_json(stack, f"/api/jobs/{second}")["state"] == "succeeded"
 
-    doctor = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
-        "--redis-url", stack.redis.url_for(redis_auth.DOCTOR),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(doctor.communicate(), 60)
-    assert doctor.returncode == 0, err.decode()
-    assert f"refused_events={refused} " in out.decode()
-    assert "double_booked_hosts=0" in out.decode()
+    out = await run_doctor(stack)
+    assert f"refused_events={refused} " in out
+    assert "double_booked_hosts=0" in out
     assert stack.children["scheduler-2"].poll() is None
 
 

@@ -3,15 +3,13 @@ workers all run on 127.0.0.1, so a job's tasks there must get distinct named por
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from nats.aio.client import Client as NATS
 
 from berth.stack import Stack
-from shared import redis_auth
 from shared.messages import JobSpec, Resources
-from tests.conftest import wait_for_job
+from tests.conftest import run_doctor, wait_for_job
 from tests.test_projection import accepted
 
 # Binds its port (no SO_REUSEADDR: a port held by a sibling fails with EADDRINUSE) and holds
@@ -33,10 +31,4 @@ async def test_four_workers_on_one_address_give_four_distinct_ports(make_stack,
     assert len({a["worker_id"] for a in attempts}) == 4  # spread over the four workers
     assert len({a["ports"]["http"] for a in attempts}) == 4
 
-    doctor = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",
-        "--redis-url", stack.redis.url_for(redis_auth.DOCTOR),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(doctor.communicate(), 60)
-    assert doctor.returncode == 0, err.decode()
-    assert "double_booked_ports=0" in out.decode()
+    assert "double_booked_ports=0" in await run_doctor(stack)
