@@ -34,7 +34,9 @@ import sys
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
-POLL = 0.1
+# The longest sleep between looks at the deadline (a wait ends sooner on a child's exit, a
+# signal, or a line from the agent).
+LONGEST_WAIT = 1.0
 
 
 def descendants(root: int) -> list[int]:
@@ -113,11 +115,20 @@ def main(argv: list[str]) -> None:
         signal.signal(sig, signal.SIG_IGN)
     asked = []
     signal.signal(signal.SIGUSR1, lambda *_: asked.append(True))
+    # A child's exit (SIGCHLD) and SIGUSR1 wake the wait below at once, through this pipe:
+    # the attempt's exit is reported without a polling delay.
+    wake, woken = os.pipe()
+    os.set_blocking(wake, False)
+    os.set_blocking(woken, False)
+    signal.set_wakeup_fd(woken)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
 
     stdin = sys.stdin.fileno()
     child = os.fork()
     if child == 0:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                    signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -144,11 +155,15 @@ def main(argv: list[str]) -> None:
                         "no heartbeat acknowledged before the fence deadline\n")
             kill_tree(me)
             os._exit(137)
+        wait = min(LONGEST_WAIT, max(0.0, deadline - time.monotonic()))
         try:
-            ready, _, _ = select.select([stdin], [], [], POLL)
+            ready, _, _ = select.select([stdin, wake], [], [], wait)
         except InterruptedError:
             continue
-        if ready:
+        if wake in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake, 4096)
+        if stdin in ready:
             data = os.read(stdin, 4096)
             if not data:
                 agent_gone = True
