@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from berth.creds_cli import cli_connection, cli_credentials
+from berth.stack_info import nats_url
 from shared import nats_io, subjects
 from shared.config import Settings
 
@@ -91,11 +91,11 @@ def open_lines(path: Path) -> Iterator[str]:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    nats_url = args.nats_url or _stack_nats_url(args.data_dir)
+    url = nats_url(args.nats_url, args.data_dir)
     creds = cli_credentials(args.data_dir, admin=True)
 
     async def run(out: IO[str]) -> int:
-        async with cli_connection(nats_url, creds) as nc:
+        async with cli_connection(url, creds) as nc:
             return await backup(nc.jetstream(), out)
 
     with open(args.file, "w", encoding="utf-8") as out:
@@ -105,11 +105,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    nats_url = args.nats_url or _stack_nats_url(args.data_dir)
+    url = nats_url(args.nats_url, args.data_dir)
     creds = cli_credentials(args.data_dir, admin=True)
 
     async def run() -> int:
-        async with cli_connection(nats_url, creds) as nc:
+        async with cli_connection(url, creds) as nc:
             js = nc.jetstream()
             # Into a NATS cluster: as many copies as its services keep (BERTH_STREAM_REPLICAS).
             await nats_io.ensure_streams(js, Settings.from_env().stream_replicas)
@@ -122,13 +122,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
         return 1
     print(f"restored {count} events from {args.file}", file=sys.stderr)
     return 0
-
-
-def _stack_nats_url(data_dir: str) -> str:
-    try:
-        return str(json.loads((Path(data_dir) / "stack.json").read_text())["nats_url"])
-    except (OSError, ValueError, KeyError):
-        return os.environ.get("BERTH_NATS_URL", "nats://127.0.0.1:4222")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -28,6 +28,7 @@ from berth.client import (
     wait_for_outcome,
 )
 from berth.creds_cli import cli_connection, cli_credentials
+from berth.stack_info import nats_url, read_stack_info
 from shared import subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
@@ -37,21 +38,11 @@ from shared.messages import job_spec_schema
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
 
 
-def _stack_info(data_dir: str) -> dict[str, str]:
-    try:
-        return dict(json.loads((Path(data_dir) / "stack.json").read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
 def _urls(args: argparse.Namespace) -> tuple[str, str]:
     """NATS and API URLs: flags, then BERTH_* variables, then a running `berth up`."""
-    info = _stack_info(args.data_dir)
-    nats_url = args.nats_url or os.environ.get("BERTH_NATS_URL") or info.get(
-        "nats_url", "nats://127.0.0.1:4222")
-    api_url = args.api_url or os.environ.get("BERTH_API_URL") or info.get(
-        "api_url", "http://127.0.0.1:8080")
-    return nats_url, api_url
+    api_url = args.api_url or os.environ.get("BERTH_API_URL") or str(
+        read_stack_info(args.data_dir).get("api_url", "http://127.0.0.1:8080"))
+    return nats_url(args.nats_url, args.data_dir), api_url
 
 
 # --- commands ------------------------------------------------------------------------------
@@ -265,7 +256,7 @@ def doctor_redis(args: argparse.Namespace) -> RedisSettings:
     explicit = args.redis_url or RedisSettings.url_from_env()
     if explicit:
         return RedisSettings.from_env(explicit)
-    info = _stack_info(args.data_dir)
+    info = read_stack_info(args.data_dir)
     url = info.get("redis_url", "redis://127.0.0.1:6379/0")
     if redis_auth.RedisUsers.path_of(args.data_dir).exists():
         users = redis_auth.RedisUsers.load(args.data_dir)

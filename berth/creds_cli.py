@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
-import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
+from berth.stack_info import read_stack_info
 from shared import servers
 from shared.credentials import (
     NAME_PATTERN,
@@ -93,17 +93,15 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
 def _local_auth(data_dir: Path) -> AuthDir:
     """The auth folder of the `berth up` running in `data_dir` (its servers may keep theirs
     elsewhere), or the data dir's own."""
-    try:
-        return AuthDir(Path(json.loads((data_dir / "stack.json").read_text())["auth_dir"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return AuthDir.of(data_dir)
+    auth_dir = read_stack_info(data_dir).get("auth_dir")
+    return AuthDir(Path(auth_dir)) if isinstance(auth_dir, str) else AuthDir.of(data_dir)
 
 
 def _running_nats_pids(data_dir: Path) -> list[int]:
     """The nats-servers of the `berth up` running in `data_dir` (every node of its cluster)
     that are still running."""
     try:
-        info = json.loads((data_dir / "stack.json").read_text())
+        info = read_stack_info(data_dir)
         pids = [int(pid) for pid in info.get("nats_pids") or [info["nats_pid"]]]
     except (OSError, ValueError, KeyError, TypeError):
         return []

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.creds_cli import local_user
+from berth.stack_info import STACK_INFO
 from shared import dir_lock, redis_auth, servers
 from shared.credentials import AuthDir, Role, identity_name
 
@@ -112,7 +113,7 @@ class Stack:
         if self.owns_servers:
             self.redis.stop()
             self.nats.stop()
-        (self.data_dir / "stack.json").unlink(missing_ok=True)
+        (self.data_dir / STACK_INFO).unlink(missing_ok=True)
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -126,7 +127,7 @@ class Stack:
         if isinstance(self.redis, servers.ReplicatedRedis):
             info |= {"redis_sentinels": self.redis.sentinel_addresses,
                      "redis_master": self.redis.master}
-        (self.data_dir / "stack.json").write_text(json.dumps(info, indent=2))
+        (self.data_dir / STACK_INFO).write_text(json.dumps(info, indent=2))
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
