@@ -233,6 +233,7 @@ class Leader:
         derived afterwards by _reconcile (the log is the truth, not what we would redo)."""
         while self.state.last_seq < until:
             record = await anext(events)
+            self._heard_from_bus()
             self._remember(record)
             self.state.apply(record.seq, record.event)
 
@@ -300,6 +301,7 @@ class Leader:
 
     async def _follow(self, events: AsyncIterator[nats_io.EventRecord]) -> None:
         async for record in events:
+            self._heard_from_bus()
             self._remember(record)
             pending = len(self.state.pending)
             effects = self.state.apply(record.seq, record.event)
@@ -377,6 +379,14 @@ class Leader:
             if await bus_answers(self.ping_js):
                 self.bus_ok_at = max(self.bus_ok_at, sent)
             await asyncio.sleep(max(0.0, sent + every - time.monotonic()))
+
+    def _heard_from_bus(self) -> None:
+        """An event delivered is NATS answering too. While a long backlog is folded, the
+        bus watcher's round trip waits behind it in the same socket and times out, though
+        the server is there: without this, a take-over of a long log stood down for "NATS
+        has not answered". A leader cut off stops hearing events once what its client had
+        already read is folded, and stands down then."""
+        self.bus_ok_at = time.monotonic()
 
     async def _renew_lease(self) -> None:
         """Renews the lease; raises LostLeadership if it is no longer ours at our epoch, or
