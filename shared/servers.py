@@ -450,21 +450,23 @@ def _quoted(value: str | Path) -> str:
     return json.dumps(str(value))
 
 
-def _write_redis_config(store: Path, port: int, users: RedisUsers,
-                        replica_of: int | None = None) -> Path:
-    """A data node's config: password-only users (ACL file beside it), loopback only,
-    AOF on. Owner-only: it holds the `replica` user's password (masterauth)."""
+def write_redis_config(store: Path, port: int, users: RedisUsers,
+                       replica_of: int | None = None, host: str = "127.0.0.1",
+                       primary_host: str = "127.0.0.1") -> Path:
+    """A data node's config: password-only users (ACL file beside it), listening on `host`
+    only (loopback unless told), AOF on. Owner-only: it holds the `replica` user's password
+    (masterauth)."""
     store.mkdir(parents=True, exist_ok=True)
     acl = store / "users.acl"
     write_private(acl, users.data_node_acl().encode())
     lines = [
-        f"port {port}", "bind 127.0.0.1", "protected-mode yes", f"dir {_quoted(store)}",
+        f"port {port}", f"bind {host}", "protected-mode yes", f"dir {_quoted(store)}",
         "appendonly yes", 'save ""', f"aclfile {_quoted(acl)}",
         # What a replica (or this node, once Sentinel demotes it) authenticates with.
         f"masteruser {REPLICA}", f"masterauth {_quoted(users.passwords[REPLICA])}",
     ]
     if replica_of is not None:
-        lines.append(f"replicaof 127.0.0.1 {replica_of}")
+        lines.append(f"replicaof {primary_host} {replica_of}")
     config = store / "valkey.conf"
     write_private(config, ("\n".join(lines) + "\n").encode())
     return config
@@ -477,7 +479,7 @@ def start_redis(
     """A data node with berth's ACL users (redis_auth; passwords made once per data dir)."""
     port = port or free_port()
     users = RedisUsers.ensure(data_dir)
-    config = _write_redis_config(store or data_dir / "redis", port, users, replica_of)
+    config = write_redis_config(store or data_dir / "redis", port, users, replica_of)
     proc = _spawn([redis_server_binary(prefer_path), str(config)],
                   data_dir / "logs" / f"{name}.log")
     wait_for_port(port, proc, name)
@@ -570,14 +572,17 @@ class ReplicatedRedis:
             p.stop(timeout)
 
 
-def _write_sentinel_config(sdir: Path, port: int, users: RedisUsers, master: str,
-                           primary_port: int, quorum: int, down_after_ms: int,
-                           failover_timeout_ms: int) -> Path:
+def write_sentinel_config(sdir: Path, port: int, users: RedisUsers, master: str,
+                          primary_port: int, quorum: int, down_after_ms: int,
+                          failover_timeout_ms: int, host: str = "127.0.0.1",
+                          primary_host: str = "127.0.0.1") -> Path:
+    """A Sentinel's config, listening on `host` only (loopback unless told) and watching the
+    primary at `primary_host`:`primary_port`; it announces `host` to the other Sentinels."""
     sdir.mkdir(parents=True, exist_ok=True)
     sentinel_pw = _quoted(users.passwords[SENTINEL])
     lines = [
-        f"port {port}", "bind 127.0.0.1", "protected-mode yes", f"dir {_quoted(sdir)}",
-        f"sentinel monitor {master} 127.0.0.1 {primary_port} {quorum}",
+        f"port {port}", f"bind {host}", "protected-mode yes", f"dir {_quoted(sdir)}",
+        f"sentinel monitor {master} {primary_host} {primary_port} {quorum}",
         # As whom it talks to the data nodes, and to the other Sentinels.
         f"sentinel auth-user {master} {SENTINEL}", f"sentinel auth-pass {master} {sentinel_pw}",
         f"sentinel sentinel-user {SENTINEL}", f"sentinel sentinel-pass {sentinel_pw}",
@@ -612,7 +617,7 @@ def start_replicated_redis(
         watchers = []
         for i in range(sentinels):
             port = free_port()
-            config = _write_sentinel_config(data_dir / f"sentinel-{i}", port, users, master,
+            config = write_sentinel_config(data_dir / f"sentinel-{i}", port, users, master,
                                             primary.port, quorum, down_after_ms,
                                             failover_timeout_ms)
             proc = _spawn([redis_server_binary(), str(config), "--sentinel"],

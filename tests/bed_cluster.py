@@ -1,6 +1,8 @@
 """berth across the test bed: each server and service in a host of its own (or sharing one),
-every connection made over the bridge to the namespace addresses, with the credentials files
-an operator would hand each service (BERTH_NATS_CREDS from the auth folder).
+every connection made over the bridge to the namespace addresses, with the credentials an
+operator would hand each service: its own NATS nkey (BERTH_NATS_CREDS from the auth folder),
+and for the scheduler the `scheduler` Redis user (valkey runs berth's ACL: no `default`
+user, so nothing gets in without a password; the checker reads as `doctor`).
 
 The default layout (hosts may be merged or spread by passing another):
 
@@ -8,10 +10,13 @@ The default layout (hosts may be merged or spread by passing another):
     ctl    scheduler A (leader), and the submitter and dashboard unless `api_host` says
     ctl2   scheduler B (standby)            w1..wN one worker each, --address its own
 
-The test reaches NATS, Redis and the dashboard through portals (tests/netbed.py), whose
+A `Layout` spreads it further: three NATS hosts are a routed JetStream cluster (streams
+kept on all three, BERTH_STREAM_REPLICAS=3), replica and Sentinel hosts make Redis a
+primary, replicas and Sentinels (the scheduler then finds the primary through them), and
+several workers may share one host (and so one address).
+
+The test reaches every server and the dashboard through portals (tests/netbed.py), whose
 connections start inside the server's own host, so no partition cuts the test's view.
-A NATS cluster or Sentinel can later be placed the same way: one server per host, the
-services given the namespace addresses.
 """
 
 from __future__ import annotations
@@ -24,15 +29,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis as sync_redis
 from nats.aio.client import Client as NATS
 
 from shared import nats_io, servers
-from shared.credentials import AuthDir, Role, identity_name
+from shared.credentials import AuthDir, Role, identity_name, write_private
+from shared.redis_auth import ADMIN, DOCTOR, SCHEDULER, RedisUsers
 from shared.reservations import ReservationStore
 from tests.netbed import Bed, BedError
 
 NATS_PORT = 4222
+NATS_CLUSTER_PORT = 6222
 REDIS_PORT = 6379
+SENTINEL_PORT = 26379
+MASTER = "berth"
+# Sentinel's verdict on a primary it cannot reach, and how long one failover may take.
+SENTINEL_DOWN_AFTER_MS = 1000
+SENTINEL_FAILOVER_TIMEOUT_MS = 3000
 API_PORT = 8080
 # The dashboard listens beyond loopback here, so its reads are closed: the test reads as
 # the admin (BERTH_API_TOKEN).
@@ -48,20 +61,55 @@ def hosts_for(workers: int) -> list[str]:
     return ["nats", "redis", "ctl", "ctl2", *(f"w{i}" for i in range(1, workers + 1))]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Which host runs what. One NATS host is one server; three are a routed JetStream
+    cluster (streams kept on all three). Replica and Sentinel hosts make Redis a primary,
+    its replicas and Sentinels (the services then find the primary through them)."""
+
+    workers: dict[str, str]                 # worker id -> its host
+    nats: tuple[str, ...] = ("nats",)
+    redis: str = "redis"
+    replicas: tuple[str, ...] = ()
+    sentinels: tuple[str, ...] = ()
+    api: str = "ctl"
+    schedulers: tuple[str, ...] = ("ctl", "ctl2")
+    # Attributes (-a KEY=VALUE) a worker advertises, by worker id.
+    attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def simple(cls, workers: Sequence[str], api: str = "ctl", standby: bool = True
+               ) -> Layout:
+        """One NATS, one Redis, each worker on the host of its own name."""
+        return cls({w: w for w in workers}, api=api,
+                   schedulers=("ctl", "ctl2") if standby else ("ctl",))
+
+    def hosts(self) -> list[str]:
+        """Every host named, each once, in a stable order."""
+        named = [*self.nats, self.redis, *self.replicas, *self.sentinels, self.api,
+                 *self.schedulers, *self.workers.values()]
+        return list(dict.fromkeys(named))
+
+
 @dataclass
 class BedCluster:
     bed: Bed
     data_dir: Path
     env: dict[str, str]
-    nats_host: str = "nats"
-    redis_host: str = "redis"
-    api_host: str = "ctl"
+    layout: Layout
+    redis_users: RedisUsers
     # label -> (host, process); `stopped` are those the test stopped on purpose.
     services: dict[str, tuple[str, subprocess.Popen[bytes]]] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
-    nats_port_local: int = 0
-    redis_port_local: int = 0
+    # host -> the local port of a portal to its server (NATS, Redis or Sentinel, API).
+    nats_portals: dict[str, int] = field(default_factory=dict)
+    redis_portals: dict[str, int] = field(default_factory=dict)
+    sentinel_portals: dict[str, int] = field(default_factory=dict)
     api_port_local: int = 0
+
+    @property
+    def api_host(self) -> str:
+        return self.layout.api
 
     @property
     def auth(self) -> AuthDir:
@@ -69,12 +117,34 @@ class BedCluster:
 
     @property
     def nats_url(self) -> str:
-        """The test's way in (a portal)."""
-        return f"nats://127.0.0.1:{self.nats_port_local}"
+        """The test's way in: a portal to the first NATS node."""
+        return self.nats_url_via(self.layout.nats[0])
+
+    def nats_url_via(self, host: str) -> str:
+        return f"nats://127.0.0.1:{self.nats_portals[host]}"
+
+    def redis_url_via(self, host: str, user: str = ADMIN) -> str:
+        return self.redis_users.url(user, self.redis_portals[host])
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port_local}/0"
+        """The test's way to the primary (as admin): the one a Sentinel names, if any."""
+        return self.redis_url_via(self.primary_host())
+
+    def primary_host(self) -> str:
+        """The Redis host a Sentinel names primary now (the first that answers)."""
+        for host, port in self.sentinel_portals.items():
+            try:
+                with sync_redis.Redis(port=port, socket_timeout=2,
+                                      decode_responses=True) as client:
+                    addr = client.execute_command("SENTINEL", "get-master-addr-by-name",
+                                                  MASTER)
+            except sync_redis.RedisError:
+                continue
+            if addr:
+                return self.bed.host_of(str(addr[0]))
+            raise BedError(f"Sentinel on {host} names no primary")
+        return self.layout.redis
 
     @property
     def api_url(self) -> str:
@@ -92,11 +162,14 @@ class BedCluster:
         self.services[label] = (host, proc)
         return proc
 
-    def start_worker(self, worker_id: str, host: str, cpu: float = 2,
+    def start_worker(self, worker_id: str, host: str | None = None, cpu: float = 2,
                      memory_mb: int = 2048) -> subprocess.Popen[bytes]:
+        host = host or self.layout.workers.get(worker_id, worker_id)
+        attributes = [arg for attr in self.layout.attributes.get(worker_id, ())
+                      for arg in ("-a", attr)]
         return self.start_service("worker", host, "--id", worker_id, "--cpu", str(cpu),
                                   "--memory-mb", str(memory_mb),
-                                  "--address", self.bed.address(host),
+                                  "--address", self.bed.address(host), *attributes,
                                   label=worker_id, scope=worker_id)
 
     def died(self) -> list[str]:
@@ -109,13 +182,16 @@ class BedCluster:
         path = self.data_dir / "logs" / f"{label}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    async def admin(self) -> NATS:
-        return await nats_io.connect(self.nats_url, "berth-bed-test",
-                                     self.auth.ensure(Role.ADMIN))
+    async def admin(self, via: str | None = None) -> NATS:
+        return await nats_io.connect(self.nats_url_via(via or self.layout.nats[0]),
+                                     "berth-bed-test", self.auth.ensure(Role.ADMIN))
 
-    def store(self) -> ReservationStore:
+    def store(self, user: str = DOCTOR, host: str | None = None) -> ReservationStore:
+        """The reservations on the primary (or on `host`), read as `berth doctor` reads them
+        (the read-only user) unless told."""
         from shared import redis_io
-        return ReservationStore(redis_io.connect(self.redis_url))
+        return ReservationStore(redis_io.connect(
+            self.redis_url_via(host or self.primary_host(), user)))
 
     def get(self, path: str) -> object:
         resp = httpx.get(self.api_url + path, timeout=10, headers=HEADERS)
@@ -123,61 +199,144 @@ class BedCluster:
         return resp.json()
 
 
-def start_cluster(bed: Bed, data_dir: Path, workers: Sequence[str],
+def _start_nats(bed: Bed, data_dir: Path, hosts: Sequence[str], auth: AuthDir
+                ) -> dict[str, subprocess.Popen[bytes]]:
+    """nats-server on each host, listening on its host's address only; more than one are
+    routed into one cluster (authenticated routes, deploy/nats-cluster.conf's shape)."""
+    users = servers.write_nats_users(auth)
+    route_auth = servers.RouteAuth.of(auth)
+    procs = {}
+    for i, host in enumerate(hosts):
+        store = data_dir / "nats" / host
+        store.mkdir(parents=True, exist_ok=True)
+        config = store / "server.conf"
+        address = bed.address(host)
+        if len(hosts) == 1:
+            text = servers.nats_config(NATS_PORT, store, users, store, host=address)
+        else:
+            routes = store / "cluster-routes.conf"
+            peers = [f"{bed.address(h)}:{NATS_CLUSTER_PORT}" for h in hosts if h != host]
+            write_private(routes, servers.routes_config(route_auth, peers).encode())
+            text = servers.nats_cluster_config(f"berth-n{i + 1}", NATS_PORT, NATS_CLUSTER_PORT,
+                                               store, users, routes, store, host=address)
+        config.write_text(text)
+        procs[host] = bed.spawn(host, [servers.nats_server_binary(), "-c", str(config)],
+                                data_dir / "logs" / f"nats-server-{host}.log")
+    for host, proc in procs.items():
+        bed.wait_for_port(host, NATS_PORT, proc, f"nats-server on {host}")
+    return procs
+
+
+def _start_redis(bed: Bed, data_dir: Path, layout: Layout, users: RedisUsers
+                 ) -> dict[str, subprocess.Popen[bytes]]:
+    """valkey with berth's ACL (no `default` user) on the primary's host, each replica's,
+    and a Sentinel on each Sentinel host, every one listening on its host's address only."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    primary = bed.address(layout.redis)
+    for host in (layout.redis, *layout.replicas):
+        config = servers.write_redis_config(
+            data_dir / "redis" / host, REDIS_PORT, users, host=bed.address(host),
+            replica_of=REDIS_PORT if host != layout.redis else None, primary_host=primary)
+        procs[host] = bed.spawn(host, [servers.redis_server_binary(), str(config)],
+                                data_dir / "logs" / f"valkey-{host}.log")
+    for host in layout.sentinels:
+        config = servers.write_sentinel_config(
+            data_dir / "sentinel" / host, SENTINEL_PORT, users, MASTER, REDIS_PORT,
+            quorum=len(layout.sentinels) // 2 + 1, down_after_ms=SENTINEL_DOWN_AFTER_MS,
+            failover_timeout_ms=SENTINEL_FAILOVER_TIMEOUT_MS, host=bed.address(host),
+            primary_host=primary)
+        procs[f"sentinel@{host}"] = bed.spawn(
+            host, [servers.redis_server_binary(), str(config), "--sentinel"],
+            data_dir / "logs" / f"sentinel-{host}.log")
+    for key, proc in procs.items():
+        host = key.split("@")[-1]
+        port = SENTINEL_PORT if key.startswith("sentinel@") else REDIS_PORT
+        bed.wait_for_port(host, port, proc, key)
+    return procs
+
+
+def start_cluster(bed: Bed, data_dir: Path, workers: Sequence[str] | Layout,
                   extra_env: dict[str, str] | None = None, standby: bool = True,
                   api_host: str = "ctl") -> BedCluster:
-    """Servers, a leader (then a standby), the submitter, the dashboard and one worker per
-    name in `workers` (each on the host of that name). The caller's `bed.stop()` stops it."""
+    """Servers, a leader (then a standby), the submitter, the dashboard and the workers, as
+    `workers` lays them out (a list of names: each on the host of its name). The services
+    connect as an operator's would: each with its own NATS nkey, the scheduler as the
+    `scheduler` Redis user (no `default` user exists). The caller's `bed.stop()` stops it."""
+    layout = (workers if isinstance(workers, Layout)
+              else Layout.simple(workers, api=api_host, standby=standby))
     data_dir.mkdir(parents=True, exist_ok=True)
     auth = AuthDir.of(data_dir)
     servers.ensure_service_identities(auth)
     auth.ensure(Role.ADMIN)
-    for worker_id in workers:
+    for worker_id in layout.workers:
         auth.ensure(Role.WORKER, worker_id)
-    users = servers.write_nats_users(auth)
+    users = RedisUsers.ensure(data_dir)
+    nats = _start_nats(bed, data_dir, layout.nats, auth)
+    redis = _start_redis(bed, data_dir, layout, users)
 
-    # nats-server, listening on its host's address only.
-    store = data_dir / "nats"
-    store.mkdir(parents=True, exist_ok=True)
-    config = store / "server.conf"
-    config.write_text(servers.nats_config(NATS_PORT, store, users, store,
-                                          host=bed.address("nats")))
-    nats = bed.spawn("nats", [servers.nats_server_binary(), "-c", str(config)],
-                     data_dir / "logs" / "nats-server.log")
-    redis_store = data_dir / "redis"
-    redis_store.mkdir(parents=True, exist_ok=True)
-    redis = bed.spawn("redis", [
-        servers.redis_server_binary(), "--port", str(REDIS_PORT),
-        "--bind", bed.address("redis"), "--dir", str(redis_store), "--appendonly", "yes",
-        "--save", "", "--protected-mode", "no"], data_dir / "logs" / "redis-server.log")
-    bed.wait_for_port("nats", NATS_PORT, nats, "nats-server")
-    bed.wait_for_port("redis", REDIS_PORT, redis, "valkey")
-
+    nats_url = ",".join(f"nats://{bed.address(h)}:{NATS_PORT}" for h in layout.nats)
+    redis_env: dict[str, str] = {}
+    if layout.sentinels:
+        redis_env = {"BERTH_REDIS_SENTINELS": ",".join(
+            f"{bed.address(h)}:{SENTINEL_PORT}" for h in layout.sentinels),
+            "BERTH_REDIS_MASTER": MASTER}
     env = servers.service_env(
-        f"nats://{bed.address('nats')}:{NATS_PORT}",
-        f"redis://{bed.address('redis')}:{REDIS_PORT}/0", data_dir,
-        BERTH_API_HOST=bed.address(api_host), BERTH_API_PORT=str(API_PORT),
-        BERTH_API_TOKEN=API_TOKEN, **(extra_env or {}))
+        nats_url, users.url(SCHEDULER, REDIS_PORT, host=bed.address(layout.redis)), data_dir,
+        BERTH_API_HOST=bed.address(layout.api), BERTH_API_PORT=str(API_PORT),
+        BERTH_API_TOKEN=API_TOKEN, BERTH_STREAM_REPLICAS=str(min(3, len(layout.nats))),
+        **redis_env, **(extra_env or {}))
     env.pop("BERTH_NATS_CREDS", None)
-    cluster = BedCluster(bed, data_dir, env, api_host=api_host)
-    cluster.services["nats-server"] = ("nats", nats)
-    cluster.services["valkey"] = ("redis", redis)
-    cluster.nats_port_local = bed.portal("nats", NATS_PORT)
-    cluster.redis_port_local = bed.portal("redis", REDIS_PORT)
-    cluster.api_port_local = bed.portal(api_host, API_PORT)
+    cluster = BedCluster(bed, data_dir, env, layout, users)
+    for host, proc in nats.items():
+        cluster.services[f"nats-server@{host}"] = (host, proc)
+        cluster.nats_portals[host] = bed.portal(host, NATS_PORT)
+    for key, proc in redis.items():
+        host = key.split("@")[-1]
+        cluster.services[key if "@" in key else f"valkey@{host}"] = (host, proc)
+        if key.startswith("sentinel@"):
+            cluster.sentinel_portals[host] = bed.portal(host, SENTINEL_PORT)
+        else:
+            cluster.redis_portals[host] = bed.portal(host, REDIS_PORT)
+    cluster.api_port_local = bed.portal(layout.api, API_PORT)
+    if layout.sentinels:
+        wait_for(lambda: _replicated(cluster), 30, "the replicas and Sentinels", cluster)
 
-    cluster.start_service("scheduler", "ctl", label="scheduler-a")
+    first, *others = layout.schedulers
+    cluster.start_service("scheduler", first, label="scheduler-a")
     wait_for(lambda: "leading with epoch" in cluster.log("scheduler-a"), 30,
              "scheduler A to lead", cluster)
-    cluster.start_service("submitter", api_host)
-    cluster.start_service("dashboard", api_host)
-    for worker_id in workers:
-        cluster.start_worker(worker_id, worker_id)
-    if standby:
-        cluster.start_service("scheduler", "ctl2", label="scheduler-b")
+    cluster.start_service("submitter", layout.api)
+    cluster.start_service("dashboard", layout.api)
+    for worker_id in layout.workers:
+        cluster.start_worker(worker_id)
+    for i, host in enumerate(others):
+        cluster.start_service("scheduler", host, label=f"scheduler-{chr(ord('b') + i)}")
     wait_for(lambda: _api_ok(cluster), 30, "the dashboard", cluster)
-    wait_for(lambda: len(_workers(cluster)) == len(workers), 30, "the workers", cluster)
+    wait_for(lambda: len(_workers(cluster)) == len(layout.workers), 30, "the workers",
+             cluster)
     return cluster
+
+
+def _replicated(cluster: BedCluster) -> bool:
+    """Every replica in sync and every Sentinel aware of every replica and Sentinel (a
+    failover needs a replica that Sentinels know of, and a quorum that knows each other)."""
+    layout = cluster.layout
+    try:
+        with sync_redis.Redis.from_url(cluster.redis_url_via(layout.redis)) as client:
+            info = client.info("replication")
+        online = sum(1 for k, v in info.items() if k.startswith("slave")
+                     and isinstance(v, dict) and v.get("state") == "online")
+        if online < len(layout.replicas):
+            return False
+        for port in cluster.sentinel_portals.values():
+            with sync_redis.Redis(port=port, socket_timeout=2) as client:
+                known = client.execute_command("SENTINEL", "replicas", MASTER)
+                peers = client.execute_command("SENTINEL", "sentinels", MASTER)
+            if len(known) < len(layout.replicas) or len(peers) < len(layout.sentinels) - 1:
+                return False
+    except sync_redis.RedisError:
+        return False
+    return True
 
 
 def _api_ok(cluster: BedCluster) -> bool:
