@@ -106,6 +106,8 @@ class BedCluster:
     redis_portals: dict[str, int] = field(default_factory=dict)
     sentinel_portals: dict[str, int] = field(default_factory=dict)
     api_port_local: int = 0
+    # label -> environment a service gets on top of the cluster's (e.g. another NATS URL).
+    env_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def api_host(self) -> str:
@@ -156,7 +158,7 @@ class BedCluster:
         creds = self.auth.creds_path(identity_name(ROLES[kind], scope))
         if not creds.exists():
             raise BedError(f"no identity for {kind} {scope!r}: make it before NATS starts")
-        env = {**self.env, "BERTH_NATS_CREDS": str(creds)}
+        env = {**self.env, "BERTH_NATS_CREDS": str(creds), **self.env_overrides.get(label, {})}
         proc = self.bed.spawn(host, [sys.executable, "-m", MODULES[kind], *args],
                               self.data_dir / "logs" / f"{label}.log", env)
         self.services[label] = (host, proc)

@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 
 from berth.client import submit_job
 from shared import subjects
+from shared.checker import Report as CheckReport
 from shared.checker import check_cluster
 from shared.messages import JobSpec, Resources, command_decoder, decode
 from tests.bed_cluster import HEADERS, BedCluster, start_cluster
@@ -44,6 +45,12 @@ TASK = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.s
 SAMPLE_EVERY = 0.1
 
 
+# What a Result counts; every one must read 0.
+COUNTS = ("lost", "not_terminal", "double_booked", "two_copies", "stale_obeyed", "wrong_deaths",
+          "disagreements", "minority_acks", "epoch_regressions", "reservations_lost",
+          "port_collisions", "unreached")
+
+
 @dataclass
 class Result:
     scenario: str
@@ -55,14 +62,19 @@ class Result:
     two_copies_s: float = 0.0      # the longest such overlap, seconds
     stale_obeyed: int = 0          # commands of a deposed epoch not refused by the worker
     wrong_deaths: int = 0          # workers declared dead that were not cut off
+    disagreements: int = 0         # Redis and the log's fold disagree once all is done
+    minority_acks: int = 0         # writes a NATS node cut off from its quorum acknowledged
+    epoch_regressions: int = 0     # leaders elected with an epoch not above every earlier
+    reservations_lost: int = 0     # running attempts whose reservation a failover lost
+    port_collisions: int = 0       # tasks that could not bind the named port they were given
+    unreached: int = 0             # gang members that could not reach their coordinator
     died: list[str] = field(default_factory=list)
     # Measured, not judged: seconds from the cut unless said otherwise.
     notes: dict[str, Any] = field(default_factory=dict)
 
     def violations(self) -> list[str]:
         out = [f"{name}={getattr(self, name)}" for name in
-               ("lost", "not_terminal", "double_booked", "two_copies", "stale_obeyed",
-                "wrong_deaths") if getattr(self, name)]
+               COUNTS if getattr(self, name)]
         if self.died:
             out.append(f"died={self.died}")
         return out
@@ -168,8 +180,9 @@ class Bus:
 class Run:
     """One scenario's cluster, jobs and observers."""
 
-    def __init__(self, cluster: BedCluster, name: str) -> None:
+    def __init__(self, cluster: BedCluster, name: str, via: str | None = None) -> None:
         self.cluster = cluster
+        self.via = via  # the NATS host the test's connection goes to
         self.bed: Bed = cluster.bed
         self.result = Result(name)
         self.tag = f"{TOKEN}-{uuid.uuid4().hex[:8]}"
@@ -179,12 +192,13 @@ class Run:
         self.jobs: dict[str, str] = {}  # job id -> token
         self.nc: Any = None
         self.max_double_booked = 0
+        self.report: CheckReport | None = None
         self.started = time.monotonic()
         self.submitted = 0
         self.marks: dict[str, float] = {}
 
     async def __aenter__(self) -> Run:
-        self.nc = await self.cluster.admin()
+        self.nc = await self.cluster.admin(self.via)
         await self.bus.listen(self.nc)
         self.sampler.start()
         return self
@@ -245,6 +259,7 @@ class Run:
             await store.client.aclose()
         self.max_double_booked = max(self.max_double_booked,
                                      report.double_booked_hosts + report.double_booked_ports)
+        self.report = report
 
     async def finish(self, timeout: float = 45) -> Result:
         """Lets every task end, waits for every job, then counts."""
@@ -264,6 +279,9 @@ class Run:
             elif job["state"] != "succeeded":
                 r.notes.setdefault("not_succeeded", []).append(f"{job_id}:{job['state']}")
         r.double_booked = self.max_double_booked
+        if self.report is not None:
+            r.disagreements = len(self.report.reservations_without_attempt
+                                  + self.report.attempts_without_reservation)
         r.two_copies = len(self.sampler.overlap)
         r.two_copies_s = round(self.sampler.longest_overlap(), 1) if r.two_copies else 0.0
         if r.two_copies:  # which attempts, where, and when (from the start of the run)
