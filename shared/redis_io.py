@@ -79,6 +79,15 @@ class _SentinelClient(aioredis.Redis):
             await self.sentinel_manager.aclose()
 
 
+async def ask_again(client: aioredis.Redis) -> None:
+    """Drops the client's connections, so that its next command connects afresh: with
+    Sentinels, to whichever server they name primary *now*. A primary cut off from its
+    replicas and Sentinels still answers its clients (refusing nothing, acknowledging no
+    write): kept, the connection would go on asking it until the partition heals and Sentinel
+    demotes it, however long after the replica was promoted."""
+    await client.connection_pool.disconnect()
+
+
 def connect(url: str) -> aioredis.Redis:
     """A client for one server at `url` (tests, tools)."""
     return open_client(RedisSettings(url=url))

@@ -450,6 +450,14 @@ def _quoted(value: str | Path) -> str:
     return json.dumps(str(value))
 
 
+def _protected_mode(host: str) -> str:
+    """Protected mode on loopback; off beyond it, where it would refuse every client while
+    any user has no password (a Sentinel's lookup-only `default`): the ACL guards it there,
+    as in deploy/kubernetes/valkey.yaml."""
+    return "protected-mode yes" if host in ("127.0.0.1", "::1", "localhost") else \
+        "protected-mode no"
+
+
 def write_redis_config(store: Path, port: int, users: RedisUsers,
                        replica_of: int | None = None, host: str = "127.0.0.1",
                        primary_host: str = "127.0.0.1") -> Path:
@@ -460,7 +468,7 @@ def write_redis_config(store: Path, port: int, users: RedisUsers,
     acl = store / "users.acl"
     write_private(acl, users.data_node_acl().encode())
     lines = [
-        f"port {port}", f"bind {host}", "protected-mode yes", f"dir {_quoted(store)}",
+        f"port {port}", f"bind {host}", _protected_mode(host), f"dir {_quoted(store)}",
         "appendonly yes", 'save ""', f"aclfile {_quoted(acl)}",
         # What a replica (or this node, once Sentinel demotes it) authenticates with.
         f"masteruser {REPLICA}", f"masterauth {_quoted(users.passwords[REPLICA])}",
@@ -581,7 +589,7 @@ def write_sentinel_config(sdir: Path, port: int, users: RedisUsers, master: str,
     sdir.mkdir(parents=True, exist_ok=True)
     sentinel_pw = _quoted(users.passwords[SENTINEL])
     lines = [
-        f"port {port}", f"bind {host}", "protected-mode yes", f"dir {_quoted(sdir)}",
+        f"port {port}", f"bind {host}", _protected_mode(host), f"dir {_quoted(sdir)}",
         f"sentinel monitor {master} {primary_host} {primary_port} {quorum}",
         # As whom it talks to the data nodes, and to the other Sentinels.
         f"sentinel auth-user {master} {SENTINEL}", f"sentinel auth-pass {master} {sentinel_pw}",

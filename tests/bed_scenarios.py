@@ -48,7 +48,10 @@ def _layout_nats3() -> Layout:
 
 
 def _layout_sentinel() -> Layout:
-    return Layout(dict(WORKERS3), redis="r1", replicas=("r2",), sentinels=("s1", "s2", "s3"),
+    # Two replicas: the promoted one still has a replica to acknowledge fenced writes (with
+    # one, placement waits for the old primary to come back as a replica).
+    return Layout(dict(WORKERS3), redis="r1", replicas=("r2", "r3"),
+                  sentinels=("s1", "s2", "s3"),
                   api="svc", schedulers=("ctl", "ctl2"))
 
 
@@ -214,10 +217,13 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
 
 
 class EpochWatch:
-    """The fencing epoch on each data node, every 0.1 s (read as admin through portals)."""
+    """The fencing epoch every 0.1 s: on the node the Sentinels name primary at that moment
+    (what a scheduler that asks now is fenced by), and on each data node (read as admin
+    through portals)."""
 
     def __init__(self, cluster: BedCluster) -> None:
         self.cluster = cluster
+        self.primary: list[int] = []
         self.seen: dict[str, list[int]] = {}
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -226,17 +232,27 @@ class EpochWatch:
         clients = {h: sync_redis.Redis.from_url(self.cluster.redis_url_via(h), socket_timeout=1)
                    for h in self.cluster.redis_portals}
         while not self.halt.is_set():
+            with contextlib.suppress(Exception):
+                primary = self.cluster.primary_host()
             for host, client in clients.items():
                 with contextlib.suppress(sync_redis.RedisError):
                     value = client.get(redis_keys.EPOCH)
                     if value is not None:
                         self.seen.setdefault(host, []).append(int(value))
+                        if host == primary:
+                            self.primary.append(int(value))
             self.halt.wait(0.1)
         for client in clients.values():
             client.close()
 
     def regressions(self) -> int:
-        """Times a node's epoch went down (a failover to a replica that lacked a write)."""
+        """Times the primary's epoch went down (a promoted replica lacking a write that a
+        leader was elected by)."""
+        return sum(1 for a, b in itertools.pairwise(self.primary) if b < a)
+
+    def discarded(self) -> int:
+        """Times a node's own epoch went down: the old primary's unacknowledged increments,
+        dropped when it comes back as a replica (no leader ever used them)."""
         return sum(1 for values in self.seen.values()
                    for a, b in itertools.pairwise(values) if b < a)
 
@@ -256,15 +272,20 @@ async def redis_failover(bed: Bed, data_dir: Path, cut: float) -> Result:
             cut_at = time.monotonic()
             # Placement goes on through the cut: a job every half second.
             later: list[str] = []
+            first_placed = None
             while time.monotonic() < cut_at + cut:
-                later += await run.submit(1)
+                later += await run.submit(1, cpu=0.1)
+                if first_placed is None and any(run.running([i]) for i in later):
+                    first_placed = round(time.monotonic() - cut_at, 1)
                 await asyncio.sleep(0.5)
-            promoted = cluster.primary_host()
-            run.result.notes["promoted"] = promoted
+            run.result.notes["placed_during_cut_s"] = first_placed
+            run.result.notes["promoted"] = cluster.primary_host()
             bed.heal()
+            healed = time.monotonic()
             placed = await run.until("every later job running",
                                      lambda: run.running(later), 30)
-            run.result.notes["placed_after_heal"] = bool(placed)
+            run.result.notes["all_placed_after_heal_s"] = (
+                round(time.monotonic() - healed, 1) if placed else None)
             await asyncio.sleep(2)
             await run.check()  # tasks still running: each must still hold its reservation
             if run.report is not None:
@@ -273,6 +294,7 @@ async def redis_failover(bed: Bed, data_dir: Path, cut: float) -> Result:
             run.result.epoch_regressions = watch.regressions() + sum(
                 1 for a, b in itertools.pairwise(elected) if b <= a)
             run.result.notes["elected"] = elected
+            run.result.notes["unacked_epochs_discarded"] = watch.discarded()
             return await run.finish()
     finally:
         watch.halt.set()
@@ -370,7 +392,7 @@ BedScenario = Callable[[Bed, Path], Awaitable[Result]]
 
 HOSTS = {
     "nats-minority": ["n1", "n2", "n3", "redis", "svc", "ctl", "ctl2", *WORKERS3],
-    "redis-failover": ["nats", "r1", "r2", "s1", "s2", "s3", "svc", "ctl", "ctl2",
+    "redis-failover": ["nats", "r1", "r2", "r3", "s1", "s2", "s3", "svc", "ctl", "ctl2",
                        *WORKERS3],
     "hosts": ["nats", "redis", "ctl", "g1", "g2", "g3", "g4"],
     "delayed-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],

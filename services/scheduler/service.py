@@ -854,6 +854,7 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             lease = await fencing.take_lease(store, js, scheduler_id, ttl_ms, folded)
         except (*redis_io.UNREACHABLE, NotDurable) as exc:
             outage.failed(exc)
+            await redis_io.ask_again(store.client)
             await service.wait_or_stop(stop, backoff.next())
             continue
         except nats_io.RETRIABLE as exc:
@@ -874,9 +875,12 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
                 fencing.Superseded) as exc:
             # Every Redis write is fenced: a refused epoch anywhere ends the term.
             log.warning("lost leadership: %s; standing by", exc)
+            if isinstance(exc, NotDurable):
+                await redis_io.ask_again(store.client)
         except redis_io.UNREACHABLE as exc:
             # No write can be fenced now, so nothing is placed until the lease is won again.
             outage.failed(exc, "standing down")
+            await redis_io.ask_again(store.client)
             await service.wait_or_stop(stop, backoff.next())
         finally:
             folded = max(folded, leader.state.epoch)
