@@ -1,7 +1,13 @@
 """Every partition scenario on the test bed of network namespaces (tests/netbed.py), each on
 a fresh cluster, and a table of what each counted. Needs root, `ip` and `nft`.
 
-    sudo .venv/bin/python bench/partitions.py [--cut 12] [scenario ...]
+    sudo .venv/bin/python bench/partitions.py [--cut 12] [--quick] [scenario ...]
+
+The scenarios: a worker, the leader, or Redis for both schedulers cut off
+(tests/partitions.py); one NATS node of three cut off during a submit burst, the Redis
+primary cut off while Sentinel promotes a replica, a gang over four hosts with named ports
+on a shared address, a worker's NATS link delayed (tests/bed_scenarios.py). `--quick`: the
+sizes the tests use (fewer submits and port holders, the NATS cut at most 5 s).
 
 Columns: acknowledged submits, lost, jobs not terminal, double-booked hosts (the checker,
 during and after), tasks seen with two live attempts (sampled from /proc every 0.1 s) and
@@ -23,30 +29,39 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import netbed, partitions
+from tests import bed_scenarios, netbed, partitions
 
-COLUMNS = ("acked", "lost", "not_terminal", "double_booked", "two_copies", "two_copies_s",
-           "stale_obeyed", "wrong_deaths")
+COLUMNS = ("acked", *(c for c in partitions.COUNTS if c != "two_copies"), "two_copies",
+           "two_copies_s")
 MEASURED = ("old_copies_gone_s", "first_retry_s", "rejoined_after_heal_s", "take_over_s",
-            "probe_placed_s", "resets", "retries")
+            "probe_placed_s", "placed_during_cut_s", "all_placed_after_heal_s", "resets",
+            "retries")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cut", type=float, default=12.0, help="seconds each cut lasts")
+    parser.add_argument("--quick", action="store_true",
+                        help="the tests' sizes (fewer submits, shorter NATS cut)")
     parser.add_argument("names", nargs="*", help="scenarios (default: all): "
-                        + ", ".join(partitions.scenarios()))
+                        + ", ".join([*partitions.scenarios(), *bed_scenarios.scenarios()]))
     args = parser.parse_args()
     if why := netbed.unavailable():
         print(f"skipped: {why}")
         return 0
     table = partitions.scenarios(args.cut)
-    names = args.names or list(table)
+    more = bed_scenarios.scenarios(args.cut, quick=args.quick)
+    names = args.names or [*table, *more]
+    if unknown := [n for n in names if n not in table and n not in more]:
+        parser.error(f"unknown scenario {unknown[0]!r}")
     results = []
     with tempfile.TemporaryDirectory(prefix="berth-partitions-") as tmp:
         for name in names:
             started = time.monotonic()
-            result = asyncio.run(partitions.run_scenario(name, Path(tmp) / name, table[name]))
+            data_dir = Path(tmp) / name
+            result = asyncio.run(
+                partitions.run_scenario(name, data_dir, table[name]) if name in table
+                else bed_scenarios.run_scenario(name, data_dir, more[name]))
             result.notes["wall_s"] = round(time.monotonic() - started)
             results.append(result)
             print(f"{result.scenario}: {result.violations() or 'all 0'} {result.notes}",

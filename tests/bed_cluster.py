@@ -76,6 +76,9 @@ class Layout:
     schedulers: tuple[str, ...] = ("ctl", "ctl2")
     # Attributes (-a KEY=VALUE) a worker advertises, by worker id.
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Worker id -> seconds its link to (the first) NATS holds every chunk back each way: a
+    # relay in the worker's own host (netem is not available).
+    delayed: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def simple(cls, workers: Sequence[str], api: str = "ctl", standby: bool = True
@@ -223,7 +226,7 @@ def _start_nats(bed: Bed, data_dir: Path, hosts: Sequence[str], auth: AuthDir
                                                store, users, routes, store, host=address)
         config.write_text(text)
         procs[host] = bed.spawn(host, [servers.nats_server_binary(), "-c", str(config)],
-                                data_dir / "logs" / f"nats-server-{host}.log")
+                                data_dir / "logs" / f"nats-server-{host}.log", server=True)
     for host, proc in procs.items():
         bed.wait_for_port(host, NATS_PORT, proc, f"nats-server on {host}")
     return procs
@@ -240,7 +243,7 @@ def _start_redis(bed: Bed, data_dir: Path, layout: Layout, users: RedisUsers
             data_dir / "redis" / host, REDIS_PORT, users, host=bed.address(host),
             replica_of=REDIS_PORT if host != layout.redis else None, primary_host=primary)
         procs[host] = bed.spawn(host, [servers.redis_server_binary(), str(config)],
-                                data_dir / "logs" / f"valkey-{host}.log")
+                                data_dir / "logs" / f"valkey-{host}.log", server=True)
     for host in layout.sentinels:
         config = servers.write_sentinel_config(
             data_dir / "sentinel" / host, SENTINEL_PORT, users, MASTER, REDIS_PORT,
@@ -249,7 +252,7 @@ def _start_redis(bed: Bed, data_dir: Path, layout: Layout, users: RedisUsers
             primary_host=primary)
         procs[f"sentinel@{host}"] = bed.spawn(
             host, [servers.redis_server_binary(), str(config), "--sentinel"],
-            data_dir / "logs" / f"sentinel-{host}.log")
+            data_dir / "logs" / f"sentinel-{host}.log", server=True)
     for key, proc in procs.items():
         host = key.split("@")[-1]
         port = SENTINEL_PORT if key.startswith("sentinel@") else REDIS_PORT
@@ -309,6 +312,11 @@ def start_cluster(bed: Bed, data_dir: Path, workers: Sequence[str] | Layout,
              "scheduler A to lead", cluster)
     cluster.start_service("submitter", layout.api)
     cluster.start_service("dashboard", layout.api)
+    for worker_id, delay in layout.delayed.items():
+        host = layout.workers[worker_id]
+        port = bed.proxy(host, layout.nats[0], NATS_PORT, delay=delay)
+        cluster.env_overrides[worker_id] = {
+            "BERTH_NATS_URL": f"nats://{bed.address(host)}:{port}"}
     for worker_id in layout.workers:
         cluster.start_worker(worker_id)
     for i, host in enumerate(others):

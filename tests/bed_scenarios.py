@@ -11,6 +11,8 @@ tests/partitions.py, whose Run and Result these reuse, so each counts the same t
   address they were given (task 0 binds it: only its own host owns that address), and
   named ports on an address two workers share, bound for real by the tasks.
 - `delayed_worker`: one worker's NATS link through a relay that holds every chunk back.
+
+`QUICK` are the forms tests/test_bed_scenarios.py runs; bench/partitions.py runs them all.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import redis as sync_redis
 from berth.client import publish_submit, wait_for_outcome
 from shared import redis_keys, subjects
 from shared.messages import Constraint, Coscheduling, JobSpec, Op, Resources, encode
-from tests.bed_cluster import NATS_PORT, BedCluster, Layout, start_cluster
+from tests.bed_cluster import BedCluster, Layout, start_cluster
 from tests.netbed import Bed
 from tests.partitions import ENV, TERMINAL, Result, Run
 
@@ -63,7 +65,9 @@ def _layout_hosts() -> Layout:
         f"g{i}a": ("tpu-name=slice", f"tpu-worker-id={i - 1}") for i in range(1, 5)}
     attributes["g1a"] += ("pair=g1",)
     attributes["g1b"] = ("pair=g1",)
-    return Layout(workers, api="ctl", schedulers=("ctl",), attributes=attributes)
+    # g4a's link to NATS is slow (200 ms each way): a gang member on it still takes part.
+    return Layout(workers, api="ctl", schedulers=("ctl",), attributes=attributes,
+                  delayed={"g4a": 0.2})
 
 
 def _layout_delayed() -> Layout:
@@ -136,12 +140,14 @@ def _exit_codes(run: Run, job_id: str) -> list[int]:
 # --- one NATS node of three cut off ---------------------------------------------------------
 
 
-async def _stream_leader(run: Run, stream: str) -> str:
-    info = await run.nc.jetstream().stream_info(stream)
+async def _stream_leader(run: Run, stream: str) -> str | None:
+    """The host whose node leads `stream` (None while it elects one, or NATS is silent)."""
+    try:
+        info = await run.nc.jetstream().stream_info(stream)
+    except (nats.errors.Error, TimeoutError):
+        return None
     name = info.cluster.leader if info.cluster else None
-    if not name:
-        raise RuntimeError(f"{stream} has no leader")
-    return NATS3[int(name.rsplit("n", 1)[1]) - 1]  # berth-n<i> -> n<i>
+    return NATS3[int(name.rsplit("n", 1)[1]) - 1] if name else None  # berth-n<i> -> n<i>
 
 
 async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> Result:
@@ -150,7 +156,12 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
     # leader on the majority side, while the submits keep coming.
     probe = Run(cluster, "probe", via=NATS3[0])
     async with probe:
-        victim = await _stream_leader(probe, subjects.SUBMIT_STREAM)
+        for _ in range(50):
+            if victim := await _stream_leader(probe, subjects.SUBMIT_STREAM):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise RuntimeError("the submit stream has no leader")
     majority = [h for h in NATS3 if h != victim]
     async with Run(cluster, f"NATS node cut from the other two, {submits} submits, "
                             f"{cut:g} s", via=majority[0]) as run:
@@ -206,9 +217,8 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
         await asyncio.gather(*tasks, *minority)
         run.result.lost += outcomes["puback_no_outcome"]
         run.result.notes.update(outcomes)
-        info = await run.nc.jetstream().stream_info(subjects.SUBMIT_STREAM)
-        run.result.notes["submit_stream_leader_after"] = info.cluster.leader if info.cluster \
-            else None
+        run.result.notes["submit_leader_after"] = await _stream_leader(run,
+                                                                       subjects.SUBMIT_STREAM)
         await minority_nc.close()
         return await run.finish(timeout=90)
 
@@ -340,6 +350,16 @@ async def hosts(bed: Bed, data_dir: Path, port_tasks: int) -> Result:
         run.result.notes["pair_workers"] = sorted(
             {a["worker_id"] for t in holding.get("tasks", []) for a in t["attempts"]})
         await run.check()
+        # valkey runs berth's ACL: without credentials nothing gets in.
+        try:
+            with sync_redis.Redis(port=cluster.redis_portals[cluster.layout.redis],
+                                  socket_timeout=2) as anonymous:
+                anonymous.get(redis_keys.EPOCH)
+            run.result.notes["anonymous_refused"] = False
+        except sync_redis.AuthenticationError:
+            run.result.notes["anonymous_refused"] = True
+        except sync_redis.ResponseError as exc:
+            run.result.notes["anonymous_refused"] = "NOAUTH" in str(exc) or "NOPERM" in str(exc)
         result = await run.finish()
         result.port_collisions = sum(
             1 for i in (ids[holders.name], ids[spread.name])
@@ -361,25 +381,15 @@ async def _submit(run: Run, spec: JobSpec) -> str:
 
 
 async def delayed_worker(bed: Bed, data_dir: Path, delay: float, hold: float) -> Result:
-    layout = _layout_delayed()
     slow = "w1"
-    # Started without the slow worker; it joins through a relay in its own host that holds
-    # every chunk `delay` seconds each way on its way to and from the NATS host.
-    cluster = start_cluster(bed, data_dir, Layout(
-        {w: h for w, h in layout.workers.items() if w != slow}, api=layout.api,
-        schedulers=layout.schedulers), ENV)
-    relay_port = bed.proxy(slow, "nats", NATS_PORT, delay=delay)
-    cluster.env_overrides[slow] = {
-        "BERTH_NATS_URL": f"nats://{bed.address(slow)}:{relay_port}"}
-    cluster.layout.workers[slow] = slow
-    cluster.start_worker(slow)
+    layout = Layout(dict(WORKERS3), api="svc", schedulers=("ctl", "ctl2"),
+                    delayed={slow: delay})
+    cluster = start_cluster(bed, data_dir, layout, ENV)
     async with Run(cluster, f"worker link delayed {delay * 1000:.0f} ms each way") as run:
-        await run.until(f"{slow} healthy", lambda: any(
-            w["worker_id"] == slow and w["healthy"] for w in run.workers()), 30)
         ids = await run.submit(9, cpu=0.5)
         await run.until("9 running", lambda: run.running(ids), 30)
-        on_slow = sum(1 for w in run.workers() if w["worker_id"] == slow
-                      for _ in w["running_attempts"])
+        on_slow = sum(len(w["running_attempts"]) for w in run.workers()
+                      if w["worker_id"] == slow)
         run.result.notes["tasks_on_slow_worker"] = on_slow
         await asyncio.sleep(hold)
         run.result.wrong_deaths = len(run.bus.deaths)
@@ -399,10 +409,14 @@ HOSTS = {
 }
 
 
+QUICK = ["hosts", "nats-minority"]
+
+
 def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
-    submits = 120 if quick else 400
+    submits = 60 if quick else 400
     return {
-        "nats-minority": lambda bed, d: nats_minority(bed, d, submits, cut),
+        "nats-minority": lambda bed, d: nats_minority(bed, d, submits, min(cut, 5) if quick
+                                                      else cut),
         "redis-failover": lambda bed, d: redis_failover(bed, d, cut),
         "hosts": lambda bed, d: hosts(bed, d, 4 if quick else 8),
         "delayed-worker": lambda bed, d: delayed_worker(bed, d, 0.2, 3 if quick else cut),

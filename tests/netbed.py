@@ -193,6 +193,7 @@ class Bed:
         self.addresses = {h: f"{subnet}.{10 + i}" for i, h in enumerate(hosts)}
         self.bridge_ns = f"{self.prefix}-br"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.servers: set[int] = set()  # PIDs stopped after the rest
         self.relays: list[Relay] = []
         self.made: list[str] = []
 
@@ -235,27 +236,34 @@ class Bed:
         self.made.append(ns)
 
     def stop(self) -> None:
-        """Stops every process started here (by PID), every relay, then deletes every
+        """Stops every process started here (by PID; those spawned `server=True` last, so
+        the others can still say goodbye through them), every relay, then deletes every
         namespace made here (killing whatever a process left running inside)."""
         for relay in self.relays:
             relay.close()
         self.relays.clear()
-        for proc in self.procs:
+        for wave in (False, True):
+            self._stop_procs([p for p in self.procs if (p.pid in self.servers) == wave])
+        self.procs.clear()
+        self.servers.clear()
+        for ns in reversed(self.made):
+            _delete_namespace(ns)
+        self.made.clear()
+
+    @staticmethod
+    def _stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for proc in self.procs:
+        for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        self.procs.clear()
-        for ns in reversed(self.made):
-            _delete_namespace(ns)
-        self.made.clear()
 
     def __enter__(self) -> Bed:
         return self.start()
@@ -266,7 +274,8 @@ class Bed:
     # --- processes ------------------------------------------------------------------------
 
     def spawn(self, host: str, argv: Sequence[str], log_path: Path | None = None,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+              env: dict[str, str] | None = None, server: bool = False
+              ) -> subprocess.Popen[bytes]:
         """Starts argv inside `host` (its own session, so it and its children can be
         signalled as a group); `ip netns exec` execs, so the PID is argv's own."""
         out: int | object = subprocess.DEVNULL
@@ -283,6 +292,8 @@ class Bed:
             if log is not None:
                 log.close()
         self.procs.append(proc)
+        if server:
+            self.servers.add(proc.pid)
         return proc
 
     def connect(self, host: str, address: str, port: int, timeout: float = 1.0

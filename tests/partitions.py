@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats.errors
 from nats.aio.msg import Msg
 
 from berth.client import submit_job
@@ -43,6 +44,9 @@ TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
 TOKEN = "bedtok"
 TASK = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n"
 SAMPLE_EVERY = 0.1
+CHECK_TRIES = 5
+# Retries are read job by job (its detail): skipped past this many jobs.
+RETRIES_READ_UP_TO = 60
 
 
 # What a Result counts; every one must read 0.
@@ -232,6 +236,22 @@ class Run:
         result: dict[str, Any] = resp.json()
         return result
 
+    def states(self) -> dict[str, str]:
+        """Every job of this run (by its name's tag) -> its state, in one listing."""
+        got: dict[str, str] = {}
+        cursor = None
+        while True:
+            params = {"name_prefix": self.tag, "limit": "1000",
+                      **({"cursor": cursor} if cursor else {})}
+            resp = httpx.get(f"{self.cluster.api_url}/api/jobs", params=params, timeout=10,
+                             headers=HEADERS)
+            resp.raise_for_status()
+            page = resp.json()
+            got.update((j["job_id"], j["state"]) for j in page["jobs"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return got
+
     def workers(self) -> list[dict[str, Any]]:
         got = self.cluster.get("/api/workers")
         assert isinstance(got, list)
@@ -251,12 +271,22 @@ class Run:
         return all((j := self.job(i)) is not None and j["state"] == "running" for i in ids)
 
     async def check(self) -> None:
+        """The checker, as `berth doctor` runs it; asked again while NATS is electing (a
+        cluster that just lost or regained a node answers nothing for a moment)."""
         js = self.nc.jetstream()
-        store = self.cluster.store()
-        try:
-            report = await check_cluster(js, store)
-        finally:
-            await store.client.aclose()
+        for tries_left in range(CHECK_TRIES - 1, -1, -1):
+            store = self.cluster.store()
+            try:
+                report = await check_cluster(js, store)
+                break
+            except (nats.errors.Error, TimeoutError):
+                if not tries_left:
+                    self.result.notes["checks_unanswered"] = (
+                        self.result.notes.get("checks_unanswered", 0) + 1)
+                    return
+                await asyncio.sleep(1)
+            finally:
+                await store.client.aclose()
         self.max_double_booked = max(self.max_double_booked,
                                      report.double_booked_hosts + report.double_booked_ports)
         self.report = report
@@ -265,23 +295,27 @@ class Run:
         """Lets every task end, waits for every job, then counts."""
         self.stop_file.write_text("stop")
         await self.until("every job terminal", lambda: all(
-            (j := self.job(i)) is not None and j["state"] in TERMINAL for i in self.jobs),
+            states.get(i) in TERMINAL for states in [self.states()] for i in self.jobs),
             timeout)
         await asyncio.sleep(1)
         await self.check()
         r = self.result
+        states = self.states()
         for job_id in self.jobs:
-            job = self.job(job_id)
-            if job is None:
+            state = states.get(job_id)
+            if state is None:
                 r.lost += 1
-            elif job["state"] not in TERMINAL:
+            elif state not in TERMINAL:
                 r.not_terminal += 1
-            elif job["state"] != "succeeded":
-                r.notes.setdefault("not_succeeded", []).append(f"{job_id}:{job['state']}")
+            elif state != "succeeded":
+                r.notes.setdefault("not_succeeded", []).append(f"{job_id}:{state}")
         r.double_booked = self.max_double_booked
         if self.report is not None:
-            r.disagreements = len(self.report.reservations_without_attempt
-                                  + self.report.attempts_without_reservation)
+            disagree = (self.report.reservations_without_attempt
+                        + self.report.attempts_without_reservation)
+            r.disagreements = len(disagree)
+            if disagree:
+                r.notes["disagreements"] = disagree[:3]
         r.two_copies = len(self.sampler.overlap)
         r.two_copies_s = round(self.sampler.longest_overlap(), 1) if r.two_copies else 0.0
         if r.two_copies:  # which attempts, where, and when (from the start of the run)
@@ -291,9 +325,10 @@ class Run:
                 for tok in self.sampler.overlap}
         r.died = self.cluster.died()
         r.notes["resets"] = sum(1 for c in self.bus.commands if c[3] == "ResetWorker")
-        r.notes["retries"] = sum(
-            max(0, len((self.job(i) or {"tasks": [{"attempts": [0]}]})["tasks"][0]["attempts"])
-                - 1) for i in self.jobs)
+        if len(self.jobs) <= RETRIES_READ_UP_TO:
+            r.notes["retries"] = sum(
+                max(0, len(t["attempts"]) - 1) for i in self.jobs
+                for t in (self.job(i) or {"tasks": []})["tasks"])
         return r
 
 
