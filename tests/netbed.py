@@ -239,16 +239,23 @@ class Bed:
         """Stops every process started here (by PID; those spawned `server=True` last, so
         the others can still say goodbye through them), every relay, then deletes every
         namespace made here (killing whatever a process left running inside)."""
-        for relay in self.relays:
-            relay.close()
-        self.relays.clear()
-        for wave in (False, True):
-            self._stop_procs([p for p in self.procs if (p.pid in self.servers) == wave])
+        # The test's portals first (a service may wait on a connection still open through
+        # one); relays between hosts after the services (some reach NATS through one);
+        # servers last, so the services can still say goodbye through them.
+        self._close_relays(portals=True)
+        self._stop_procs([p for p in self.procs if p.pid not in self.servers])
+        self._close_relays(portals=False)
+        self._stop_procs([p for p in self.procs if p.pid in self.servers])
         self.procs.clear()
         self.servers.clear()
         for ns in reversed(self.made):
             _delete_namespace(ns)
         self.made.clear()
+
+    def _close_relays(self, portals: bool) -> None:
+        for relay in [r for r in self.relays if r.portal == portals]:
+            relay.close()
+            self.relays.remove(relay)
 
     @staticmethod
     def _stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -393,6 +400,7 @@ class Relay:
                  target: tuple[str, int], delay: float = 0.0) -> None:
         self.target = target
         self.delay = delay
+        self.portal = listen_ns is None  # the test's way in, not a link between hosts
         self.closed = threading.Event()
         self.passing = threading.Event()
         self.passing.set()
