@@ -7,7 +7,7 @@ The scenarios: a worker, the leader, or Redis for both schedulers cut off
 (tests/partitions.py); one NATS node of three cut off during a submit burst, the Redis
 primary cut off while Sentinel promotes a replica, a gang over four hosts with named ports
 on a shared address, a worker's NATS link delayed (tests/bed_scenarios.py). `--quick`: the
-sizes the tests use (fewer submits and port holders, the NATS cut at most 5 s).
+sizes the tests use (fewer submits and port holders, the NATS cut at most 4 s).
 
 Columns: acknowledged submits, lost, jobs not terminal, double-booked hosts (the checker,
 during and after), tasks seen with two live attempts (sampled from /proc every 0.1 s) and
@@ -42,7 +42,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cut", type=float, default=12.0, help="seconds each cut lasts")
     parser.add_argument("--quick", action="store_true",
-                        help="the tests' sizes (fewer submits, shorter NATS cut)")
+                        help="the tests' sizes (fewer submits, NATS cut at most 4 s)")
     parser.add_argument("names", nargs="*", help="scenarios (default: all): "
                         + ", ".join([*partitions.scenarios(), *bed_scenarios.scenarios()]))
     args = parser.parse_args()

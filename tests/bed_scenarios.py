@@ -418,7 +418,7 @@ QUICK = ["hosts", "nats-minority"]
 def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
     submits = 60 if quick else 400
     return {
-        "nats-minority": lambda bed, d: nats_minority(bed, d, submits, min(cut, 5) if quick
+        "nats-minority": lambda bed, d: nats_minority(bed, d, submits, min(cut, 4) if quick
                                                       else cut),
         "redis-failover": lambda bed, d: redis_failover(bed, d, cut),
         "hosts": lambda bed, d: hosts(bed, d, 4 if quick else 8),

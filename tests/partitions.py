@@ -46,7 +46,7 @@ TASK = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.s
 SAMPLE_EVERY = 0.1
 CHECK_TRIES = 5
 # Retries are read job by job (its detail): skipped past this many jobs.
-RETRIES_READ_UP_TO = 60
+RETRIES_READ_UP_TO = 20
 
 
 # What a Result counts; every one must read 0.
