@@ -56,6 +56,10 @@ _TABLE_DEF = (f"table inet {TABLE} {{\n"
               "}\n")
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# How long services get to stop (and say goodbye through the servers) before the servers
+# are stopped too, and how long everything gets before SIGKILL.
+GOODBYE_S = 3.0
+STOP_S = 10.0
 
 
 class BedError(RuntimeError):
@@ -236,16 +240,20 @@ class Bed:
         self.made.append(ns)
 
     def stop(self) -> None:
-        """Stops every process started here (by PID; those spawned `server=True` last, so
-        the others can still say goodbye through them), every relay, then deletes every
-        namespace made here (killing whatever a process left running inside)."""
+        """Stops every process started here (by PID; those spawned `server=True` a moment
+        after the rest, so those can still say goodbye through them), every relay, then
+        deletes every namespace made here (killing whatever a process left running inside)."""
         # The test's portals first (a service may wait on a connection still open through
-        # one); relays between hosts after the services (some reach NATS through one);
-        # servers last, so the services can still say goodbye through them.
+        # one); relays between hosts after the services (some reach NATS through one).
         self._close_relays(portals=True)
-        self._stop_procs([p for p in self.procs if p.pid not in self.servers])
+        services = [p for p in self.procs if p.pid not in self.servers]
+        self._signal(services, signal.SIGTERM)
+        self._wait(services, GOODBYE_S)
         self._close_relays(portals=False)
-        self._stop_procs([p for p in self.procs if p.pid in self.servers])
+        self._signal(self.procs, signal.SIGTERM)
+        if self._wait(self.procs, STOP_S):
+            self._signal(self.procs, signal.SIGKILL)
+            self._wait(self.procs, STOP_S)
         self.procs.clear()
         self.servers.clear()
         for ns in reversed(self.made):
@@ -258,19 +266,22 @@ class Bed:
             self.relays.remove(relay)
 
     @staticmethod
-    def _stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
+    def _signal(procs: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
         for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+                    os.killpg(proc.pid, sig)
+
+    @staticmethod
+    def _wait(procs: list[subprocess.Popen[bytes]], timeout: float) -> bool:
+        """Waits up to `timeout` for every process to exit; True if one has not."""
+        deadline = time.monotonic() + timeout
         for proc in procs:
             try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
+                proc.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                return True
+        return False
 
     def __enter__(self) -> Bed:
         return self.start()
