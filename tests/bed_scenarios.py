@@ -167,12 +167,13 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
     async with Run(cluster, f"NATS node cut from the other two, {submits} submits, "
                             f"{cut:g} s", via=majority[0]) as run:
         minority_nc = await cluster.admin(via=victim)
-        outcomes: dict[str, int] = {"acked": 0, "refused": 0, "puback_no_outcome": 0,
-                                    "minority_tries": 0}
+        outcomes: dict[str, int] = {"acked": 0, "acked_sent_in_cut": 0, "refused": 0,
+                                    "puback_no_outcome": 0, "minority_tries": 0}
         cut_at: list[float] = []
         sem = asyncio.Semaphore(SUBMIT_CONCURRENCY)
 
-        async def one(i: int, nc: Any, minority: bool) -> None:
+        async def one(i: int, nc: Any, minority: bool, after: float = 0.0) -> None:
+            await asyncio.sleep(after)
             spec = JobSpec(name=f"{run.tag}-{i}", command=["true"],
                            resources=Resources(cpu=0.1, memory_mb=16))
             async with sem:
@@ -195,12 +196,17 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
                     return
             if outcome.accepted:
                 outcomes["acked"] += 1
+                if cut_at and sent_at > cut_at[0]:
+                    outcomes["acked_sent_in_cut"] += 1
                 run.result.acked += 1
                 run.jobs[str(outcome.job_id)] = spec.name
 
         healed = asyncio.Event()
-        tasks = [asyncio.create_task(one(i, run.nc, False)) for i in range(submits)]
-        await asyncio.sleep(0.5)
+        # Spread over the cut and a second either side, so it goes on through the cut.
+        spread = (cut + 2) / submits
+        tasks = [asyncio.create_task(one(i, run.nc, False, i * spread))
+                 for i in range(submits)]
+        await asyncio.sleep(1)
         bed.partition([victim], majority)
         cut_at.append(time.monotonic())
         run.result.notes["cut_node"] = victim
@@ -416,7 +422,7 @@ QUICK = ["hosts", "nats-minority"]
 
 
 def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
-    submits = 60 if quick else 400
+    submits = 40 if quick else 400
     return {
         "nats-minority": lambda bed, d: nats_minority(bed, d, submits, min(cut, 4) if quick
                                                       else cut),

@@ -30,6 +30,7 @@ async def test_bed_scenario_counts_nothing_bad(name: str, tmp_path: Path) -> Non
         assert notes["pair_workers"] == ["g1a", "g1b"], "the port holders did not share g1"
         assert notes["anonymous_refused"] is True, "valkey let a client in without a password"
     else:
-        assert result.acked >= 30, "too few submits acknowledged to call it a burst"
+        assert result.acked >= 10, "too few submits acknowledged to call it a burst"
         assert notes["minority_tries"] >= 5
+        assert notes["acked_sent_in_cut"] >= 1, "the burst was over before the cut"
     assert not netbed.our_namespaces(os.getpid()), "the bed left namespaces behind"

@@ -26,6 +26,9 @@ log = logging.getLogger("berth.scheduler")
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when that expectation fails
+# JetStream's answer to a retry while the first publish with its message id is still being
+# stored (a stream electing a leader after a NATS partition): ask again, it settles.
+DUPLICATE_IN_PROCESS = 10158
 
 
 def epoch_floor(*known: int | None) -> int:
@@ -115,6 +118,9 @@ async def announce(js: JetStreamContext, scheduler_id: str, lease: Lease) -> int
                                    headers=headers)
             return int(ack.seq)
         except nats.js.errors.APIError as exc:
+            if exc.err_code == DUPLICATE_IN_PROCESS:
+                await asyncio.sleep(min(0.1 * tries, 2.0))
+                continue
             if exc.err_code != WRONG_LAST_SEQUENCE:
                 raise
             break
