@@ -37,6 +37,7 @@ from shared.messages import (
     AnyEvent,
     Command,
     Heartbeat,
+    HeartbeatAck,
     KillAttempt,
     LeaderAnnouncement,
     PendingReason,
@@ -138,6 +139,8 @@ class Leader:
         self.scheduler_id = scheduler_id
         self.lease = lease
         self.epoch = lease.epoch
+        # The answer to a heartbeat: the epoch a worker may trust (docs/reliability.md).
+        self.ack = encode(HeartbeatAck(epoch=self.epoch))
         # Until when (CLOCK_MONOTONIC) the lease is surely still ours: its TTL, less a
         # safety share, from when the acquiring or renewing call was sent (Redis starts the
         # TTL on receipt, later). Past it, this leader commands, acknowledges and publishes
@@ -305,6 +308,7 @@ class Leader:
             self._remember(record)
             pending = len(self.state.pending)
             effects = self.state.apply(record.seq, record.event)
+            self._check_newest()
             await self._on_event(record.event)
             await self._carry_out(effects)
             # Only what can let more work be placed wakes a tick (new or requeued tasks here,
@@ -407,9 +411,16 @@ class Leader:
 
     def _check_lease(self) -> None:
         """Raises LostLeadership once the lease may have lapsed by this process's own
-        clock, whether or not Redis could be asked (a paused or cut-off leader)."""
+        clock, whether or not Redis could be asked (a paused or cut-off leader), or once the
+        log believes a newer leader than this one: its assignments would be void."""
         if time.monotonic() >= self.lease_until:
             raise LostLeadership("the lease may have lapsed (not renewed in time)")
+        self._check_newest()
+
+    def _check_newest(self) -> None:
+        if self.state.epoch > self.epoch:
+            raise fencing.Superseded(f"the log elected epoch {self.state.epoch}, above this "
+                                     f"leader's {self.epoch}")
 
     # --- scheduling ---------------------------------------------------------------------
 
@@ -724,7 +735,7 @@ class Leader:
             # leader answers, only while its lease is surely its own, and only a live
             # incarnation (docs/reliability.md).
             with contextlib.suppress(nats.errors.Error):
-                await msg.respond(b"")
+                await msg.respond(self.ack)
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
