@@ -153,6 +153,8 @@ class Leader:
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
+        # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
+        self.resets_sent: dict[str, tuple[str, float]] = {}
         self.trace_headers: dict[str, dict[str, str]] = {}
         # Pending reasons published but perhaps not folded yet (see _announce_pending_reasons).
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
@@ -724,6 +726,14 @@ class Leader:
         if not worker.alive:
             # Declared dead, yet alive: its attempts were written off and their resources
             # given away, so it must stop them all and come back as a new incarnation.
+            # Once per incarnation and D: after a long cut, each heartbeat it buffered
+            # arrives at once (a lost reset is sent again after D).
+            now = time.monotonic()
+            last = self.resets_sent.get(hb.worker_id)
+            if last is not None and last[0] == hb.incarnation and \
+                    now - last[1] < self.settings.worker_dead_after:
+                return
+            self.resets_sent[hb.worker_id] = (hb.incarnation, now)
             log.warning("worker %s declared dead is heartbeating; resetting it", hb.worker_id)
             await self._send(worker.worker_id, ResetWorker(
                 epoch=self.epoch, incarnation=hb.incarnation,
