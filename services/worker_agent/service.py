@@ -86,7 +86,8 @@ class WorkerAgent:
         self.attributes = attributes
         self.address = address or _default_address()
         self.epochs = EpochView()
-        self.checking_epoch = False  # a heartbeat asked out of turn, to check a claimed epoch
+        # A heartbeat sent out of turn to check a claimed epoch; its claimants await it.
+        self.epoch_check: asyncio.Task[None] | None = None
         self.hb_cursor = ""  # where the next heartbeat's window of attempts starts
         self.running: dict[str, RunningAttempt] = {}
         # Attempts this incarnation has started, so a re-sent assignment never runs twice.
@@ -204,13 +205,14 @@ class WorkerAgent:
             return
         self._spawn(self._acknowledged_heartbeat(encode(hb)))
 
-    async def _acknowledged_heartbeat(self, data: bytes) -> None:
+    async def _acknowledged_heartbeat(self, data: bytes, timeout: float | None = None) -> None:
         """A heartbeat the leader answers once it has heard it; the answer renews the fence
-        from when the heartbeat was sent (no later than the leader heard it)."""
+        from when the heartbeat was sent (no later than the leader heard it), and tells
+        which epoch leads."""
         sent = time.monotonic()
         try:
             reply = await self.nc.request(subjects.heartbeat(self.worker_id), data,
-                                          timeout=self.settings.fence_after)
+                                          timeout=timeout or self.settings.fence_after)
         except Exception:  # no leader, a partition, NATS away: the deadline stands
             return
         self._extend_fence(sent + self.settings.fence_after)
@@ -222,14 +224,16 @@ class WorkerAgent:
 
     async def _check_epoch(self) -> None:
         """A heartbeat out of turn: its answer tells which epoch really leads. One at a
-        time, however many unchecked claims arrive."""
-        if self.checking_epoch or self.simulate is not None:
+        time, however many unchecked claims arrive, and briefly: a leader answers at once
+        (a declared-dead incarnation is never answered, so a long wait would only hold up
+        its commands)."""
+        if self.simulate is not None:
             return
-        self.checking_epoch = True
-        try:
-            await self._acknowledged_heartbeat(encode(self._heartbeat_message()))
-        finally:
-            self.checking_epoch = False
+        if self.epoch_check is None or self.epoch_check.done():
+            timeout = min(self.settings.fence_after, max(1.0, self.settings.heartbeat_interval))
+            self.epoch_check = asyncio.create_task(self._acknowledged_heartbeat(
+                encode(self._heartbeat_message()), timeout))
+        await asyncio.shield(self.epoch_check)
 
     def _heartbeat_message(self) -> Heartbeat:
         hb = heartbeat_of(self.worker_id, self.incarnation, self.running, self.hb_cursor)
@@ -252,6 +256,8 @@ class WorkerAgent:
             self.on_leader(decode(leader_decoder, msg.data))
 
     def on_leader(self, ann: LeaderAnnouncement) -> None:
+        if self.simulate is None and self.epochs.unchecked(ann.epoch):
+            self._spawn(self._check_epoch())
         if self._claimed(ann.epoch):
             # A new leader starts every worker's heartbeat clock after this announcement:
             # no verdict on this worker can come sooner than that, whatever the old one
@@ -259,8 +265,8 @@ class WorkerAgent:
             self._extend_fence(time.monotonic() + self.settings.fence_after)
 
     def _claimed(self, epoch: int) -> bool:
-        """A message claims a leader of `epoch`: True if the epoch obeyed rose to it. One
-        that cannot be believed yet is checked with a heartbeat at once (epochs.py)."""
+        """A message claims a leader of `epoch`: True if the epoch obeyed rose to it
+        (services/worker_agent/epochs.py)."""
         now = time.monotonic()
         if self.simulate is not None:
             # Simulated hosts (a benchmark tool, run as admin) ask for no answers to their
@@ -268,9 +274,6 @@ class WorkerAgent:
             raised = epoch > self.epochs.current
             self.epochs.answered(max(epoch, self.epochs.current), now)
             return raised
-        if self.epochs.unchecked(epoch):
-            self._spawn(self._check_epoch())
-            return False
         return self.epochs.claimed(epoch, now)
 
     async def _on_command(self, msg: Msg) -> None:
@@ -284,6 +287,11 @@ class WorkerAgent:
             log.warning("refusing command for incarnation %s (this is %s)",
                         command.incarnation, self.incarnation)
             return
+        if self.simulate is None and self.epochs.unchecked(command.epoch):
+            # A leader this worker has not confirmed yet (it joined after the announcement,
+            # or missed it, and the epoch skipped a number) or a forgery: the leader's
+            # answer to a heartbeat says which, before the command is judged.
+            await self._check_epoch()
         self._claimed(command.epoch)
         if not self.epochs.obeys(command.epoch):
             self.refused_commands += 1
