@@ -5,26 +5,35 @@ NATS's payload limit however many attempts its worker runs."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import time
 
 import httpx
 import msgspec
+import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from berth.stack import Stack
+from services.scheduler import fencing
 from services.scheduler.heartbeats import judge
+from services.scheduler.service import Leader
 from services.worker_agent.epochs import EpochView
 from services.worker_agent.service import heartbeat_of
 from shared import bounded, nats_io, subjects
+from shared.config import Settings
 from shared.event_origin import MAX_EPOCH_STEP, believed_epoch
 from shared.messages import (
     Constraint,
+    Heartbeat,
     JobSpec,
     LeaderAnnouncement,
     LeaderElected,
     Op,
     ResetWorker,
     Resources,
+    WorkerDeclaredDead,
     attempt_key,
     encode,
 )
@@ -115,6 +124,25 @@ def test_an_attempt_outside_a_heartbeats_window_is_not_judged_lost() -> None:
     after = heartbeat_of("w1", "i1", ["j1/0/0", "j1/2/0"], "j1/2/0", max_bytes=1)
     assert (after.attempts, after.covers_from, after.covers_to) == (["j1/2/0"], "j1/2/0", "")
     assert judge(state, state.workers["w1"], after, now=500.0, grace=GRACE).lost_runs == []
+
+
+async def test_a_dead_incarnation_draws_one_reset_however_many_heartbeats_it_buffered(
+        nc: NATS) -> None:
+    """After a long cut, every heartbeat the old incarnation buffered arrives at once."""
+    leader = Leader(Settings.from_env(), nc, None, "s1",  # type: ignore[arg-type]
+                    fencing.Lease(epoch=1, after_seq=0, sent=time.monotonic()))
+    leader.state.apply(1, registered())
+    leader.state.apply(2, WorkerDeclaredDead(worker_id="w1", incarnation="i1", epoch=1))
+    commands = await nc.subscribe(subjects.worker_commands("w1"))
+    hb = encode(Heartbeat(worker_id="w1", incarnation="i1", ts=time.time()))
+    for _ in range(50):
+        await leader._heard(Msg(nc, subject=subjects.heartbeat("w1"), data=hb))
+    await nc.flush()
+    resets = []
+    with contextlib.suppress(nats.errors.TimeoutError):
+        while True:
+            resets.append(await commands.next_msg(timeout=0.5))
+    assert len(resets) == 1
 
 
 # --- with real servers -------------------------------------------------------------------
