@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from berth import backup, creds_cli, token_cli
+from berth import backup, creds_cli, token_cli, workspace
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -88,14 +88,29 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
                 f"making a second job: --idempotency-key {key}") from None
 
 
+async def _resolve(nats_url: str, creds: Credentials, payload: bytes, base: Path) -> bytes:
+    async with cli_connection(nats_url, creds) as nc:
+        return await workspace.resolve(nc, payload, base,
+                                       lambda line: print(line, file=sys.stderr))
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     nats_url, api_url = _urls(args)
     try:
         payload = load_spec_file(args.file)
+        payload = workspace.with_workspace(payload, args.workspace)
     except (OSError, ValueError) as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 2
-    outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload,
+    creds = cli_credentials(args.data_dir)
+    if workspace.needs_resolving(payload):
+        base = Path.cwd() if args.file == "-" else Path(args.file).resolve().parent
+        try:
+            payload = asyncio.run(_resolve(nats_url, creds, payload, base))
+        except ValueError as exc:
+            print(f"berth: {exc}", file=sys.stderr)
+            return 2
+    outcome = asyncio.run(_submit(nats_url, creds, payload,
                                   args.idempotency_key, args.submit_timeout))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
@@ -451,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "second job) for 10 minutes; printed when a submit's fate is unknown")
     p.add_argument("--submit-timeout", type=float, default=120,
                    help="seconds to wait for the submitter's verdict (default: 120)")
+    p.add_argument("--workspace", default=None, metavar="DIR",
+                   help="pack DIR (honouring .gitignore and .berthignore) into a bundle each "
+                   "task runs in, as the spec's `workspace` does (docs/workspaces.md)")
     p.set_defaults(func=cmd_submit)
     p = sub.add_parser(
         "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",
