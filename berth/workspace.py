@@ -6,7 +6,6 @@ to the spec file's directory (the current directory for standard input)."""
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,7 @@ import dotenv
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from shared import bundles, subjects
-
-# The size limit of one workspace, in MiB (docs/workspaces.md).
-MAX_MB_VARIABLE = "BERTH_BUNDLE_MAX_MB"
+from shared import bundles, config, subjects
 
 
 @dataclass(frozen=True)
@@ -28,20 +24,6 @@ class Upload:
     files: int
     size: int
     uploaded: int  # bytes sent: 0 when the object store already had the bundle
-
-
-def max_bytes() -> int:
-    raw = os.environ.get(MAX_MB_VARIABLE, "")
-    if not raw:
-        return bundles.DEFAULT_MAX_BYTES
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise bundles.BundleError(f"{MAX_MB_VARIABLE}={raw!r}: expected a number of MiB "
-                                  "above 0")
-    return int(value * 1024 * 1024)
 
 
 def client_fields(payload: bytes) -> tuple[dict[str, Any] | None, str | None, str | None]:
@@ -129,7 +111,7 @@ async def resolve(nc: NATS, payload: bytes, base: Path, log: Any) -> bytes:
     if workspace is not None:
         if "bundle" in spec:
             raise bundles.BundleError("workspace: give either workspace or bundle, not both")
-        done = await upload(nc, base / workspace, max_bytes())
+        done = await upload(nc, base / workspace, config.bundle_max_bytes())
         spec["bundle"] = done.digest
         sent = (f"uploaded {bundles.mib(done.uploaded)}" if done.uploaded
                 else "already stored, uploaded 0 bytes")
