@@ -88,10 +88,11 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
                 f"making a second job: --idempotency-key {key}") from None
 
 
-async def _resolve(nats_url: str, creds: Credentials, payload: bytes, base: Path) -> bytes:
-    async with cli_connection(nats_url, creds) as nc:
-        return await workspace.resolve(nc, payload, base,
-                                       lambda line: print(line, file=sys.stderr))
+async def _resolve(nats_url: str, data_dir: str, payload: bytes, base: Path) -> bytes:
+    """`workspace` and `env_file` resolved: a bad one is said before anything connects."""
+    return await workspace.resolve(
+        payload, base, lambda: cli_connection(nats_url, cli_credentials(data_dir)),
+        lambda line: print(line, file=sys.stderr))
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -102,15 +103,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 2
-    creds = cli_credentials(args.data_dir)
     if workspace.needs_resolving(payload):
         base = Path.cwd() if args.file == "-" else Path(args.file).resolve().parent
         try:
-            payload = asyncio.run(_resolve(nats_url, creds, payload, base))
+            payload = asyncio.run(_resolve(nats_url, args.data_dir, payload, base))
         except ValueError as exc:
             print(f"berth: {exc}", file=sys.stderr)
             return 2
-    outcome = asyncio.run(_submit(nats_url, creds, payload,
+    outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload,
                                   args.idempotency_key, args.submit_timeout))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)

@@ -5,11 +5,14 @@ to the spec file's directory (the current directory for standard input)."""
 
 from __future__ import annotations
 
+import io
 import json
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import dotenv
 from nats.aio.client import Client as NATS
@@ -73,32 +76,31 @@ def read_env_file(path: Path) -> dict[str, str]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-async def upload(nc: NATS, root: Path, limit: int) -> Upload:
-    """Packs `root` and stores it in the bundles bucket unless it is there already."""
-    with tempfile.TemporaryFile(prefix="berth-bundle-") as tmp:
-        packed = bundles.pack(root, tmp, limit)
-        size = tmp.tell()
-        js = nc.jetstream()
-        try:
-            store = await js.object_store(subjects.BUNDLES_BUCKET)
-        except NotFoundError:
-            raise bundles.BundleError(
-                f"the NATS server has no {subjects.BUNDLES_BUCKET} object store (is berth "
-                "running there?)") from None
-        name = bundles.object_name(packed.digest)
-        try:
-            await store.get_info(name)
-            return Upload(packed.digest, packed.files, packed.size, 0)
-        except NotFoundError:
-            pass
-        tmp.seek(0)
-        await store.put(name, tmp)
-        return Upload(packed.digest, packed.files, packed.size, size)
+async def upload(nc: NATS, archive: BinaryIO, packed: bundles.Packed) -> Upload:
+    """Stores a packed bundle in the bundles bucket unless it is there already."""
+    size = archive.seek(0, io.SEEK_END)
+    try:
+        store = await nc.jetstream().object_store(subjects.BUNDLES_BUCKET)
+    except NotFoundError:
+        raise bundles.BundleError(
+            f"the NATS server has no {subjects.BUNDLES_BUCKET} object store (is berth "
+            "running there?)") from None
+    name = bundles.object_name(packed.digest)
+    try:
+        await store.get_info(name)
+        return Upload(packed.digest, packed.files, packed.size, 0)
+    except NotFoundError:
+        pass
+    archive.seek(0)
+    await store.put(name, archive)  # type: ignore[arg-type]
+    return Upload(packed.digest, packed.files, packed.size, size)
 
 
-async def resolve(nc: NATS, payload: bytes, base: Path, log: Any) -> bytes:
-    """The submit bytes with `workspace` and `env_file` resolved; `log(line)` hears what
-    was uploaded."""
+async def resolve(payload: bytes, base: Path, connect: Callable[[], AsyncContextManager[NATS]],
+                  log: Callable[[str], object]) -> bytes:
+    """The submit bytes with `workspace` and `env_file` resolved: everything that can be
+    wrong with them is found before `connect()` is called to upload the bundle; `log(line)`
+    hears what was uploaded. Raises BundleError (one line)."""
     spec, workspace, env_file = client_fields(payload)
     if spec is None:
         return payload
@@ -111,7 +113,10 @@ async def resolve(nc: NATS, payload: bytes, base: Path, log: Any) -> bytes:
     if workspace is not None:
         if "bundle" in spec:
             raise bundles.BundleError("workspace: give either workspace or bundle, not both")
-        done = await upload(nc, base / workspace, config.bundle_max_bytes())
+        with tempfile.TemporaryFile(prefix="berth-bundle-") as archive:
+            packed = bundles.pack(base / workspace, archive, config.bundle_max_bytes())
+            async with connect() as nc:
+                done = await upload(nc, archive, packed)
         spec["bundle"] = done.digest
         sent = (f"uploaded {bundles.mib(done.uploaded)}" if done.uploaded
                 else "already stored, uploaded 0 bytes")

@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -70,6 +71,9 @@ class BundleCache:
             os.replace(partial, path)
         except NotFoundError:
             raise BundleUnavailable(missing) from None
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BundleUnavailable(f"bundle {digest}: cannot fetch it from the object store: "
+                                    f"{exc}") from None
         except OSError as exc:
             raise BundleUnavailable(f"bundle {digest}: cannot store it on this worker: "
                                     f"{exc.strerror or exc}") from None
