@@ -4,6 +4,9 @@ submit` as a user runs it, a real worker building and running the task (docs/wor
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from tests.conftest import wait_for_job
 from tests.test_cli import run_berth
 
 SMALL = Resources(cpu=0.5, memory_mb=64)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_tree(root: Path) -> Path:
@@ -171,9 +175,30 @@ def test_a_bad_workspace_is_one_line_before_anything_connects(tmp_path: Path) ->
     assert "over the 102.4 KiB limit" in line and "weights.bin (195.3 KiB)" in line
 
 
-async def test_a_failing_slow_or_missing_build_fails_the_attempt_with_its_reason(
+RESUMABLE = """
+import os, sys, time
+ckpt = os.path.join(os.environ['BERTH_TASK_DIR'], 'ckpt')
+if os.path.exists(ckpt):
+    print('resumed from', open(ckpt).read(), 'retry', os.environ['BERTH_RETRY_COUNT'])
+    sys.exit(0)
+assert float(os.environ['BERTH_DEADLINE']) > time.time()
+open(ckpt, 'w').write('step 7')
+print('saved', flush=True)
+time.sleep(60)
+"""
+
+
+async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes(
         make_stack, nc) -> None:
-    stack: Stack = make_stack(workers=1)
+    """One worker, for time: the BUILDING phase's failures, and a task stopped at its timeout
+    that resumes from its checkpoint in BERTH_TASK_DIR."""
+    stack: Stack = make_stack(workers=1, worker_cpu=4)
+    resumable = await submit_job(nc, JobSpec(
+        name="resumes", command=["python3", "-c", RESUMABLE], resources=SMALL, timeout=1.5,
+        resumable=True))
+    no_budget = await submit_job(nc, JobSpec(
+        name="noresume", command=["python3", "-c", RESUMABLE], resources=SMALL, timeout=1.5,
+        resumable=True, max_resumes=0))
     lost = await submit_job(nc, JobSpec(name="lost", command=["true"], resources=SMALL,
                                         bundle="sha256:" + "0" * 64))
     failing = await submit_job(nc, JobSpec(
@@ -194,30 +219,6 @@ async def test_a_failing_slow_or_missing_build_fails_the_attempt_with_its_reason
     assert job["tasks"][0]["error"] == (
         f"bundle sha256:{'0' * 64} is not in the object store (bucket BERTH_BUNDLES): "
         "submit it again")
-
-
-RESUMABLE = """
-import os, sys, time
-ckpt = os.path.join(os.environ['BERTH_TASK_DIR'], 'ckpt')
-if os.path.exists(ckpt):
-    print('resumed from', open(ckpt).read(), 'retry', os.environ['BERTH_RETRY_COUNT'])
-    sys.exit(0)
-assert float(os.environ['BERTH_DEADLINE']) > time.time()
-open(ckpt, 'w').write('step 7')
-print('saved', flush=True)
-time.sleep(60)
-"""
-
-
-async def test_a_resumable_task_resumes_from_its_checkpoint_after_its_timeout(
-        make_stack, nc) -> None:
-    stack: Stack = make_stack(workers=1)
-    resumable = await submit_job(nc, JobSpec(
-        name="resumes", command=["python3", "-c", RESUMABLE], resources=SMALL, timeout=1.5,
-        resumable=True))
-    no_budget = await submit_job(nc, JobSpec(
-        name="noresume", command=["python3", "-c", RESUMABLE], resources=SMALL, timeout=1.5,
-        resumable=True, max_resumes=0))
     job = await wait_for_job(stack, str(resumable.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "succeeded"
     first, second = job["tasks"][0]["attempts"]
@@ -226,3 +227,14 @@ async def test_a_resumable_task_resumes_from_its_checkpoint_after_its_timeout(
     assert "resumed from step 7 retry 1" in logs_of(stack, str(resumable.job_id))
     job = await wait_for_job(stack, str(no_budget.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "killed" and len(job["tasks"][0]["attempts"]) == 1
+
+
+def test_quick_bundles_benchmark_runs_and_each_worker_fetches_a_bundle_once() -> None:
+    """`bench/bundles.py --quick` end to end; its timings are the benchmark's to report."""
+    done = subprocess.run([sys.executable, "bench/bundles.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["uploaded_bytes"] > 2 * 1024 * 1024
+    assert result["same_tree_again_uploaded_bytes"] == 0
+    assert result["fan_out_fetches"] == result["workers"] == 2
