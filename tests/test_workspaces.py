@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -120,7 +122,8 @@ def logs_of(stack: Stack, job_id: str, index: int = 0) -> str:
 
 
 CHECK_TASK = """
-import os, mypkg
+import os, sys, mypkg
+assert sys.prefix == os.path.join(os.environ['BERTH_TASK_DIR'], '.venv')  # uv sync made it
 assert open('built.txt').read() == mypkg.VALUE
 assert not os.path.exists('data') and not os.path.exists('notes.log')
 assert os.getcwd() == os.environ['BERTH_TASK_DIR']
@@ -129,19 +132,28 @@ print('imported', mypkg.VALUE, os.environ['FROM_ENV_FILE'], os.environ['BERTH_RE
 """
 
 
-async def test_a_workspace_is_uploaded_once_built_on_a_worker_and_imported(
+def test_a_workspace_is_uploaded_once_built_on_a_worker_and_imported(
         make_stack, tmp_path: Path) -> None:
     stack: Stack = make_stack(workers=1)
     root = make_tree(tmp_path / "project")
-    (root / "job.env").write_text("FROM_ENV_FILE=yes\n")
+    # A uv project (no dependencies, so no index is needed) with its lock, made here.
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "mypkg"\nversion = "0.1.0"\nrequires-python = ">=3.11"\n'
+        'dependencies = []\n\n[tool.uv]\npackage = false\n')
+    uv = shutil.which("uv", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    assert uv, "uv is a test dependency"
+    subprocess.run([uv, "lock", "--offline"], cwd=root, check=True, capture_output=True)
+    (root / "job.env").write_text(f"FROM_ENV_FILE=yes\nUV_OFFLINE=1\n"
+                                  f"PATH={Path(uv).parent}:{os.environ['PATH']}\n")
     spec = root / "job.yaml"
     spec.write_text(
         "name: bundled\nworkspace: .\nenv_file: job.env\n"
         "resources: {cpu: 0.5, memory_mb: 64}\n"
         "setup:\n"
         "  - echo building task $BERTH_TASK_INDEX\n"
+        "  - uv sync --frozen\n"
         "  - python3 -c \"import mypkg; open('built.txt', 'w').write(mypkg.VALUE)\"\n"
-        f"command: [python3, -c, {CHECK_TASK!r}]\n")
+        f"command: [.venv/bin/python, -c, {CHECK_TASK!r}]\n")
     env = {"BERTH_NATS_URL": stack.nats.url, "BERTH_API_URL": stack.api_url,
            "BERTH_NATS_CREDS": str(stack.creds_for(Role.SUBMIT, "ada"))}
     first = run_berth("submit", str(spec), "--wait", "--timeout", "60", env=env)
