@@ -23,7 +23,7 @@ from services.worker_agent import build
 from shared import bundles
 from shared.credentials import Role
 from shared.messages import JobSpec, Resources
-from tests.conftest import wait_for_job
+from tests.conftest import wait_for_job, wait_until
 from tests.test_cli import run_berth
 
 SMALL = Resources(cpu=0.5, memory_mb=64)
@@ -204,7 +204,12 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
         make_stack, nc) -> None:
     """One worker, for time: the BUILDING phase's failures, and a task stopped at its timeout
     that resumes from its checkpoint in BERTH_TASK_DIR."""
-    stack: Stack = make_stack(workers=1, worker_cpu=4)
+    stack: Stack = make_stack(workers=1, worker_cpu=4, extra_env={"BERTH_MAX_BUILDS": "1"})
+    slow = await submit_job(nc, JobSpec(
+        name="slowbuild", command=["echo", "never"], resources=SMALL, setup=["sleep 30"],
+        build_timeout=1))
+    await wait_until(lambda: job_of(stack, str(slow.job_id)).get("state") == "running",
+                     what="the slow build to start")
     resumable = await submit_job(nc, JobSpec(
         name="resumes", command=["python3", "-c", RESUMABLE], resources=SMALL, timeout=1.5,
         resumable=True))
@@ -216,9 +221,6 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     failing = await submit_job(nc, JobSpec(
         name="badbuild", command=["echo", "never"], resources=SMALL, max_retries_failure=1,
         setup=["echo step one", "echo oops >&2; exit 3", "echo never reached"]))
-    slow = await submit_job(nc, JobSpec(
-        name="slowbuild", command=["echo", "never"], resources=SMALL, setup=["sleep 30"],
-        build_timeout=1))
     job = await wait_for_job(stack, str(failing.job_id), {"failed", "succeeded"})
     task = job["tasks"][0]
     assert [a["state"] for a in task["attempts"]] == ["failed", "failed"]  # the budget: 1 retry
@@ -231,6 +233,9 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert job["tasks"][0]["error"] == (
         f"bundle sha256:{'0' * 64} is not in the object store (bucket BERTH_BUNDLES): "
         "submit it again")
+    # It waited for the slow build's slot (BERTH_MAX_BUILDS=1), and its log says so.
+    assert logs_of(stack, str(lost.job_id)) == (
+        "waiting for a build slot: 1 builds at once on this worker (BERTH_MAX_BUILDS)\n")
     job = await wait_for_job(stack, str(resumable.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "succeeded"
     first, second = job["tasks"][0]["attempts"]

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 import nats.errors
@@ -57,6 +58,7 @@ class BundleCache:
             store = await self.js.object_store(subjects.BUNDLES_BUCKET)
         except NotFoundError:
             raise BundleUnavailable(missing) from None
+        started = time.monotonic()
         partial = path.with_suffix(f".part-{os.getpid()}")
         try:
             f = await asyncio.to_thread(partial.open, "wb")
@@ -80,7 +82,8 @@ class BundleCache:
         finally:
             partial.unlink(missing_ok=True)
         self.fetches += 1
-        log.info("fetched bundle %s (%s)", digest, bundles.mib(size))
+        log.info("fetched bundle %s (%s) in %.2f s", digest, bundles.mib(size),
+                 time.monotonic() - started)
         self._evict(keep=path)
         return path
 

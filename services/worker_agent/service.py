@@ -375,8 +375,13 @@ class WorkerAgent:
         error = ""
         if cmd.bundle or cmd.setup:
             if self.builds.locked():
-                log.info("%s stays assigned: waiting for a build slot (%d builds at once, "
-                         "BERTH_MAX_BUILDS)", key, self.settings.max_builds)
+                # Said in the task's log too, where its user looks while it stays ASSIGNED.
+                note = (f"waiting for a build slot: {self.settings.max_builds} builds at once "
+                        "on this worker (BERTH_MAX_BUILDS)")
+                log.info("%s stays assigned, %s", key, note)
+                with contextlib.suppress(Exception):
+                    await self.js.publish(self._log_subject(cmd), f"{note}\n".encode(),
+                                          headers={"Berth-Stream": "build"})
             async with self.builds:
                 if not attempt.killed.is_set():
                     await self._report(cmd, TaskState.BUILDING)
@@ -411,8 +416,7 @@ class WorkerAgent:
                 return f"bundle {cmd.bundle}: cannot unpack it: {exc}"
             dirs.mark_unpacked(cmd.bundle)
         tail = build.OutputTail()
-        log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
-                                            cmd.attempt_id)
+        log_subject = self._log_subject(cmd)
 
         async def sink(stream: str, chunk: bytes) -> None:
             tail.add(chunk)
@@ -496,9 +500,11 @@ class WorkerAgent:
         else:
             await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
 
+    def _log_subject(self, cmd: RunAttempt) -> str:
+        return subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index, cmd.attempt_id)
+
     def _process(self, cmd: RunAttempt, dirs: TaskDirs, env: dict[str, str]) -> AttemptProcess:
-        log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
-                                            cmd.attempt_id)
+        log_subject = self._log_subject(cmd)
 
         async def sink(stream: str, chunk: bytes) -> None:
             await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
