@@ -365,7 +365,7 @@ class WorkerAgent:
                 env["BERTH_DEADLINE"] = f"{time.time() + cmd.timeout:.3f}"
             await self._run_process(key, attempt, self._process(cmd, dirs, env))
         finally:
-            dirs.remove_scratch()
+            await asyncio.to_thread(dirs.remove_scratch)
 
     async def _build_phase(self, key: str, attempt: RunningAttempt, dirs: TaskDirs,
                            env: dict[str, str]) -> bool:
