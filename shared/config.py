@@ -95,11 +95,12 @@ class Settings:
     api_tokens_file: str
     snapshot_interval: float
     fence_margin: float
-    # Workers: the bundle cache's size cap, concurrent BUILDING phases, and the age after
-    # which a task directory no attempt has used is removed (docs/workspaces.md).
+    # Workers: the bundle cache's size cap, concurrent BUILDING phases, and the age and
+    # total size above which task directories are removed (docs/workspaces.md).
     bundle_cache_bytes: int = 4096 * 1024 * 1024
     max_builds: int = 4
     task_dir_max_age: float = 7 * 24 * 3600.0
+    task_dir_max_bytes: int = 0
 
     @property
     def fence_after(self) -> float:
@@ -142,6 +143,7 @@ class Settings:
             bundle_cache_bytes=_env_int("BERTH_BUNDLE_CACHE_MB", 4096) * 1024 * 1024,
             max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
+            task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
         )
 
 

@@ -19,7 +19,7 @@ import pytest
 from berth import workspace
 from berth.client import submit_job
 from berth.stack import Stack
-from services.worker_agent import build
+from services.worker_agent import build, task_dirs
 from shared import bundles
 from shared.credentials import Role
 from shared.messages import JobSpec, Resources
@@ -107,6 +107,33 @@ def test_setup_defaults_to_uv_sync_only_for_a_uv_project_with_uv_installed(
     (bin_dir / "uv").write_text("#!/bin/sh\n")
     (bin_dir / "uv").chmod(0o755)
     assert build.setup_lines([], tmp_path, str(bin_dir)) == ["uv sync --frozen"]
+
+
+def test_old_task_directories_go_by_age_then_least_recently_used_above_the_cap() -> None:
+    now = 1_000_000.0
+    day = 86400.0
+    jobs = [task_dirs.JobDir("old", now - 9 * day, 10), task_dirs.JobDir("a", now - 3, 50),
+            task_dirs.JobDir("b", now - 2, 50), task_dirs.JobDir("c", now - 1, 50),
+            task_dirs.JobDir("running-old", now - 30 * day, 10)]
+    assert task_dirs.to_remove(jobs, 7 * day, 0, {"running-old"}, now) == ["old"]
+    assert task_dirs.to_remove(jobs, 7 * day, 110, {"running-old"}, now) == ["a", "old"]
+    assert task_dirs.to_remove(jobs, 7 * day, 60, {"running-old", "a"}, now) == [
+        "b", "c", "old"]
+    assert task_dirs.to_remove(jobs, 7 * day, 1, {"running-old"}, now) == [
+        "a", "b", "c", "old"]
+
+
+def test_task_directories_are_removed_from_disk(tmp_path: Path) -> None:
+    for job in ("j1-aaaa", "j2-bbbb"):
+        dirs = task_dirs.TaskDirs.of(tmp_path, job, 0, 0)
+        dirs.create()
+        (dirs.task / "ckpt").write_bytes(b"x" * 1000)
+    os.utime(tmp_path / "tasks" / "j1-aaaa", (0, 0))
+    assert task_dirs.remove_stale(tmp_path, 3600, 0, []) == ["j1-aaaa"]
+    assert not (tmp_path / "tasks" / "j1-aaaa").exists()
+    assert not (tmp_path / "scratch" / "j1-aaaa").exists()
+    assert task_dirs.remove_stale(tmp_path, 3600, 500, ["j2-bbbb"]) == []
+    assert task_dirs.remove_stale(tmp_path, 3600, 500, []) == ["j2-bbbb"]
 
 
 # --- with a running stack -----------------------------------------------------------------

@@ -199,11 +199,12 @@ class WorkerAgent:
             pid_file.unlink(missing_ok=True)
 
     async def _collect_task_dirs(self, stop: asyncio.Event) -> None:
-        """Removes old task directories now and every hour."""
+        """Removes old task directories (and the oldest above the size cap) now and hourly."""
         while not stop.is_set():
             in_use = {cmd.command.job_id for cmd in self.running.values()}
-            removed = await asyncio.to_thread(task_dirs.remove_stale, self.home,
-                                              self.settings.task_dir_max_age, in_use)
+            removed = await asyncio.to_thread(
+                task_dirs.remove_stale, self.home, self.settings.task_dir_max_age,
+                self.settings.task_dir_max_bytes, in_use)
             if removed:
                 log.info("removed the task directories of %d old jobs", len(removed))
             await service.wait_or_stop(stop, 3600.0)

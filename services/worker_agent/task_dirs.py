@@ -7,7 +7,8 @@
                                               removed when it ends
 
 A resumed or retried attempt finds what the earlier ones left in BERTH_TASK_DIR (a
-checkpoint). Job directories no attempt has used for BERTH_TASK_DIR_MAX_AGE are removed.
+checkpoint). Job directories no attempt has used for BERTH_TASK_DIR_MAX_AGE are removed, and
+above BERTH_TASK_DIR_MAX_MB the least recently used go first.
 """
 
 from __future__ import annotations
@@ -58,25 +59,55 @@ class TaskDirs:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def stale_jobs(home: Path, max_age: float, in_use: Iterable[str],
-               now: float | None = None) -> list[Path]:
-    """Job directories under `home/tasks` untouched for `max_age` seconds and with no
-    attempt running here."""
-    now = time.time() if now is None else now
-    keep = set(in_use)
+@dataclass(frozen=True)
+class JobDir:
+    name: str
+    last_used: float  # mtime of <home>/tasks/<job>
+    size: int  # bytes of its task directories
+
+
+def to_remove(jobs: list[JobDir], max_age: float, max_bytes: int, in_use: set[str],
+              now: float) -> list[str]:
+    """Which job directories go: every one unused for `max_age`, then the least recently
+    used until the rest fit in `max_bytes` (0: no size cap). A job with an attempt running
+    here always stays."""
+    gone = [j for j in jobs if j.name not in in_use and now - j.last_used > max_age]
+    kept = sorted((j for j in jobs if j not in gone), key=lambda j: j.last_used)
+    total = sum(j.size for j in kept)
+    if max_bytes:
+        for job in kept:
+            if total <= max_bytes:
+                break
+            if job.name not in in_use:
+                gone.append(job)
+                total -= job.size
+    return sorted(j.name for j in gone)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def job_dirs(home: Path, sizes: bool) -> list[JobDir]:
     out = []
     with contextlib.suppress(OSError):
         for job_dir in (home / "tasks").iterdir():
             with contextlib.suppress(OSError):
-                if job_dir.name not in keep and now - job_dir.stat().st_mtime > max_age:
-                    out.append(job_dir)
-    return sorted(out)
+                out.append(JobDir(job_dir.name, job_dir.stat().st_mtime,
+                                  _size(job_dir) if sizes else 0))
+    return out
 
 
-def remove_stale(home: Path, max_age: float, in_use: Iterable[str]) -> list[str]:
-    removed = []
-    for job_dir in stale_jobs(home, max_age, list(in_use)):
-        shutil.rmtree(job_dir, ignore_errors=True)
-        shutil.rmtree(home / "scratch" / job_dir.name, ignore_errors=True)
-        removed.append(job_dir.name)
-    return removed
+def remove_stale(home: Path, max_age: float, max_bytes: int, in_use: Iterable[str]) -> list[str]:
+    """Removes what `to_remove` picks (task and scratch directories); returns the job ids."""
+    names = to_remove(job_dirs(home, sizes=bool(max_bytes)), max_age, max_bytes, set(in_use),
+                      time.time())
+    for name in names:
+        shutil.rmtree(home / "tasks" / name, ignore_errors=True)
+        shutil.rmtree(home / "scratch" / name, ignore_errors=True)
+    return names
