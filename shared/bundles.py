@@ -177,11 +177,6 @@ def pack(root: Path, out: BinaryIO, limit: int = DEFAULT_MAX_BYTES) -> Packed:
     return Packed(digest, sum(1 for e in entries if e.kind == "file"), size)
 
 
-def file_digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return digest_of(hashlib.file_digest(f, "sha256").hexdigest())
-
-
 def unpack(archive: Path, dest: Path) -> None:
     """Unpacks a bundle into `dest` (files already there are overwritten, others kept)."""
     dest.mkdir(parents=True, exist_ok=True)

@@ -69,9 +69,8 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
         return Permissions(
             publish=(subjects.attempt_reports(scope), subjects.worker_events(scope),
                      subjects.heartbeat(scope), f"berth.logs.{scope}.>",
-                     # Fetching bundles: read-only (an ordered consumer on the bucket;
-                     # nats-py's object store looks its stream up by name first).
-                     *_bundle_lookup(), *_readers(BUNDLES), f"{API}.STREAM.NAMES"),
+                     # Fetching bundles: read-only (an ordered consumer on the bucket).
+                     *_bundle_lookup(), *_readers(BUNDLES)),
             subscribe=(subjects.worker_commands(scope), subjects.LEADER, replies),
         )
     if role is Role.SUBMIT:

