@@ -38,6 +38,11 @@ class BundleCache:
         self.fetching: dict[str, asyncio.Task[Path]] = {}
         self.fetches = 0  # how many were fetched from the object store (benchmarks)
 
+    def remove_partial(self) -> None:
+        """Fetches a previous agent left half done (it died during them)."""
+        for partial in self.root.glob("*.part-*"):
+            partial.unlink(missing_ok=True)
+
     def path(self, digest: str) -> Path:
         return self.root / f"{digest.removeprefix(bundles.DIGEST_PREFIX)}.tar"
 

@@ -117,6 +117,7 @@ class WorkerAgent:
         subscription that calls `on_leader` for all of them."""
         if self.simulate is None:
             self._kill_orphans()
+            self.bundles.remove_partial()
             self._spawn(self._collect_task_dirs(stop))
         cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
                                           cb=self._on_command)
