@@ -96,6 +96,22 @@ def test_env_file_is_read_under_the_specs_env(tmp_path: Path) -> None:
         workspace.read_env_file(tmp_path / "missing.env")
 
 
+async def test_env_file_values_sit_under_the_specs_env_and_need_no_connection(
+        tmp_path: Path) -> None:
+    (tmp_path / "job.env").write_text("A=from-file\nB=from-file\n")
+    payload = json.dumps({"name": "x", "command": ["true"], "env_file": "job.env",
+                          "env": {"B": "from-spec"}}).encode()
+
+    def no_connection() -> Any:
+        raise AssertionError("nothing to upload: no connection")
+
+    out = json.loads(await workspace.resolve(payload, tmp_path, no_connection, print))
+    assert out == {"name": "x", "command": ["true"],
+                   "env": {"A": "from-file", "B": "from-spec"}}
+    plain = json.dumps({"name": "x", "command": ["true"]}).encode()
+    assert await workspace.resolve(plain, tmp_path, no_connection, print) == plain
+
+
 def test_setup_defaults_to_uv_sync_only_for_a_uv_project_with_uv_installed(
         tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
