@@ -131,20 +131,22 @@ def _format_attempt(a: dict[str, Any]) -> str:
         line += " (worker failure)"
     if a["exit_code"] is not None:
         line += f", exit code {a['exit_code']}"
-    if a["error"]:
-        line += f", {a['error']}"
+    first, _, rest = str(a["error"] or "").partition("\n")
+    if first:
+        line += f", {first}"
     span = f"assigned {_clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {_clock(a['started_at'])}"
     if a["finished_at"]:
         span += f", ended {_clock(a['finished_at'])}"
-    return f"{line}  [{span}]"
+    # An error's further lines (a failed build's output tail) go below, indented.
+    return "\n".join([f"{line}  [{span}]", *(f"      | {x}" for x in rest.splitlines())])
 
 
 def _format_job(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
     if job.get("error"):
-        lines.append(f"  error: {job['error']}")
+        lines.append(f"  error: {job['error'].partition(chr(10))[0]}")
     if job.get("parent"):
         lines.append(f"  parent: {job['parent']}")
     if job.get("children"):
@@ -154,7 +156,7 @@ def _format_job(job: dict[str, Any]) -> str:
         if task["state"] == "pending" and task["pending_reason"]:
             line += f"  (waiting: {task['pending_reason']})"
         elif task["error"]:
-            line += f"  ({task['error']})"
+            line += f"  ({task['error'].partition(chr(10))[0]})"
         lines.append(line)
         lines += [_format_attempt(a) for a in task["attempts"]]
         lines += [f"    refused report: {why}" for why in task["refused_reports"]]

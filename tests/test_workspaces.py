@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from berth import workspace
+from berth import cli, workspace
 from berth.client import submit_job
 from berth.stack import Stack
 from services.worker_agent import build, task_dirs
@@ -150,6 +150,24 @@ def test_task_directories_are_removed_from_disk(tmp_path: Path) -> None:
     assert not (tmp_path / "scratch" / "j1-aaaa").exists()
     assert task_dirs.remove_stale(tmp_path, 3600, 500, ["j2-bbbb"]) == []
     assert task_dirs.remove_stale(tmp_path, 3600, 500, []) == ["j2-bbbb"]
+
+
+def test_status_shows_a_build_failures_output_tail_below_its_attempt() -> None:
+    error = "build failed: make exited 2\nstep one\noops"
+    attempt = {"attempt_id": 0, "worker_id": "local-0", "state": "failed",
+               "worker_failure": False, "exit_code": None, "error": error,
+               "assigned_at": None, "started_at": None, "finished_at": None}
+    job = {"job_id": "j1-aaaa", "name": "b", "state": "failed",
+           "error": f"job failed: task 0: {error}",
+           "tasks": [{"index": 0, "state": "failed", "pending_reason": "", "error": error,
+                      "refused_reports": [], "attempts": [attempt]}]}
+    assert cli._format_job(job).splitlines() == [
+        "job j1-aaaa (b): failed",
+        "  error: job failed: task 0: build failed: make exited 2",
+        "  task 0: failed  (build failed: make exited 2)",
+        "    attempt 0   local-0        failed, build failed: make exited 2  [assigned -]",
+        "      | step one",
+        "      | oops"]
 
 
 # --- with a running stack -----------------------------------------------------------------
