@@ -19,10 +19,11 @@ import pytest
 from berth import cli, workspace
 from berth.client import submit_job
 from berth.stack import Stack
+from services.submitter.intake import intake
 from services.worker_agent import build, task_dirs
 from shared import bundles
 from shared.credentials import Role
-from shared.messages import JobSpec, Resources
+from shared.messages import JobSpec, Resources, SubmitRejected
 from tests.conftest import wait_for_job, wait_until
 from tests.test_cli import run_berth
 
@@ -110,6 +111,16 @@ async def test_env_file_values_sit_under_the_specs_env_and_need_no_connection(
                    "env": {"A": "from-file", "B": "from-spec"}}
     plain = json.dumps({"name": "x", "command": ["true"]}).encode()
     assert await workspace.resolve(plain, tmp_path, no_connection, print) == plain
+
+
+def test_a_raw_submit_with_a_client_side_field_is_told_what_to_send_instead() -> None:
+    spec = {"name": "x", "command": ["true"], "workspace": "."}
+    rejected = intake(json.dumps(spec).encode(), 1, 1, 100_000)
+    assert isinstance(rejected, SubmitRejected)
+    assert rejected.reason == (
+        "invalid job spec: Object contains unknown field `workspace` (workspace is read by "
+        "`berth submit`; another client should pack and upload the directory, then send "
+        "its digest as `bundle`: docs/protocol.md)")
 
 
 def test_setup_defaults_to_uv_sync_only_for_a_uv_project_with_uv_installed(
