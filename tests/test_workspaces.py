@@ -235,11 +235,20 @@ def test_a_workspace_is_uploaded_once_built_on_a_worker_and_imported(
     assert f"job {job_id} (bundled): succeeded" in first.stdout
     logs = logs_of(stack, job_id)
     assert "building task 0" in logs and "imported 42 yes 0" in logs
-    # The same tree again, from another directory with --workspace: nothing is uploaded.
-    again = run_berth("submit", str(spec), "--workspace", str(root), env=env)
-    assert again.returncode == 0, again.stderr
+    # The same tree again, with --workspace and a spec elsewhere: nothing is uploaded. With
+    # no `setup`, a bundle with a uv.lock gets `uv sync --frozen` (uv is on the task's PATH).
+    other = tmp_path / "elsewhere.yaml"
+    other.write_text(
+        "name: default-build\nresources: {cpu: 0.5, memory_mb: 64}\n"
+        f"env: {{UV_OFFLINE: '1', PATH: '{Path(uv).parent}:{os.environ['PATH']}'}}\n"
+        "command: [.venv/bin/python, -c, 'import sys, mypkg; print(sys.prefix)']\n")
+    again = run_berth("submit", str(other), "--workspace", str(root), "--wait", "--timeout",
+                      "60", env=env)
+    assert again.returncode == 0, again.stderr + again.stdout
     digest = first.stderr.split("bundle ")[1].split()[0]
     assert f"bundle {digest} (" in again.stderr and "uploaded 0 bytes" in again.stderr
+    job_id = again.stdout.splitlines()[0]
+    assert logs_of(stack, job_id).strip().endswith("/.venv")
 
 
 def test_a_bad_workspace_is_one_line_before_anything_connects(tmp_path: Path) -> None:
