@@ -21,13 +21,10 @@ from typing import BinaryIO
 
 import pathspec
 
-from shared import subjects
-
 DIGEST_PREFIX = "sha256:"
 IGNORE_FILES = (".gitignore", ".berthignore")
 ALWAYS_IGNORED = (".git/", ".berth/")
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-BUCKET = subjects.BUNDLES_BUCKET
 
 
 class BundleError(ValueError):
