@@ -585,7 +585,7 @@ def write_sentinel_config(sdir: Path, port: int, users: RedisUsers, master: str,
                           failover_timeout_ms: int, host: str = "127.0.0.1",
                           primary_host: str = "127.0.0.1") -> Path:
     """A Sentinel's config, listening on `host` only (loopback unless told) and watching the
-    primary at `primary_host`:`primary_port`; it announces `host` to the other Sentinels."""
+    primary at `primary_host`:`primary_port`."""
     sdir.mkdir(parents=True, exist_ok=True)
     sentinel_pw = _quoted(users.passwords[SENTINEL])
     lines = [
@@ -626,8 +626,8 @@ def start_replicated_redis(
         for i in range(sentinels):
             port = free_port()
             config = write_sentinel_config(data_dir / f"sentinel-{i}", port, users, master,
-                                            primary.port, quorum, down_after_ms,
-                                            failover_timeout_ms)
+                                           primary.port, quorum, down_after_ms,
+                                           failover_timeout_ms)
             proc = _spawn([redis_server_binary(), str(config), "--sentinel"],
                           data_dir / "logs" / f"sentinel-{i}.log")
             sentinel = ServerProcess(f"sentinel-{i}", f"redis://127.0.0.1:{port}", port, proc)
