@@ -134,8 +134,13 @@ class Sampler:
                     env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
             except OSError:
                 continue
+            if b"BERTH_ATTEMPT_ID" not in env:
+                # Not an attempt's task (every one has it): seen for a single sample at a
+                # task's start, probably its environment read mid-exec. Counted, it made a
+                # one-sample "second copy" of the task starting beside it.
+                continue
             found.append((token, env.get(b"BERTH_WORKER_ID", b"?").decode(),
-                          env.get(b"BERTH_ATTEMPT_ID", b"?").decode()))
+                          env[b"BERTH_ATTEMPT_ID"].decode()))
         return found
 
     def longest_overlap(self) -> float:
