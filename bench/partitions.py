@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -66,6 +67,11 @@ def main() -> int:
             results.append(result)
             print(f"{result.scenario}: {result.violations() or 'all 0'} {result.notes}",
                   file=sys.stderr, flush=True)
+            if result.violations():
+                # The services' and servers' logs are what tells why: kept past the run.
+                kept = Path(tempfile.mkdtemp(prefix=f"berth-partitions-{name}-"))
+                shutil.copytree(data_dir / "logs", kept / "logs", dirs_exist_ok=True)
+                print(f"  logs kept in {kept}/logs", file=sys.stderr, flush=True)
     head = ["scenario", *COLUMNS, "died", *MEASURED, "wall_s"]
     rows = [[r.scenario, *(str(getattr(r, c)) for c in COLUMNS), str(len(r.died)),
              *(str(r.notes.get(m, "-")) for m in MEASURED), str(r.notes["wall_s"])]
