@@ -19,6 +19,7 @@ from shared.capacity import Amounts
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    DeviceInfo,
     JobCancelRequested,
     JobSpec,
     JobSubmitted,
@@ -57,6 +58,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     ports: dict[str, int] = {}
     group: str = ""
     coordinator: str = ""
+    devices: list[int] = []  # indices of the worker's devices it holds
 
 
 class TaskView(msgspec.Struct, kw_only=True):
@@ -122,10 +124,24 @@ class WorkerView(msgspec.Struct, kw_only=True):
     live_attempts: dict[str, tuple[str, int, int]] = {}
     ports_used: dict[int, str] = {}  # port -> attempt key
     holder: str | None = None  # the job whose gang holds a group this worker belongs to
+    devices: list[DeviceInfo] = []  # its accelerators, one per device it offers
+    devices_used: dict[int, str] = {}  # device index -> attempt key
 
     @property
     def free(self) -> Amounts:
         return self.resources.amounts - self.used
+
+    @property
+    def free_devices(self) -> list[int]:
+        return [d.index for d in self.devices if d.index not in self.devices_used]
+
+
+def registered_devices(event: WorkerRegistered) -> list[DeviceInfo]:
+    """A worker's devices: as it registered them, or (from a worker that predates device
+    pinning, or offers TPU chips) numbered 0..count-1."""
+    if event.devices:
+        return list(event.devices)
+    return [DeviceInfo(index=i) for i in range(event.resources.amounts.dev)]
 
 
 class GroupView(msgspec.Struct, kw_only=True):
@@ -287,6 +303,7 @@ class ClusterState:
             host=event.host,
             address=event.address or event.host,
             registered_at=event.ts,
+            devices=registered_devices(event),
         )
         # A group held by a gang still holds this worker if its other members keep it.
         worker.holder = next((g.job_id for g in self.groups.values()
@@ -308,6 +325,7 @@ class ClusterState:
             ports=dict(event.ports),
             group=event.group,
             coordinator=event.coordinator,
+            devices=list(event.devices),
         )
         # A committed assignment is a fact whatever the task's state: the reservation exists
         # and the command went out, so the attempt holds resources until it is confirmed gone.
@@ -317,6 +335,8 @@ class ClusterState:
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         for port in event.ports.values():
             worker.ports_used[port] = key
+        for index in event.devices:
+            worker.devices_used[index] = key
         if event.group:
             self._hold_group(event.group, job, key)
         # The worker may have died or restarted between the placement and this event: the
@@ -440,6 +460,9 @@ class ClusterState:
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]
+            for index in attempt.devices:
+                if worker.devices_used.get(index) == key:
+                    del worker.devices_used[index]
             if attempt.group:
                 self._let_go_of_group(attempt.group, key)
         effects.append(Release(attempt.worker_id, key))

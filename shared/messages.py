@@ -245,6 +245,21 @@ class JobCancelRequested(Event, tag="job_cancel_requested"):
     user: str = ""
 
 
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One accelerator of a worker, as it discovered it (NVML) or was told (--gpu)."""
+
+    index: int  # NVML's index (nvidia-smi's), the order of the PCI bus
+    uuid: str = ""  # "GPU-..."; "" when not discovered
+    model: str = ""  # "NVIDIA H100 80GB HBM3"; "" when not discovered
+    memory_mb: int = 0
+
+    @property
+    def visible_id(self) -> str:
+        """How CUDA_VISIBLE_DEVICES names it: its UUID (stable whatever CUDA's own device
+        order), else its index."""
+        return self.uuid or str(self.index)
+
+
 class WorkerRegistered(Event, tag="worker_registered"):
     worker_id: str
     incarnation: str
@@ -252,6 +267,9 @@ class WorkerRegistered(Event, tag="worker_registered"):
     attributes: dict[str, str] = {}
     host: str = ""
     address: str = ""  # where tasks on this worker are reached (coordinator addresses)
+    # Its accelerators, one per device of `resources.device`; empty from a worker that
+    # predates device pinning (the fold then numbers them 0..count-1).
+    devices: list[DeviceInfo] = []
 
 
 class WorkerStopped(Event, tag="worker_stopped"):
@@ -287,6 +305,9 @@ class TaskAssigned(Event, tag="task_assigned"):
     ports: dict[str, int] = {}
     group: str = ""  # the coscheduling group ("tpu-name=slice-a") a gang's task holds
     coordinator: str = ""  # host:port of the gang's task 0, for BERTH_COORDINATOR_ADDRESS
+    # The indices of the worker's devices this attempt holds (reserved in the same Lua
+    # commit as the host): one per device it asked for.
+    devices: list[int] = []
 
 
 class TaskUnschedulable(Event, tag="task_unschedulable"):
@@ -356,6 +377,10 @@ class RunAttempt(Command, tag="run"):
     env: dict[str, str]
     resources: Resources
     timeout: float | None = None
+    # CUDA_VISIBLE_DEVICES for the attempt: the ids (UUIDs, else indices) of exactly the
+    # devices it holds, [] for a task that asked for none. None from a scheduler that
+    # predates device pinning.
+    devices: list[str] | None = None
 
 
 class KillAttempt(Command, tag="kill"):

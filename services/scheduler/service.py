@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, heartbeats, placement
+from services.scheduler import fencing, frameworks, heartbeats, placement
 from shared import bounded, nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
@@ -285,7 +285,7 @@ class Leader:
         worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
                            tuple(attempt.ports.values()), attempt.group,
-                           worker.address if worker else "")
+                           worker.address if worker else "", tuple(attempt.devices))
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -324,7 +324,8 @@ class Leader:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
         leader or a new worker gets the full grace before it can be declared dead)."""
         await self.store.register_host(self.epoch, worker.worker_id, worker.resources.amounts,
-                                       worker.resources.device_kind)
+                                       worker.resources.device_kind,
+                                       [d.index for d in worker.devices])
         self.last_heartbeat[worker.worker_id] = time.monotonic()
 
     async def _carry_out(self, effects: list[Effect]) -> None:
@@ -465,7 +466,7 @@ class Leader:
     def _hosts(self) -> list[placement.Host]:
         return [
             placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                           w.address, w.holder, set(w.ports_used))
+                           w.address, w.holder, set(w.ports_used), w.free_devices)
             for w in self._live_workers()
         ]
 
@@ -533,11 +534,12 @@ class Leader:
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
                 res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
+                a.devices,
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
                 worker_id=a.worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
-                ports=a.ports, group=a.group, coordinator=a.coordinator,
+                ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
             ))
         span.set_attributes({
             "berth.epoch": self.epoch,
@@ -682,10 +684,15 @@ class Leader:
             env["BERTH_GROUP"] = attempt.group
         if attempt.coordinator:
             env["BERTH_COORDINATOR_ADDRESS"] = attempt.coordinator
+        # The spec's own values win: a user may rendezvous differently.
+        env = {**frameworks.variables(spec, task.index, worker.address, attempt.ports,
+                                      attempt.coordinator), **env}
+        ids = {d.index: d.visible_id for d in worker.devices}
         await self._send(worker.worker_id, RunAttempt(
             epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
             task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,
             resources=spec.resources, timeout=spec.timeout,
+            devices=[ids.get(i, str(i)) for i in attempt.devices],
         ))
 
     async def _send_kill(self, kill: Kill) -> None:

@@ -22,14 +22,15 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import simulation
+from services.worker_agent import gpus, simulation
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
-from services.worker_agent.task_env import task_environment
+from services.worker_agent.task_env import gpu_devices, task_environment
 from shared import dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
     AttemptReported,
+    DeviceInfo,
     Heartbeat,
     KillAttempt,
     LeaderAnnouncement,
@@ -71,6 +72,7 @@ class WorkerAgent:
         address: str = "",
         simulate: Callable[[], Runnable] | None = None,
         reports: nats_io.EventPublisher | None = None,
+        devices: tuple[DeviceInfo, ...] = (),
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -81,6 +83,7 @@ class WorkerAgent:
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
         self.attributes = attributes
+        self.devices = devices
         self.address = address or _default_address()
         self.max_epoch = 0
         self.running: dict[str, RunningAttempt] = {}
@@ -135,13 +138,14 @@ class WorkerAgent:
             WorkerRegistered(
                 worker_id=self.worker_id, incarnation=self.incarnation, resources=self.resources,
                 attributes=self.attributes, host=socket.gethostname(), address=self.address,
-                ts=time.time(),
+                devices=list(self.devices), ts=time.time(),
             ),
             msg_id=f"register:{self.worker_id}:{self.incarnation}",
         )
         self.fence_deadline = max(self.fence_deadline, sent + self.settings.fence_after)
-        log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB",
-                 self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb)
+        log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB, %s",
+                 self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb,
+                 gpus.describe(self.devices))
 
     async def _stop_everything(self, reason: str) -> None:
         self.winding_down = True
@@ -373,7 +377,8 @@ class WorkerAgent:
     def _process(self, cmd: RunAttempt) -> AttemptProcess:
         workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
         workdir.mkdir(parents=True, exist_ok=True)
-        env = task_environment(os.environ, cmd.env, self.worker_id)
+        env = task_environment(os.environ, cmd.env, self.worker_id,
+                               gpu_devices(cmd.resources, cmd.devices))
         log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
                                             cmd.attempt_id)
 
@@ -390,7 +395,10 @@ class WorkerAgent:
         self._spawn(self._stop_attempt(attempt))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = True
+               ) -> argparse.Namespace:
+    """`nvml`: the NVML binding to discover GPUs with (True: the real one, if installed;
+    False: discover none, e.g. for simulated hosts)."""
     parser = argparse.ArgumentParser(
         prog="berth run worker",
         description="Run a berth worker agent: registers this host, runs assigned tasks.",
@@ -405,7 +413,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="scratch disk offered in MiB (default: 0)")
     device = parser.add_mutually_exclusive_group()
     device.add_argument("--gpu", metavar="VARIANT:COUNT",
-                        help="GPUs offered, e.g. --gpu h100:8")
+                        help="GPUs offered, e.g. --gpu h100:8 (default: every GPU NVML "
+                        "finds; without NVML, devices 0..COUNT-1 unchecked)")
     device.add_argument("--tpu", metavar="VARIANT:TOPOLOGY:COUNT",
                         help="TPU chips offered, e.g. --tpu v5p:2x2x1:4")
     parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
@@ -450,10 +459,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.attributes = attributes
     offer: dict[str, object] = {"cpu": args.cpu, "memory_mb": args.memory_mb,
                                  "disk_mb": args.disk_mb}
-    if args.gpu:
-        variant, _, count = args.gpu.partition(":")
-        offer["device"] = {"type": "gpu", "variant": variant, "count": _count(parser, count)}
-    elif args.tpu:
+    args.devices = ()
+    if not args.tpu:
+        flag = None
+        if args.gpu:
+            variant, _, count = args.gpu.partition(":")
+            flag = (variant, _count(parser, count))
+        binding = gpus.real_nvml() if nvml is True else (nvml or None)
+        # Simulated hosts are not this host: they offer only what --gpu says.
+        found = (gpus.Gpus(note="simulated hosts") if args.simulate else gpus.restrict(
+            gpus.discover(binding), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        try:
+            variant, args.devices = gpus.offered(found, flag)
+        except gpus.OfferError as exc:
+            parser.error(str(exc))
+        if args.devices:
+            offer["device"] = {"type": "gpu", "variant": variant, "count": len(args.devices)}
+    else:
         parts = args.tpu.split(":")
         if len(parts) != 3:
             parser.error(f"--tpu {args.tpu!r}: expected VARIANT:TOPOLOGY:COUNT")
@@ -496,7 +518,7 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
             await run_simulated(settings, args, nc, stop)
         else:
             await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
-                              args.address).serve(stop)
+                              args.address, devices=args.devices).serve(stop)
     finally:
         await nats_io.close(nc)
 
