@@ -118,6 +118,8 @@ def _format_attempt(a: dict[str, Any]) -> str:
         line += f", exit code {a['exit_code']}"
     if a["error"]:
         line += f", {a['error']}"
+    if a.get("devices"):
+        line += f", devices {','.join(str(d) for d in a['devices'])}"
     span = f"assigned {_clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {_clock(a['started_at'])}"
@@ -195,6 +197,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     except ApiError as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _format_worker(w: dict[str, Any]) -> list[str]:
+    res = w["resources"]
+    device = res["device"]
+    offer = f"{res['cpu']:g} cpu, {res['memory_mb']} MiB"
+    if device["type"] != "cpu":
+        offer += f", {device['count']} {device['type']}:{device['variant']}"
+    state = "healthy" if w["healthy"] else "unhealthy"
+    lines = [f"{w['worker_id']:<16} {state:<9} {offer}  "
+             f"({len(w['running_attempts'])} running, {w['cpu_free']:g} cpu free, "
+             f"{w['devices_free']} devices free)"]
+    for d in w.get("devices", []):
+        what = " ".join(x for x in (d["uuid"], d["model"],
+                                    f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
+        lines.append(f"  device {d['index']}: {what or 'unchecked'}  "
+                     f"{'held by ' + d['held_by'] if d['held_by'] else 'free'}")
+    return lines
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    _, api_url = _urls(args)
+    try:
+        workers = api_get(api_url, "/api/workers")
+    except ApiError as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 1
+    for w in workers:
+        print("\n".join(_format_worker(w)))
     return 0
 
 
@@ -298,6 +330,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"refused_events={report.refused_events} (last at {report.last_refused_seq})")
     print(f"double_booked_hosts={report.double_booked_hosts}")
     print(f"double_booked_ports={report.double_booked_ports}")
+    print(f"double_booked_devices={report.double_booked_devices}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -465,13 +498,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show one job with its tasks, or list all jobs")
     p.add_argument("job", nargs="?")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("workers", help="list the workers, their resources and devices (GPUs)")
+    p.set_defaults(func=cmd_workers)
     p = sub.add_parser(
         "doctor", help="check the placement invariants from Redis and the event log",
         description="Reads Redis and the event log and reports every violation of the "
         "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
-        "by two gangs, a port given twice, reservations with no live attempt, live attempts "
-        "with no reservation. Prints double_booked_hosts=0 and double_booked_ports=0 when all "
-        "is well (ports are counted per host address); exit status 1 "
+        "by two gangs, a port given twice, a device (GPU) given to two live attempts, reservations "
+        "with no live attempt, live attempts with no reservation. Prints double_booked_hosts=0, "
+        "double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted "
+        "per host address, devices per worker); exit status 1 "
         "when anything is wrong.")
     p.add_argument("--redis-url", help="Redis URL with the doctor user's credentials "
                    "(default: $BERTH_REDIS_URL, else `berth up`'s, as its doctor user)")

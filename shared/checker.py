@@ -16,7 +16,8 @@ from shared.lifecycle import ClusterState
 from shared.reservations import GroupUsage, HostUsage, ReservationStore
 
 # Violations that must never happen, not even for a moment.
-NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice")
+NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
+         "devices_given_twice")
 # Disagreements between Redis and the log: real only when they persist.
 PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
 
@@ -27,6 +28,7 @@ class Report:
     groups_held_twice: list[str] = field(default_factory=list)
     hosts_shared_by_gangs: list[str] = field(default_factory=list)
     ports_given_twice: list[str] = field(default_factory=list)
+    devices_given_twice: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
     attempts_without_reservation: list[str] = field(default_factory=list)
     refused_double_bookings: int = 0
@@ -48,6 +50,11 @@ class Report:
     def double_booked_ports(self) -> int:
         """(address, port) pairs given to two live attempts, per the log or per Redis."""
         return len({line.split(" to ", 1)[0] for line in self.ports_given_twice})
+
+    @property
+    def double_booked_devices(self) -> int:
+        """(worker, device) pairs held by two live attempts, per the log or per Redis."""
+        return len({line.split(" to ", 1)[0] for line in self.devices_given_twice})
 
     def violations(self) -> list[str]:
         out = []
@@ -84,6 +91,7 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
     for w in state.workers.values():
         gangs: set[str] = set()
         ports = ports_by_address.setdefault(w.address or w.worker_id, {})
+        devices: dict[int, str] = {}
         for key, (job_id, index, attempt_id) in w.live_attempts.items():
             job = state.jobs[job_id]
             attempt = job.tasks[index].attempt(attempt_id)
@@ -99,6 +107,11 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                     report.ports_given_twice.append(
                         f"{w.address or w.worker_id}: port {port} to {ports[port]} and {key}")
                 ports[port] = key
+            for index in attempt.devices:
+                if index in devices:
+                    report.devices_given_twice.append(
+                        f"{w.worker_id}: device {index} to {devices[index]} and {key}")
+                devices[index] = key
         if len(gangs) > 1:
             report.hosts_shared_by_gangs.append(f"{w.worker_id}: {', '.join(sorted(gangs))}")
     for name, jobs in sorted(holders.items()):
@@ -113,7 +126,14 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                         f"{g.name}: owner {g.owner}, but {member} is held by {host.gang}")
     redis_ports: dict[str, dict[int, str]] = {}
     for h in hosts:
+        device_holders: dict[int, str] = {}
         for key, a in sorted(h.allocations.items()):
+            for index in a.devices:
+                if index in device_holders:
+                    report.devices_given_twice.append(
+                        f"{h.worker_id}: device {index} to {device_holders[index]} and {key} "
+                        "(redis)")
+                device_holders[index] = key
             taken = redis_ports.setdefault(a.address or h.worker_id, {})
             for port in a.ports:
                 if port in taken:

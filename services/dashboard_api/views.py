@@ -24,6 +24,7 @@ class AttemptOut(msgspec.Struct):
     ports: dict[str, int]
     group: str
     coordinator: str
+    devices: list[int] = []  # indices of its worker's devices (GPUs) it holds
 
 
 class TaskOut(msgspec.Struct):
@@ -71,6 +72,14 @@ class JobDetail(JobSummary):
     tasks: list[TaskOut]
 
 
+class DeviceOut(msgspec.Struct):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    held_by: str | None  # the attempt key holding it, if any
+
+
 class WorkerOut(msgspec.Struct):
     worker_id: str
     incarnation: str
@@ -87,6 +96,7 @@ class WorkerOut(msgspec.Struct):
     registered_at: float
     last_heartbeat: float | None
     running_attempts: list[str]
+    devices: list[DeviceOut] = []
 
 
 class SubmitOutcome(msgspec.Struct):
@@ -119,7 +129,7 @@ def attempt_out(a: AttemptView) -> AttemptOut:
         attempt_id=a.attempt_id, worker_id=a.worker_id, state=a.state.display,
         assigned_at=a.assigned_at, started_at=a.started_at, finished_at=a.finished_at,
         exit_code=a.exit_code, error=a.error, worker_failure=a.worker_failure, exited=a.exited,
-        ports=a.ports, group=a.group, coordinator=a.coordinator,
+        ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
     )
 
 
@@ -170,4 +180,6 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> Wo
         address=w.address, held_by_gang=w.holder, attributes=w.attributes,
         registered_at=w.registered_at, last_heartbeat=last_heartbeat,
         running_attempts=sorted(w.live_attempts),
+        devices=[DeviceOut(d.index, d.uuid, d.model, d.memory_mb, w.devices_used.get(d.index))
+                 for d in w.devices],
     )
