@@ -6,7 +6,7 @@ twice."""
 
 from __future__ import annotations
 
-import subprocess
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,9 +68,11 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     (worker,) = get_json(stack, "/api/workers")
     assert sorted(d["held_by"] for d in worker["devices"]) == [f"{pair}/0/0", f"{pair}/1/0"]
     assert "double_booked_devices=0" in await run_doctor(stack)
-    cli = subprocess.run([sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir),
-                          "workers"], capture_output=True, text=True, timeout=30, check=True)
-    assert "device 0: unchecked  held by" in cli.stdout, cli.stdout
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "workers",
+        stdout=asyncio.subprocess.PIPE)
+    listing = (await asyncio.wait_for(cli.communicate(), 30))[0].decode()
+    assert "device 0: unchecked  held by" in listing, listing
 
     (out / "go").write_text("")
     for job_id in (pair, plain, third):

@@ -158,3 +158,28 @@ async def test_a_deposed_leader_cannot_write(store: ReservationStore) -> None:
         await store.register_host(old, "h1", Amounts(99999, 99999), "")
     (usage,) = await store.host_usage()
     assert usage.capacity == HOST and usage.allocations == {}
+
+
+async def test_devices_are_pinned_in_the_commit_and_freed_by_release(
+        store: ReservationStore) -> None:
+    epoch = await store.acquire_lease("a", 60_000)
+    await store.register_host(epoch, "g1", HOST, "gpu:h100", [0, 1, 2, 3])
+
+    def pin(key: str, *devices: int) -> Reservation:
+        return replace(res("g1", key, 10, dev=len(devices), kind="gpu:h100"), devices=devices)
+
+    await store.reserve(epoch, [pin("a/0/0", 0), pin("b/0/0", 2, 3)])
+    with pytest.raises(ReservationConflict, match="device 1 of g1 is taken"):
+        await store.reserve(epoch, [pin("c/0/0", 1), pin("d/0/0", 1)])  # twice in one commit
+    with pytest.raises(ReservationConflict, match="device 3 of g1 is taken"):
+        await store.reserve(epoch, [pin("c/0/0", 3)])
+    with pytest.raises(ReservationConflict, match="host g1 has no device 7"):
+        await store.reserve(epoch, [pin("c/0/0", 7)])
+    with pytest.raises(ReservationConflict, match="names 1 devices for 2"):
+        await store.reserve(epoch, [replace(pin("c/0/0", 1), need=Amounts(10, 100, 0, 2))])
+    (g1,) = await store.host_usage()
+    assert {k: a.devices for k, a in g1.allocations.items()} == {"a/0/0": (0,),
+                                                                 "b/0/0": (2, 3)}
+    await store.release(epoch, [("g1", "b/0/0")])
+    await store.reserve(epoch, [pin("c/0/0", 3)])
+    assert await store.client.hgetall("berth:hostdevs:g1") == {"0": "a/0/0", "3": "c/0/0"}

@@ -1,0 +1,179 @@
+"""GPU discovery (NVML behind a small interface, a fake here: CI has no GPU), the variant
+table, `--gpu` against what was found, and what a task's environment says about GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from services.scheduler import frameworks
+from services.worker_agent import gpus
+from services.worker_agent.service import parse_args
+from services.worker_agent.task_env import gpu_devices, task_environment
+from shared.messages import Coscheduling, DeviceInfo, GpuDevice, JobSpec, Resources, TpuDevice
+
+GIB = 1024 ** 3
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+@dataclass
+class Memory:
+    total: int
+
+
+class FakeNvml:
+    """The pynvml calls berth makes, over a list of (uuid, name, bytes) devices. For unit
+    tests only: what a user runs always gets the real binding."""
+
+    NVMLError = FakeNvmlError
+
+    def __init__(self, devices: list[tuple[str, str | bytes, int]], fail_init: bool = False,
+                 fail_at: int | None = None) -> None:
+        self.devices = devices
+        self.fail_init = fail_init
+        self.fail_at = fail_at
+        self.shut_down = False
+
+    def nvmlInit(self) -> None:
+        if self.fail_init:
+            raise FakeNvmlError("Driver Not Loaded")
+
+    def nvmlShutdown(self) -> None:
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        if index == self.fail_at:
+            raise FakeNvmlError("GPU is lost")
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self.devices[handle][0]
+
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
+        return self.devices[handle][1]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Memory:
+        return Memory(self.devices[handle][2])
+
+
+def h100s(n: int) -> FakeNvml:
+    return FakeNvml([(f"GPU-{i:08x}", "NVIDIA H100 80GB HBM3", 80 * GIB) for i in range(n)])
+
+
+@pytest.mark.parametrize(("model", "variant"), [
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H100 NVL", "h100"),
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A10G", "a10g"),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA L40S", "l40s"),
+    ("Tesla T4", "t4"),
+    ("Tesla V100-SXM2-16GB", "v100"),
+    ("NVIDIA B200", "b200"),
+    ("NVIDIA GH200 480GB", "gh200"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada-generation"),  # the fallback
+])
+def test_model_names_map_to_variants(model: str, variant: str) -> None:
+    assert gpus.variant_of(model) == variant
+
+
+def test_discovery_lists_every_gpu_with_uuid_model_and_memory() -> None:
+    nvml = FakeNvml([("GPU-a", b"NVIDIA H100 80GB HBM3", 80 * GIB),  # old bindings: bytes
+                     ("GPU-b", "NVIDIA H100 80GB HBM3", 80 * GIB)])
+    found = gpus.discover(nvml)
+    assert found.variant == "h100"
+    assert found.devices == (
+        DeviceInfo(index=0, uuid="GPU-a", model="NVIDIA H100 80GB HBM3", memory_mb=81920),
+        DeviceInfo(index=1, uuid="GPU-b", model="NVIDIA H100 80GB HBM3", memory_mb=81920))
+    assert nvml.shut_down
+
+
+def test_no_library_no_driver_or_a_failing_device_means_no_gpus() -> None:
+    assert gpus.discover(None) == gpus.Gpus(note="nvidia-ml-py is not installed")
+    assert gpus.discover(FakeNvml([], fail_init=True)).note == (
+        "NVML unavailable: Driver Not Loaded")
+    broken = FakeNvml(h100s(2).devices, fail_at=1)
+    assert gpus.discover(broken).devices == () and broken.shut_down
+    assert gpus.discover(FakeNvml([])).note == "NVML reports no GPUs"
+
+
+def test_a_mixed_host_offers_the_first_model_only() -> None:
+    nvml = FakeNvml([("GPU-a", "NVIDIA L4", GIB), ("GPU-b", "NVIDIA A100-SXM4-80GB", GIB),
+                     ("GPU-c", "NVIDIA L4", GIB)])
+    found = gpus.discover(nvml)
+    assert (found.variant, [d.uuid for d in found.devices]) == ("l4", ["GPU-a", "GPU-c"])
+
+
+def test_the_workers_own_cuda_visible_devices_restricts_what_it_offers() -> None:
+    found = gpus.discover(h100s(4))
+    assert [d.index for d in gpus.restrict(found, "1,GPU-00000003").devices] == [1, 3]
+    assert gpus.restrict(found, None) == found
+    assert gpus.restrict(found, "").devices == ()
+
+
+def test_discovered_gpus_are_offered_without_a_flag() -> None:
+    args = parse_args(["--id", "w", "--cpu", "8"], nvml=h100s(2))
+    assert args.resources.device == GpuDevice(variant="h100", count=2)
+    assert [d.uuid for d in args.devices] == ["GPU-00000000", "GPU-00000001"]
+
+
+def test_the_gpu_flag_without_nvml_numbers_devices_unchecked() -> None:
+    args = parse_args(["--id", "w", "--gpu", "h100:2"], nvml=FakeNvml([], fail_init=True))
+    assert args.resources.device == GpuDevice(variant="h100", count=2)
+    assert args.devices == (DeviceInfo(index=0), DeviceInfo(index=1))
+    assert parse_args(["--id", "w"], nvml=None).devices == ()
+
+
+def test_the_gpu_flag_may_offer_fewer_than_found_but_not_more(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert len(parse_args(["--gpu", "h100:1"], nvml=h100s(2)).devices) == 1
+    for flag, why in (("h100:3", "asks for 3 GPUs, NVML found 2 (NVIDIA H100 80GB HBM3)"),
+                      ("a100:1", "NVML found h100 GPUs (NVIDIA H100 80GB HBM3), not a100"),
+                      ("h100:0", "COUNT must be at least 1")):
+        with pytest.raises(SystemExit):
+            parse_args(["--gpu", flag], nvml=h100s(2))
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.endswith(f"--gpu {flag}: {why}"), err
+        assert "Traceback" not in err
+
+
+def test_a_task_sees_exactly_its_gpus_and_none_if_it_asked_for_none() -> None:
+    gpu = Resources(device=GpuDevice(variant="h100", count=2))
+    cpu = Resources()
+    worker_env = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    spec_env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # a spec cannot widen its share either
+    env = task_environment(worker_env, spec_env, "w", gpu_devices(gpu, ["GPU-a", "GPU-b"]))
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert task_environment(worker_env, spec_env, "w",
+                            gpu_devices(cpu, []))["CUDA_VISIBLE_DEVICES"] == ""
+    tpu = Resources(device=TpuDevice(variant="v5p", count=4))
+    assert gpu_devices(tpu, ["0"]) == ""
+    # A run command from a scheduler that predates pinning names no devices: left unset.
+    assert "CUDA_VISIBLE_DEVICES" not in task_environment(worker_env, {}, "w",
+                                                          gpu_devices(gpu, None))
+
+
+def test_gang_members_get_torch_and_jax_variables_from_their_ranks() -> None:
+    gang = JobSpec(name="g", command=["x"], replicas=4, ports=["coord"],
+                   coscheduling=Coscheduling(group_by="rack"))
+    env = frameworks.variables(gang, 2, "10.0.0.7", {"coord": 30001}, "10.0.0.5:30000")
+    assert env == {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "30000", "WORLD_SIZE": "4",
+                   "RANK": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                   "JAX_COORDINATOR_ADDRESS": "10.0.0.5:30000", "JAX_NUM_PROCESSES": "4",
+                   "JAX_PROCESS_ID": "2"}
+    single = JobSpec(name="s", command=["x"], replicas=3, ports=["coord"])
+    env = frameworks.variables(single, 1, "10.0.0.7", {"coord": 30002}, "")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == (
+        "10.0.0.7", "30002", "1", "0")
+    no_port = frameworks.variables(JobSpec(name="n", command=["x"]), 0, "h", {}, "")
+    assert "MASTER_ADDR" not in no_port and no_port["WORLD_SIZE"] == "1"
