@@ -3,11 +3,16 @@ table, `--gpu` against what was found, and what a task's environment says about 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from berth.spec_files import load_spec
 from services.scheduler import frameworks
 from services.worker_agent import gpus
 from services.worker_agent.service import parse_args
@@ -15,6 +20,7 @@ from services.worker_agent.task_env import gpu_devices, task_environment
 from shared.messages import Coscheduling, DeviceInfo, GpuDevice, JobSpec, Resources, TpuDevice
 
 GIB = 1024 ** 3
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeNvmlError(Exception):
@@ -177,3 +183,27 @@ def test_gang_members_get_torch_and_jax_variables_from_their_ranks() -> None:
         "10.0.0.7", "30002", "1", "0")
     no_port = frameworks.variables(JobSpec(name="n", command=["x"]), 0, "h", {}, "")
     assert "MASTER_ADDR" not in no_port and no_port["WORLD_SIZE"] == "1"
+
+
+def test_the_example_specs_are_valid_gpu_jobs() -> None:
+    for name in ("torch_ddp.yaml", "jax_distributed.yaml"):
+        spec = msgspec.json.decode(load_spec(str(ROOT / "examples" / name)), type=JobSpec)
+        assert spec.resources.device == GpuDevice(variant="h100", count=1)
+        assert spec.coscheduling is not None and spec.ports
+
+
+def test_the_gpu_check_script_loads_and_explains_itself() -> None:
+    """bench/gpu_check.py runs on a GPU host only (`--quick` here takes half a minute): at
+    least it must load, with every check it names."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["gpu_check"]
+    for name in ("a_discovered", "b_one_gpu", "c_no_gpu", "d_waits", "e_peak_memory",
+                 "f_torch_gang", "g_jax_gang", "doctor"):
+        assert callable(getattr(module.Check, name))
+    assert module.task_python(None, quick=True) == (sys.executable, False, False)
