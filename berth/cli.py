@@ -213,8 +213,10 @@ def _format_worker(w: dict[str, Any]) -> list[str]:
     for d in w.get("devices", []):
         what = " ".join(x for x in (d["uuid"], d["model"],
                                     f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
-        lines.append(f"  device {d['index']}: {what or 'unchecked'}  "
-                     f"{'held by ' + d['held_by'] if d['held_by'] else 'free'}")
+        state = f"held by {d['held_by']}" if d["held_by"] else "free"
+        if d.get("unhealthy"):
+            state += f", UNHEALTHY: {d['unhealthy']}"
+        lines.append(f"  device {d['index']}: {what or 'unchecked'}  {state}")
     return lines
 
 
@@ -227,6 +229,42 @@ def cmd_workers(args: argparse.Namespace) -> int:
         return 1
     for w in workers:
         print("\n".join(_format_worker(w)))
+    return 0
+
+
+async def _device_health(nats_url: str, creds: Credentials, worker_id: str, index: int,
+                         healthy: bool, reason: str) -> None:
+    from shared import nats_io
+    from shared.messages import DeviceHealthChanged
+
+    async with cli_connection(nats_url, creds) as nc:
+        await nats_io.publish_event(
+            nc.jetstream(), subjects.worker_events(worker_id),
+            DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
+                                reason=reason, ts=time.time()),
+            msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
+
+
+def cmd_device(args: argparse.Namespace) -> int:
+    """An operator takes a worker's device out of service or returns it (an admin's
+    identity: it speaks on the worker's own event subject)."""
+    nats_url, api_url = _urls(args)
+    try:
+        worker = api_get(api_url, f"/api/workers/{args.worker}")
+    except ApiError as exc:
+        print(f"berth: worker {args.worker}: {exc}", file=sys.stderr)
+        return 1
+    indices = [d["index"] for d in worker.get("devices", [])]
+    if args.index not in indices:
+        print(f"berth: index: worker {args.worker} has no device {args.index} (it has "
+              f"{', '.join(map(str, indices)) or 'none'})", file=sys.stderr)
+        return 1
+    healthy = args.action == "enable"
+    reason = args.reason or ("" if healthy else "taken out of service by an operator")
+    asyncio.run(_device_health(nats_url, cli_credentials(args.data_dir, admin=True),
+                               args.worker, args.index, healthy, reason))
+    print(f"device {args.index} of {args.worker} "
+          f"{'returned to service' if healthy else 'takes no new attempts'}")
     return 0
 
 
@@ -500,6 +538,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("workers", help="list the workers, their resources and devices (GPUs)")
     p.set_defaults(func=cmd_workers)
+    p = sub.add_parser(
+        "device", help="take a worker's device (GPU) out of service, or return it",
+        description="disable: no new attempt is placed on the device (running ones go on). "
+        "enable: return a device to service, e.g. one its worker reported unhealthy (NVML "
+        "errors, uncorrectable ECC errors, gone from the bus) once it is fixed.")
+    p.add_argument("action", choices=["enable", "disable"])
+    p.add_argument("worker", help="worker id")
+    p.add_argument("index", type=int, help="the device's index (`berth workers` lists them)")
+    p.add_argument("--reason", default="", help="recorded with a disable")
+    p.set_defaults(func=cmd_device)
     p = sub.add_parser(
         "doctor", help="check the placement invariants from Redis and the event log",
         description="Reads Redis and the event log and reports every violation of the "

@@ -19,6 +19,7 @@ from shared.capacity import Amounts
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    DeviceHealthChanged,
     DeviceInfo,
     JobCancelRequested,
     JobSpec,
@@ -126,6 +127,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     holder: str | None = None  # the job whose gang holds a group this worker belongs to
     devices: list[DeviceInfo] = []  # its accelerators, one per device it offers
     devices_used: dict[int, str] = {}  # device index -> attempt key
+    unhealthy: dict[int, str] = {}  # device index -> why it takes no new attempts
 
     @property
     def free(self) -> Amounts:
@@ -133,7 +135,8 @@ class WorkerView(msgspec.Struct, kw_only=True):
 
     @property
     def free_devices(self) -> list[int]:
-        return [d.index for d in self.devices if d.index not in self.devices_used]
+        return [d.index for d in self.devices
+                if d.index not in self.devices_used and d.index not in self.unhealthy]
 
 
 def registered_devices(event: WorkerRegistered) -> list[DeviceInfo]:
@@ -222,6 +225,12 @@ class ClusterState:
                 self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
+            case DeviceHealthChanged():
+                worker = self.workers.get(event.worker_id)
+                if worker is not None and event.healthy:
+                    worker.unhealthy.pop(event.index, None)
+                elif worker is not None:
+                    worker.unhealthy[event.index] = event.reason or "unhealthy"
             case WorkerDeclaredDead() if event.epoch < self.epoch:
                 pass  # a deposed leader's verdict is void
             case WorkerStopped() | WorkerDeclaredDead():
@@ -304,6 +313,8 @@ class ClusterState:
             address=event.address or event.host,
             registered_at=event.ts,
             devices=registered_devices(event),
+            # A restarted agent does not heal a card: it stays out until it is returned.
+            unhealthy=dict(old.unhealthy) if old is not None else {},
         )
         # A group held by a gang still holds this worker if its other members keep it.
         worker.holder = next((g.job_id for g in self.groups.values()

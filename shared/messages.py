@@ -272,6 +272,17 @@ class WorkerRegistered(Event, tag="worker_registered"):
     devices: list[DeviceInfo] = []
 
 
+class DeviceHealthChanged(Event, tag="device_health_changed"):
+    """One of a worker's devices became unhealthy (an NVML error, uncorrectable ECC errors,
+    gone from the bus: its worker saw it) or was returned to service (an operator's
+    `berth device enable`). No new attempt is placed on an unhealthy device."""
+
+    worker_id: str
+    index: int
+    healthy: bool
+    reason: Reason = ""
+
+
 class WorkerStopped(Event, tag="worker_stopped"):
     """A worker shut down cleanly after stopping every process it ran."""
 
@@ -350,6 +361,7 @@ AnyEvent = (
     | SubmitRejected
     | JobCancelRequested
     | WorkerRegistered
+    | DeviceHealthChanged
     | WorkerStopped
     | WorkerDeclaredDead
     | LeaderElected

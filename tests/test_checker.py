@@ -13,6 +13,7 @@ from shared.messages import (
     AnyEvent,
     AttemptReported,
     Coscheduling,
+    DeviceHealthChanged,
     GpuDevice,
     JobSpec,
     JobSubmitted,
@@ -181,3 +182,22 @@ def test_placing_from_the_fold_never_double_books_a_device(
                 state.apply(seq, AttemptReported(job_id=job_id, task_index=index,
                                                  attempt_id=attempt_id, worker_id=worker_id,
                                                  state=TaskState.SUCCEEDED, exit_code=0))
+
+
+def test_an_unhealthy_device_takes_no_new_attempts_until_it_is_returned() -> None:
+    state = fold(gpu_worker("g1", 2), gpu_job("j1"),
+                 DeviceHealthChanged(worker_id="g1", index=0, healthy=False,
+                                     reason="3 uncorrectable ECC errors"))
+    g1 = state.workers["g1"]
+    assert g1.free_devices == [1] and g1.unhealthy == {0: "3 uncorrectable ECC errors"}
+    host = Host("g1", g1.free, "gpu:h100", free_devices=g1.free_devices)
+    both = place([Unit("j1", (0,), GPU.amounts, GPU.device_kind),
+                  Unit("j2", (0,), GPU.amounts, GPU.device_kind)], [host])
+    assert [a.devices for a in both.assignments] == [(1,)]
+    assert "need 1, largest free 0" in both.pending_reasons[("j2", 0)]
+    # A restarted agent does not heal the card; an operator's enable does.
+    state.apply(10, WorkerRegistered(worker_id="g1", incarnation="i2",
+                                     resources=gpu_worker().resources))
+    assert state.workers["g1"].free_devices == [1]
+    state.apply(11, DeviceHealthChanged(worker_id="g1", index=0, healthy=True))
+    assert state.workers["g1"].free_devices == [0, 1]

@@ -2,7 +2,7 @@
 `--gpu h100:2` on a host without NVML (devices 0 and 1, unchecked). Two one-GPU tasks
 running at once see different CUDA_VISIBLE_DEVICES, a third waits with a pending reason
 naming the GPUs, a task that asked for no GPU sees "", and the doctor finds no device held
-twice."""
+twice. A device an operator takes out of service gets no new attempt."""
 
 from __future__ import annotations
 
@@ -33,6 +33,16 @@ ONE_GPU = Resources(cpu=0.5, memory_mb=64, device=GpuDevice(variant="h100", coun
 
 def seen(out: Path) -> dict[str, str]:
     return {p.stem: p.read_text() for p in out.glob("*.seen")}
+
+
+async def berth(stack: Stack, *args: str) -> str:
+    """A `berth` command beside the stack, as a user (or operator) runs it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
 
 
 def tasks_of(stack: Stack, job_id: str) -> list[dict[str, Any]]:
@@ -68,10 +78,7 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     (worker,) = get_json(stack, "/api/workers")
     assert sorted(d["held_by"] for d in worker["devices"]) == [f"{pair}/0/0", f"{pair}/1/0"]
     assert "double_booked_devices=0" in await run_doctor(stack)
-    cli = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "workers",
-        stdout=asyncio.subprocess.PIPE)
-    listing = (await asyncio.wait_for(cli.communicate(), 30))[0].decode()
+    listing = await berth(stack, "workers")
     assert "device 0: unchecked  held by" in listing, listing
 
     (out / "go").write_text("")
@@ -79,3 +86,12 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
         job = await wait_for_job(stack, job_id, {"succeeded", "failed"}, timeout=30)
         assert job["state"] == "succeeded", job
     assert seen(out)[f"{third}-0"] in {"0", "1"}  # placed once a device was free
+
+    # An operator takes device 0 out of service: the next one-GPU task gets device 1.
+    assert "takes no new attempts" in await berth(stack, "device", "disable", "gpu0", "0")
+    await wait_until(lambda: get_json(stack, "/api/workers")[0]["devices"][0]["unhealthy"],
+                     30, "device 0 to be out of service")
+    after = await accepted(nc, JobSpec(name="after", command=hold, resources=ONE_GPU))
+    assert (await wait_for_job(stack, after, {"succeeded", "failed"}))["state"] == "succeeded"
+    assert seen(out)[f"{after}-0"] == "1"
+    assert "returned to service" in await berth(stack, "device", "enable", "gpu0", "0")

@@ -69,6 +69,23 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Memory:
         return Memory(self.devices[handle][2])
 
+    # Health: devices listed in `lost` are gone from the bus; `ecc` counts uncorrectable
+    # errors per index (None: the model has no ECC).
+    lost: tuple[str, ...] = ()
+    ecc: dict[int, int | None] = {}
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        if uuid in self.lost:
+            raise FakeNvmlError("GPU is lost")
+        return next(i for i, d in enumerate(self.devices) if d[0] == uuid)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
+        assert (error_type, counter) == (gpus.UNCORRECTED, gpus.VOLATILE)
+        errors = self.ecc.get(handle, 0)
+        if errors is None:
+            raise FakeNvmlError("Not Supported")
+        return errors
+
 
 def h100s(n: int) -> FakeNvml:
     return FakeNvml([(f"GPU-{i:08x}", "NVIDIA H100 80GB HBM3", 80 * GIB) for i in range(n)])
@@ -207,3 +224,17 @@ def test_the_gpu_check_script_loads_and_explains_itself() -> None:
                  "f_torch_gang", "g_jax_gang", "doctor"):
         assert callable(getattr(module.Check, name))
     assert module.task_python(None, quick=True) == (sys.executable, False, False)
+
+
+def test_a_lost_gpu_or_uncorrectable_ecc_errors_make_a_device_unhealthy() -> None:
+    nvml = h100s(4)
+    devices = (*gpus.discover(nvml).devices, DeviceInfo(index=9))  # unchecked: skipped
+    assert gpus.unhealthy(nvml, devices) == {}
+    nvml.lost = ("GPU-00000001",)
+    nvml.ecc = {2: 3, 3: None}  # device 3 has no ECC to read: judged by nothing
+    bad = gpus.unhealthy(nvml, devices)
+    assert bad == {1: "NVML cannot reach GPU-00000001: GPU is lost",
+                   2: "3 uncorrectable ECC errors"}
+    assert gpus.new_problems({}, bad) == sorted(bad.items())
+    assert gpus.new_problems(dict(bad), bad) == []  # reported once per reason
+    assert gpus.new_problems(bad, {}) == []  # never reported healthy by the worker

@@ -78,6 +78,7 @@ class DeviceOut(msgspec.Struct):
     model: str
     memory_mb: int
     held_by: str | None  # the attempt key holding it, if any
+    unhealthy: str | None = None  # why it takes no new attempts, if it does not
 
 
 class WorkerOut(msgspec.Struct):
@@ -180,6 +181,6 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> Wo
         address=w.address, held_by_gang=w.holder, attributes=w.attributes,
         registered_at=w.registered_at, last_heartbeat=last_heartbeat,
         running_attempts=sorted(w.live_attempts),
-        devices=[DeviceOut(d.index, d.uuid, d.model, d.memory_mb, w.devices_used.get(d.index))
-                 for d in w.devices],
+        devices=[DeviceOut(d.index, d.uuid, d.model, d.memory_mb, w.devices_used.get(d.index),
+                           w.unhealthy.get(d.index)) for d in w.devices],
     )

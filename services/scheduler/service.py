@@ -36,6 +36,7 @@ from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskV
 from shared.messages import (
     AnyEvent,
     Command,
+    DeviceHealthChanged,
     Heartbeat,
     KillAttempt,
     LeaderAnnouncement,
@@ -314,6 +315,8 @@ class Leader:
                 self.wake.set()
 
     async def _on_event(self, event: AnyEvent | None) -> None:
+        if isinstance(event, DeviceHealthChanged) and event.healthy:
+            self.wake.set()  # a device back in service may let waiting work in
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:

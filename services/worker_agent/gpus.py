@@ -69,6 +69,9 @@ class Nvml(Protocol):
     def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...  # .total in bytes
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int
+                                    ) -> int: ...
 
 
 def real_nvml() -> Nvml | None:
@@ -174,3 +177,38 @@ def describe(devices: Sequence[DeviceInfo]) -> str:
     what = first.model or "unchecked"
     memory = f", {first.memory_mb} MiB each" if first.memory_mb else ""
     return f"{len(devices)} GPU{'s' if len(devices) != 1 else ''} ({what}{memory})"
+
+
+# pynvml's NVML_MEMORY_ERROR_TYPE_UNCORRECTED and NVML_VOLATILE_ECC (since the driver loaded).
+UNCORRECTED = 1
+VOLATILE = 0
+
+
+def unhealthy(nvml: Nvml, devices: Sequence[DeviceInfo]) -> dict[int, str]:
+    """The discovered devices that should take no new attempts, and why: NVML cannot reach
+    one (gone from the bus, lost), or it has had uncorrectable ECC errors since the driver
+    loaded. Devices without a UUID (offered by --gpu, unchecked) are not checked. NVML must
+    be initialised (nvmlInit) by the caller."""
+    bad: dict[int, str] = {}
+    for d in devices:
+        if not d.uuid:
+            continue
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(d.uuid)
+        except nvml.NVMLError as exc:
+            bad[d.index] = f"NVML cannot reach {d.uuid}: {exc}"
+            continue
+        try:
+            errors = nvml.nvmlDeviceGetTotalEccErrors(handle, UNCORRECTED, VOLATILE)
+        except nvml.NVMLError:
+            continue  # no ECC on this model, or not readable: nothing to judge by
+        if errors:
+            bad[d.index] = f"{errors} uncorrectable ECC errors"
+    return bad
+
+
+def new_problems(reported: dict[int, str], now: dict[int, str]) -> list[tuple[int, str]]:
+    """(index, reason) for each device unhealthy now for a reason not reported yet. A
+    device that looks well again is not reported healthy: a card that failed once is
+    returned to service by an operator (`berth device enable`)."""
+    return [(i, why) for i, why in sorted(now.items()) if reported.get(i) != why]

@@ -30,6 +30,7 @@ from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
     AttemptReported,
+    DeviceHealthChanged,
     DeviceInfo,
     Heartbeat,
     KillAttempt,
@@ -50,6 +51,7 @@ from shared.states import TaskState
 log = logging.getLogger("berth.worker")
 tracer = telemetry.tracer("berth.worker")
 MAX_REMEMBERED_ATTEMPTS = 10000
+GPU_HEALTH_EVERY = 5.0  # seconds between checks of the discovered GPUs' health
 
 
 @dataclass
@@ -73,6 +75,7 @@ class WorkerAgent:
         simulate: Callable[[], Runnable] | None = None,
         reports: nats_io.EventPublisher | None = None,
         devices: tuple[DeviceInfo, ...] = (),
+        nvml: gpus.Nvml | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -84,6 +87,7 @@ class WorkerAgent:
         self.resources = resources
         self.attributes = attributes
         self.devices = devices
+        self.nvml = nvml  # to watch the health of discovered devices; None: not watched
         self.address = address or _default_address()
         self.max_epoch = 0
         self.running: dict[str, RunningAttempt] = {}
@@ -119,6 +123,8 @@ class WorkerAgent:
         leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
                       if follow_leader else None)
         await self._register()
+        watch = (asyncio.create_task(self._watch_gpus(self.nvml))
+                 if self.nvml is not None and any(d.uuid for d in self.devices) else None)
         await service.wait_or_stop(stop, first_heartbeat_after)
         while not stop.is_set():
             await self._heartbeat()
@@ -126,6 +132,8 @@ class WorkerAgent:
         await cmd_sub.unsubscribe()
         if leader_sub is not None:
             await leader_sub.unsubscribe()
+        if watch is not None:
+            watch.cancel()
         await self._shutdown()
 
     async def _register(self) -> None:
@@ -146,6 +154,33 @@ class WorkerAgent:
         log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB, %s",
                  self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb,
                  gpus.describe(self.devices))
+
+    async def _watch_gpus(self, nvml: gpus.Nvml) -> None:
+        """Reports each device that turns unhealthy (gpus.unhealthy), once per reason: the
+        scheduler then places nothing new on it."""
+        try:
+            await asyncio.to_thread(nvml.nvmlInit)
+        except nvml.NVMLError as exc:
+            log.warning("not watching GPU health: NVML unavailable (%s)", exc)
+            return
+        reported: dict[int, str] = {}
+        try:
+            while True:
+                now = await asyncio.to_thread(gpus.unhealthy, nvml, self.devices)
+                for index, why in gpus.new_problems(reported, now):
+                    log.error("device %d is unhealthy: %s; no new attempts go to it", index,
+                              why)
+                    with contextlib.suppress(*nats_io.RETRIABLE):  # retried next round
+                        await nats_io.publish_event(
+                            self.js, subjects.worker_events(self.worker_id),
+                            DeviceHealthChanged(worker_id=self.worker_id, index=index,
+                                                healthy=False, reason=why, ts=time.time()),
+                            msg_id=f"device:{self.worker_id}:{index}:{time.time_ns()}")
+                        reported[index] = why
+                await asyncio.sleep(GPU_HEALTH_EVERY)
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                await asyncio.to_thread(nvml.nvmlShutdown)
 
     async def _stop_everything(self, reason: str) -> None:
         self.winding_down = True
@@ -518,7 +553,8 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
             await run_simulated(settings, args, nc, stop)
         else:
             await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
-                              args.address, devices=args.devices).serve(stop)
+                              args.address, devices=args.devices,
+                              nvml=gpus.real_nvml()).serve(stop)
     finally:
         await nats_io.close(nc)
 
