@@ -238,3 +238,27 @@ def test_a_lost_gpu_or_uncorrectable_ecc_errors_make_a_device_unhealthy() -> Non
     assert gpus.new_problems({}, bad) == sorted(bad.items())
     assert gpus.new_problems(dict(bad), bad) == []  # reported once per reason
     assert gpus.new_problems(bad, {}) == []  # never reported healthy by the worker
+
+
+def test_berth_status_and_workers_show_the_devices() -> None:
+    from berth.cli import _format_attempt, _format_worker
+
+    attempt = {"attempt_id": 0, "worker_id": "gpu0", "state": "running",
+               "worker_failure": False, "exit_code": None, "error": "", "devices": [2, 3],
+               "assigned_at": 1.0, "started_at": None, "finished_at": None}
+    assert "running, devices 2,3" in _format_attempt(attempt)
+    worker = {"worker_id": "gpu0", "healthy": True, "running_attempts": ["j1-aaaa/0/0"],
+              "cpu_free": 7, "devices_free": 1,
+              "resources": {"cpu": 8, "memory_mb": 1024,
+                            "device": {"type": "gpu", "variant": "h100", "count": 2}},
+              "devices": [{"index": 0, "uuid": "GPU-a", "model": "NVIDIA H100 80GB HBM3",
+                           "memory_mb": 81559, "held_by": "j1-aaaa/0/0", "unhealthy": None},
+                          {"index": 1, "uuid": "GPU-b", "model": "NVIDIA H100 80GB HBM3",
+                           "memory_mb": 81559, "held_by": None,
+                           "unhealthy": "3 uncorrectable ECC errors"}]}
+    assert _format_worker(worker) == [
+        "gpu0             healthy   8 cpu, 1024 MiB, 2 gpu:h100  (1 running, 7 cpu free, "
+        "1 devices free)",
+        "  device 0: GPU-a NVIDIA H100 80GB HBM3 81559 MiB  held by j1-aaaa/0/0",
+        "  device 1: GPU-b NVIDIA H100 80GB HBM3 81559 MiB  free, UNHEALTHY: 3 uncorrectable "
+        "ECC errors"]

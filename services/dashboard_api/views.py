@@ -177,7 +177,8 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> Wo
     return WorkerOut(
         worker_id=w.worker_id, incarnation=w.incarnation, host=w.host, healthy=healthy,
         resources=w.resources, cpu_free=w.free.cpu / 1000,
-        memory_free_mb=w.free.mem, disk_free_mb=w.free.disk, devices_free=w.free.dev,
+        memory_free_mb=w.free.mem, disk_free_mb=w.free.disk,
+        devices_free=min(w.free.dev, len(w.free_devices)),  # out of service: not free
         address=w.address, held_by_gang=w.holder, attributes=w.attributes,
         registered_at=w.registered_at, last_heartbeat=last_heartbeat,
         running_attempts=sorted(w.live_attempts),
