@@ -319,10 +319,8 @@ async def main_async(args: argparse.Namespace) -> int:
         try:
             gpu_flags = ["--gpu", "h100:1"] if args.quick else []
             stack.start_worker("gpu0", args.cpu, args.memory_mb, "-a", "rack=r1", *gpu_flags)
-            stack.start_service("worker", "--id", "cpu1", "--cpu", str(args.cpu),
-                                "--memory-mb", str(args.memory_mb), "--address", "127.0.0.1",
-                                "-a", "rack=r1", label="cpu1", scope="cpu1",
-                                env={"CUDA_VISIBLE_DEVICES": ""})
+            stack.start_worker("cpu1", args.cpu, args.memory_mb, "-a", "rack=r1",
+                               env={"CUDA_VISIBLE_DEVICES": ""})
             nc = await nats_io.connect(stack.nats.url, "berth-gpu-check",
                                        stack.nats.admin_creds())
             check = Check(stack, nc, out, python, torch, jax)
