@@ -11,8 +11,8 @@ can span them. Then, each check printing PASS, FAIL, SKIP or NOT BUILT with what
   (c) a job that asked for no GPU sees none (torch.cuda.device_count() == 0)
   (d) with every GPU held, a second one-GPU job waits (its pending reason names the GPUs)
       and starts only after the first ends
-  (e) a job allocating 10 GiB reports its peak GPU memory within 10 %: NOT BUILT (per-
-      attempt telemetry is issue 20's item 4)
+  (e) a job allocating 10 GiB reports its peak GPU memory within 10 % (the worker samples
+      its processes through NVML every second and sends the figures with the exit report)
   (f) a two-task gang initialises torch.distributed from berth's variables alone and
       all-reduces a tensor (gloo, since one host with one GPU has no GPU for each rank)
   (g) two JAX processes of a gang initialise jax.distributed from berth's variables (SKIP
@@ -74,6 +74,16 @@ if sys.argv[2] == "torch":
 open(sys.argv[1], "w").write(json.dumps(seen))
 while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):
     time.sleep(0.05)
+"""
+
+# Holds 10 GiB on its GPU for a few samples (the worker samples every second).
+ALLOCATE_10_GIB = r"""
+import time, torch
+x = torch.empty(10 * 2**30, dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+time.sleep(4)
+print("held", x.numel() // 2**20, "MiB")
 """
 
 JAX_PROBE = r"""
@@ -253,8 +263,19 @@ class Check:
                                             f"{started - min(ends):+.2f} s after a GPU freed")
 
     async def e_peak_memory(self) -> tuple[str, str]:
-        return "NOT BUILT", ("per-attempt GPU telemetry (peak memory, utilisation) is issue "
-                             "20's item 4, not implemented yet")
+        if not self.torch:
+            return "SKIP", "PyTorch is not installed for the task's python"
+        job = await self.ended(await self.submit(JobSpec(
+            name="e-10gib", command=[self.python, "-c", ALLOCATE_10_GIB],
+            resources=self.one_gpu())))
+        gpu = job["tasks"][0]["attempts"][-1].get("gpu")
+        if not gpu:
+            return "FAIL", "no GPU figures in the exit report"
+        off = gpu["peak_memory_mb"] / 10240 - 1
+        verdict = "PASS" if abs(off) <= 0.10 else "FAIL"
+        return verdict, (f"peak {gpu['peak_memory_mb']} MiB for 10240 allocated ({off:+.1%}), "
+                         f"utilisation mean {gpu['mean_utilization']} peak "
+                         f"{gpu['peak_utilization']} over {gpu['samples']} samples")
 
     def gang_spec(self, name: str, command: list[str], env: dict[str, str]) -> JobSpec:
         return JobSpec(name=name, replicas=2, command=command, env=env, ports=["rendezvous"],

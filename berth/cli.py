@@ -120,6 +120,11 @@ def _format_attempt(a: dict[str, Any]) -> str:
         line += f", {a['error']}"
     if a.get("devices"):
         line += f", devices {','.join(str(d) for d in a['devices'])}"
+    if gpu := a.get("gpu"):
+        line += f", GPU memory peak {gpu['peak_memory_mb']} MiB"
+        if gpu["mean_utilization"] is not None:
+            line += (f", utilisation mean {gpu['mean_utilization']:.0f}% "
+                     f"peak {gpu['peak_utilization']}%")
     span = f"assigned {_clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {_clock(a['started_at'])}"

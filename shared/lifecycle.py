@@ -21,6 +21,7 @@ from shared.messages import (
     AttemptReported,
     DeviceHealthChanged,
     DeviceInfo,
+    GpuTelemetry,
     JobCancelRequested,
     JobSpec,
     JobSubmitted,
@@ -60,6 +61,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     group: str = ""
     coordinator: str = ""
     devices: list[int] = []  # indices of the worker's devices it holds
+    gpu: GpuTelemetry | None = None  # what it used of them, from its exit report
 
 
 class TaskView(msgspec.Struct, kw_only=True):
@@ -405,6 +407,7 @@ class ClusterState:
             attempt.exit_code = event.exit_code
             attempt.error = event.error
             attempt.finished_at = event.ts
+            attempt.gpu = event.gpu
             # The process is gone whatever its state said: its resources are free.
             self._attempt_exited(attempt, event.job_id, event.task_index, effects)
 

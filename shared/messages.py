@@ -344,6 +344,15 @@ class PendingReasonsChanged(Event, tag="pending_reasons_changed"):
     epoch: int
 
 
+class GpuTelemetry(msgspec.Struct, frozen=True, kw_only=True):
+    """What an attempt's processes used of its GPUs, sampled by its worker through NVML."""
+
+    peak_memory_mb: int  # the most GPU memory its processes held at once, all devices
+    mean_utilization: float | None = None  # percent of SM time, over its samples
+    peak_utilization: int | None = None
+    samples: int = 0
+
+
 class AttemptReported(Event, tag="attempt_reported"):
     """A worker's report of one attempt's transition: the only way a worker changes state."""
 
@@ -354,6 +363,7 @@ class AttemptReported(Event, tag="attempt_reported"):
     state: TaskState
     exit_code: int | None = None
     error: str = ""
+    gpu: GpuTelemetry | None = None  # with the exit report of an attempt that had GPUs
 
 
 AnyEvent = (

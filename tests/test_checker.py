@@ -15,6 +15,7 @@ from shared.messages import (
     Coscheduling,
     DeviceHealthChanged,
     GpuDevice,
+    GpuTelemetry,
     JobSpec,
     JobSubmitted,
     Resources,
@@ -201,3 +202,15 @@ def test_an_unhealthy_device_takes_no_new_attempts_until_it_is_returned() -> Non
     assert state.workers["g1"].free_devices == [1]
     state.apply(11, DeviceHealthChanged(worker_id="g1", index=0, healthy=True))
     assert state.workers["g1"].free_devices == [0, 1]
+
+
+def test_an_attempts_gpu_figures_land_on_it_with_its_exit() -> None:
+    used = GpuTelemetry(peak_memory_mb=10610, mean_utilization=61.5, peak_utilization=99,
+                        samples=12)
+    state = fold(gpu_worker(), gpu_job("j1"),
+                 TaskAssigned(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[0]),
+                 AttemptReported(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                                 state=TaskState.SUCCEEDED, exit_code=0, gpu=used))
+    attempt = state.jobs["j1"].tasks[0].attempts[0]
+    assert attempt.gpu == used and state.workers["g1"].free_devices == [0, 1]

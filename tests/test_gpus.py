@@ -4,6 +4,7 @@ table, `--gpu` against what was found, and what a task's environment says about 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,15 @@ from services.scheduler import frameworks
 from services.worker_agent import gpus
 from services.worker_agent.service import parse_args
 from services.worker_agent.task_env import gpu_devices, task_environment
-from shared.messages import Coscheduling, DeviceInfo, GpuDevice, JobSpec, Resources, TpuDevice
+from shared.messages import (
+    Coscheduling,
+    DeviceInfo,
+    GpuDevice,
+    GpuTelemetry,
+    JobSpec,
+    Resources,
+    TpuDevice,
+)
 
 GIB = 1024 ** 3
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +39,19 @@ class FakeNvmlError(Exception):
 @dataclass
 class Memory:
     total: int
+
+
+@dataclass
+class Proc:
+    pid: int
+    usedGpuMemory: int | None
+
+
+@dataclass
+class Sample:
+    pid: int
+    timeStamp: int
+    smUtil: int
 
 
 class FakeNvml:
@@ -78,6 +100,20 @@ class FakeNvml:
         if uuid in self.lost:
             raise FakeNvmlError("GPU is lost")
         return next(i for i, d in enumerate(self.devices) if d[0] == uuid)
+
+    # Telemetry: per device index, (pid, bytes) of its processes and (pid, timestamp, SM %)
+    # utilisation samples.
+    procs: dict[int, list[tuple[int, int | None]]] = {}
+    util: dict[int, list[tuple[int, int, int]]] = {}
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return [Proc(pid, used) for pid, used in self.procs.get(handle, [])]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, since: int) -> list[Any]:
+        new = [Sample(p, ts, sm) for p, ts, sm in self.util.get(handle, []) if ts > since]
+        if not new:
+            raise FakeNvmlError("Not Found")
+        return new
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
         assert (error_type, counter) == (gpus.UNCORRECTED, gpus.VOLATILE)
@@ -245,8 +281,11 @@ def test_berth_status_and_workers_show_the_devices() -> None:
 
     attempt = {"attempt_id": 0, "worker_id": "gpu0", "state": "running",
                "worker_failure": False, "exit_code": None, "error": "", "devices": [2, 3],
-               "assigned_at": 1.0, "started_at": None, "finished_at": None}
-    assert "running, devices 2,3" in _format_attempt(attempt)
+               "assigned_at": 1.0, "started_at": None, "finished_at": None,
+               "gpu": {"peak_memory_mb": 10610, "mean_utilization": 61.5,
+                       "peak_utilization": 99, "samples": 12}}
+    assert ("running, devices 2,3, GPU memory peak 10610 MiB, utilisation mean 62% peak 99%"
+            in _format_attempt(attempt))
     worker = {"worker_id": "gpu0", "healthy": True, "running_attempts": ["j1-aaaa/0/0"],
               "cpu_free": 7, "devices_free": 1,
               "resources": {"cpu": 8, "memory_mb": 1024,
@@ -262,3 +301,25 @@ def test_berth_status_and_workers_show_the_devices() -> None:
         "  device 0: GPU-a NVIDIA H100 80GB HBM3 81559 MiB  held by j1-aaaa/0/0",
         "  device 1: GPU-b NVIDIA H100 80GB HBM3 81559 MiB  free, UNHEALTHY: 3 uncorrectable "
         "ECC errors"]
+
+
+def test_an_attempts_gpu_memory_peak_and_utilisation_come_from_its_own_processes() -> None:
+    """Two attempts on a 2-GPU worker: supervisors 100 and 200; 101 (child of 100) uses
+    device 0, 202 (grandchild of 200, via 201) uses device 1, 999 is not berth's."""
+    nvml = h100s(2)
+    parents = {101: 100, 202: 201, 201: 200, 999: 1}
+    sampler = gpus.Sampler(nvml, gpus.discover(nvml).devices, parents.get)
+    roots = {100: "a/0/0", 200: "b/0/0"}
+    nvml.procs = {0: [(101, 10 * GIB), (999, 70 * GIB)], 1: [(202, 2 * GIB)]}
+    nvml.util = {0: [(101, 5, 90), (999, 6, 100)], 1: [(202, 5, 40)]}
+    sampler.sample(roots)
+    nvml.procs = {0: [(101, 4 * GIB)], 1: [(202, None)]}  # NVML cannot tell: not counted
+    nvml.util = {0: [(101, 5, 90), (101, 9, 30)], 1: []}  # only samples newer than seen
+    sampler.sample(roots)
+    assert sampler.finish("a/0/0") == GpuTelemetry(peak_memory_mb=10240, mean_utilization=60.0,
+                                                   peak_utilization=90, samples=2)
+    assert sampler.finish("b/0/0") == GpuTelemetry(peak_memory_mb=2048, mean_utilization=40.0,
+                                                   peak_utilization=40, samples=1)
+    assert sampler.finish("a/0/0") is None
+    assert gpus.owner(999, roots, parents.get) is None
+    assert gpus.parent_of(os.getpid()) == os.getppid()

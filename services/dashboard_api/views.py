@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
-from shared.messages import JobSpec, Reason, Resources, User
+from shared.messages import GpuTelemetry, JobSpec, Reason, Resources, User
 from shared.states import TaskState
 
 
@@ -25,6 +25,7 @@ class AttemptOut(msgspec.Struct):
     group: str
     coordinator: str
     devices: list[int] = []  # indices of its worker's devices (GPUs) it holds
+    gpu: GpuTelemetry | None = None  # peak GPU memory and utilisation, once it has ended
 
 
 class TaskOut(msgspec.Struct):
@@ -131,6 +132,7 @@ def attempt_out(a: AttemptView) -> AttemptOut:
         assigned_at=a.assigned_at, started_at=a.started_at, finished_at=a.finished_at,
         exit_code=a.exit_code, error=a.error, worker_failure=a.worker_failure, exited=a.exited,
         ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
+        gpu=a.gpu,
     )
 
 

@@ -32,6 +32,7 @@ from shared.messages import (
     AttemptReported,
     DeviceHealthChanged,
     DeviceInfo,
+    GpuDevice,
     Heartbeat,
     KillAttempt,
     LeaderAnnouncement,
@@ -52,6 +53,8 @@ log = logging.getLogger("berth.worker")
 tracer = telemetry.tracer("berth.worker")
 MAX_REMEMBERED_ATTEMPTS = 10000
 GPU_HEALTH_EVERY = 5.0  # seconds between checks of the discovered GPUs' health
+GPU_SAMPLE_EVERY = 1.0  # seconds between samples of the attempts' GPU use
+FINAL_REPORTS = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED)
 
 
 @dataclass
@@ -88,6 +91,7 @@ class WorkerAgent:
         self.attributes = attributes
         self.devices = devices
         self.nvml = nvml  # to watch the health of discovered devices; None: not watched
+        self.gpu_sampler: gpus.Sampler | None = None  # while the GPUs are watched
         self.address = address or _default_address()
         self.max_epoch = 0
         self.running: dict[str, RunningAttempt] = {}
@@ -156,16 +160,28 @@ class WorkerAgent:
                  gpus.describe(self.devices))
 
     async def _watch_gpus(self, nvml: gpus.Nvml) -> None:
-        """Reports each device that turns unhealthy (gpus.unhealthy), once per reason: the
+        """Samples what each running attempt uses of the GPUs (sent with its exit report),
+        and reports each device that turns unhealthy (gpus.unhealthy), once per reason: the
         scheduler then places nothing new on it."""
         try:
             await asyncio.to_thread(nvml.nvmlInit)
         except nvml.NVMLError as exc:
-            log.warning("not watching GPU health: NVML unavailable (%s)", exc)
+            log.warning("not watching the GPUs: NVML unavailable (%s)", exc)
             return
         reported: dict[int, str] = {}
+        sampler = self.gpu_sampler = gpus.Sampler(nvml, self.devices)
+        checked = -GPU_HEALTH_EVERY
         try:
             while True:
+                roots = {a.process.pid: key for key, a in self.running.items()
+                         if a.process is not None and a.process.pid is not None
+                         and isinstance(a.command.resources.device, GpuDevice)}
+                if roots:
+                    await asyncio.to_thread(sampler.sample, roots)
+                if time.monotonic() - checked < GPU_HEALTH_EVERY:
+                    await asyncio.sleep(GPU_SAMPLE_EVERY)
+                    continue
+                checked = time.monotonic()
                 now = await asyncio.to_thread(gpus.unhealthy, nvml, self.devices)
                 for index, why in gpus.new_problems(reported, now):
                     log.error("device %d is unhealthy: %s; no new attempts go to it", index,
@@ -177,8 +193,9 @@ class WorkerAgent:
                                                 healthy=False, reason=why, ts=time.time()),
                             msg_id=f"device:{self.worker_id}:{index}:{time.time_ns()}")
                         reported[index] = why
-                await asyncio.sleep(GPU_HEALTH_EVERY)
+                await asyncio.sleep(GPU_SAMPLE_EVERY)
         finally:
+            self.gpu_sampler = None
             with contextlib.suppress(nvml.NVMLError):
                 await asyncio.to_thread(nvml.nvmlShutdown)
 
@@ -342,10 +359,13 @@ class WorkerAgent:
         if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
+        gpu = None
+        if self.gpu_sampler is not None and state in FINAL_REPORTS:
+            gpu = self.gpu_sampler.finish(key)
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
-            ts=time.time(),
+            ts=time.time(), gpu=gpu,
         )
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
@@ -364,6 +384,8 @@ class WorkerAgent:
             await self._report(cmd, TaskState.FAILED, error=f"worker error: {exc}")
         finally:
             self.running.pop(key, None)
+            if self.gpu_sampler is not None:
+                self.gpu_sampler.forget(key)
 
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command

@@ -90,7 +90,7 @@ function attemptRows(task) {
   return task.attempts.map((a) => `<tr class="attempt" data-attempt="${a.attempt_id}">
       <td></td><td>attempt ${a.attempt_id}</td>
       <td>${badge(a.state)}${a.worker_failure ? ' <span class="worker-failure">(worker failure)</span>' : ""}</td>
-      <td>on ${esc(a.worker_id)}${a.devices && a.devices.length ? ` (devices ${a.devices.join(",")})` : ""}</td>
+      <td>on ${esc(a.worker_id)}${a.devices && a.devices.length ? ` (devices ${a.devices.join(",")})` : ""}${a.gpu ? `<div class="muted">GPU memory peak ${a.gpu.peak_memory_mb} MiB${a.gpu.mean_utilization === null ? "" : `, utilisation mean ${Math.round(a.gpu.mean_utilization)}% peak ${a.gpu.peak_utilization}%`}</div>` : ""}</td>
       <td>${a.exit_code ?? ""}</td>
       <td>${when(a.started_at)}${a.finished_at ? ` → ${when(a.finished_at)}` : ""}</td>
       <td class="error">${esc(a.error)}</td>
