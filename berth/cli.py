@@ -545,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_workers)
     p = sub.add_parser(
         "device", help="take a worker's device (GPU) out of service, or return it",
-        description="disable: no new attempt is placed on the device (running ones go on). "
+        description="disable: no new attempt is placed on the device, and the one running "
+        "on it is killed and retried elsewhere (a worker failure, not the user's). "
         "enable: return a device to service, e.g. one its worker reported unhealthy (NVML "
         "errors, uncorrectable ECC errors, gone from the bus) once it is fixed.")
     p.add_argument("action", choices=["enable", "disable"])

@@ -228,11 +228,7 @@ class ClusterState:
             case WorkerRegistered():
                 self._worker_registered(event, effects)
             case DeviceHealthChanged():
-                worker = self.workers.get(event.worker_id)
-                if worker is not None and event.healthy:
-                    worker.unhealthy.pop(event.index, None)
-                elif worker is not None:
-                    worker.unhealthy[event.index] = event.reason or "unhealthy"
+                self._device_health(event, effects)
             case WorkerDeclaredDead() if event.epoch < self.epoch:
                 pass  # a deposed leader's verdict is void
             case WorkerStopped() | WorkerDeclaredDead():
@@ -321,6 +317,39 @@ class ClusterState:
         # A group held by a gang still holds this worker if its other members keep it.
         worker.holder = next((g.job_id for g in self.groups.values()
                               if g.exclusive and worker.worker_id in g.members), None)
+
+    def _device_health(self, event: DeviceHealthChanged, effects: list[Effect]) -> None:
+        """An unhealthy device takes no new attempts, and the attempts running on it end
+        as a worker failure (killed, retried under their preemption budget, never counted
+        as the user's failure); they hold the device until their exit is confirmed."""
+        worker = self.workers.get(event.worker_id)
+        if worker is None:
+            return
+        if event.healthy:
+            worker.unhealthy.pop(event.index, None)
+            return
+        why = f"device {event.index} of {worker.worker_id} is unhealthy: " + (
+            event.reason or "unhealthy")
+        worker.unhealthy[event.index] = event.reason or "unhealthy"
+        key = worker.devices_used.get(event.index)
+        if key is None or key not in worker.live_attempts:
+            return
+        job_id, index, attempt_id = worker.live_attempts[key]
+        task = self.task(job_id, index)
+        attempt = task.attempt(attempt_id) if task is not None else None
+        if task is None or attempt is None or attempt.kill_requested:
+            return
+        job = self.jobs[job_id]
+        attempt.kill_requested = True
+        attempt.worker_failure = True
+        attempt.error = why
+        effects.append(Kill(worker.worker_id, worker.incarnation, job_id, index, attempt_id,
+                            why))
+        if attempt is task.current_attempt and task_rules.can_transition(
+                task.state, S.WORKER_FAILED):
+            self._preempt(task, job, why, event.ts)
+            self._cascade_gang(job, task, event.ts, effects)
+            self._update_job(job, event.ts, effects)
 
     def _task_assigned(self, event: TaskAssigned, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)

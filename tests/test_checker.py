@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from services.scheduler.placement import Host, Unit, place
 from shared.capacity import Amounts
 from shared.checker import check
-from shared.lifecycle import ClusterState
+from shared.lifecycle import ClusterState, Kill
 from shared.messages import (
     AnyEvent,
     AttemptReported,
@@ -214,3 +214,24 @@ def test_an_attempts_gpu_figures_land_on_it_with_its_exit() -> None:
                                  state=TaskState.SUCCEEDED, exit_code=0, gpu=used))
     attempt = state.jobs["j1"].tasks[0].attempts[0]
     assert attempt.gpu == used and state.workers["g1"].free_devices == [0, 1]
+
+
+def test_attempts_on_a_device_that_turns_unhealthy_end_as_a_worker_failure() -> None:
+    state = fold(gpu_worker("g1", 2), gpu_job("j1"),
+                 TaskAssigned(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[1]))
+    effects = state.apply(10, DeviceHealthChanged(worker_id="g1", index=1, healthy=False,
+                                                  reason="GPU is lost"))
+    why = "device 1 of g1 is unhealthy: GPU is lost"
+    assert effects == [Kill("g1", "i", "j1", 0, 0, why)]
+    task = state.jobs["j1"].tasks[0]
+    # Retried elsewhere under its preemption budget: not the user's failure.
+    assert (task.state, task.preemption_count, task.failure_count) == (
+        TaskState.PENDING, 1, 0)
+    assert (task.attempts[0].worker_failure, task.attempts[0].error) == (True, why)
+    # The device stays held until the process is confirmed gone, then out of service.
+    assert state.workers["g1"].devices_used == {1: "j1/0/0"}
+    state.apply(11, AttemptReported(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                                    state=TaskState.KILLED, error=why))
+    assert state.workers["g1"].devices_used == {} and state.workers["g1"].free_devices == [0]
+    assert task.state == TaskState.PENDING
