@@ -219,6 +219,12 @@ def _format_worker(w: dict[str, Any]) -> list[str]:
         what = " ".join(x for x in (d["uuid"], d["model"],
                                     f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
         state = f"held by {d['held_by']}" if d["held_by"] else "free"
+        now = [f"{d[k]}{unit}" for k, unit in (("utilization", "% busy"),
+                                                ("memory_used_mb", " MiB used"),
+                                                ("temperature_c", " C"))
+               if d.get(k) is not None]
+        if now:
+            state += f" ({', '.join(now)})"
         if d.get("unhealthy"):
             state += f", UNHEALTHY: {d['unhealthy']}"
         lines.append(f"  device {d['index']}: {what or 'unchecked'}  {state}")

@@ -430,6 +430,15 @@ class LeaderAnnouncement(msgspec.Struct, kw_only=True):
     scheduler_id: str
 
 
+class DeviceStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One device's figures at a heartbeat (NVML): for operators, to see an idle card."""
+
+    index: int
+    utilization: int | None = None  # percent of the last sample period the GPU was busy
+    memory_used_mb: int | None = None
+    temperature_c: int | None = None
+
+
 class Heartbeat(msgspec.Struct, kw_only=True):
     """Sent by each worker every heartbeat interval; lists the attempts it is running so the
     scheduler can reconcile (re-send lost assignments and kills)."""
@@ -443,6 +452,8 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     # `attempts` only once its exit is reported, so a scheduler whose fold has reached this
     # sequence knows every attempt missing from the list has exited or never arrived.
     reported_seq: int = 0
+    # Its discovered GPUs' figures (bounded: one small entry per device offered).
+    devices: list[DeviceStats] = []
 
 
 # --- codecs --------------------------------------------------------------------------------

@@ -39,6 +39,12 @@ class FakeNvmlError(Exception):
 @dataclass
 class Memory:
     total: int
+    used: int = 0
+
+
+@dataclass
+class Rates:
+    gpu: int
 
 
 @dataclass
@@ -89,7 +95,15 @@ class FakeNvml:
         return self.devices[handle][1]
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Memory:
-        return Memory(self.devices[handle][2])
+        return Memory(self.devices[handle][2], used=3 * GIB * handle)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Rates:
+        return Rates(gpu=50 * handle)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        if handle == 2:
+            raise FakeNvmlError("Not Supported")
+        return 40 + handle
 
     # Health: devices listed in `lost` are gone from the bus; `ecc` counts uncorrectable
     # errors per index (None: the model has no ECC).
@@ -323,3 +337,25 @@ def test_an_attempts_gpu_memory_peak_and_utilisation_come_from_its_own_processes
     assert sampler.finish("a/0/0") is None
     assert gpus.owner(999, roots, parents.get) is None
     assert gpus.parent_of(os.getpid()) == os.getppid()
+
+
+def test_each_devices_figures_go_with_the_heartbeat_and_show_on_the_worker() -> None:
+    from services.dashboard_api.views import worker_out
+    from shared.lifecycle import ClusterState
+    from shared.messages import DeviceStats, WorkerRegistered
+
+    nvml = h100s(3)
+    nvml.lost = ("GPU-00000001",)
+    found = gpus.discover(nvml).devices
+    stats = gpus.device_stats(nvml, (*found, DeviceInfo(index=7)))
+    assert stats == [
+        DeviceStats(index=0, utilization=0, memory_used_mb=0, temperature_c=40),
+        DeviceStats(index=1),  # NVML cannot reach it: nothing known
+        DeviceStats(index=2, utilization=100, memory_used_mb=6144, temperature_c=None)]
+    state = ClusterState()
+    state.apply(1, WorkerRegistered(worker_id="g", incarnation="i", devices=list(found),
+                                    resources=Resources(device=GpuDevice(variant="h100",
+                                                                         count=3))))
+    out = worker_out(state.workers["g"], 1.0, True, stats)
+    assert [(d.index, d.utilization, d.memory_used_mb) for d in out.devices] == [
+        (0, 0, 0), (1, None, None), (2, 100, 6144)]

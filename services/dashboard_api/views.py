@@ -3,10 +3,12 @@ their display names (`running`, `worker_failed`), as on the dashboard."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
-from shared.messages import GpuTelemetry, JobSpec, Reason, Resources, User
+from shared.messages import DeviceStats, GpuTelemetry, JobSpec, Reason, Resources, User
 from shared.states import TaskState
 
 
@@ -80,6 +82,10 @@ class DeviceOut(msgspec.Struct):
     memory_mb: int
     held_by: str | None  # the attempt key holding it, if any
     unhealthy: str | None = None  # why it takes no new attempts, if it does not
+    # From the worker's latest heartbeat (NVML), where it discovered the device:
+    utilization: int | None = None  # percent
+    memory_used_mb: int | None = None
+    temperature_c: int | None = None
 
 
 class WorkerOut(msgspec.Struct):
@@ -175,7 +181,10 @@ def job_detail(job: JobView, spec: JobSpec | None = None) -> JobDetail:
     )
 
 
-def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> WorkerOut:
+def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool,
+               stats: Sequence[DeviceStats] = ()) -> WorkerOut:
+    now = {s.index: s for s in stats}
+    empty = DeviceStats(index=-1)
     return WorkerOut(
         worker_id=w.worker_id, incarnation=w.incarnation, host=w.host, healthy=healthy,
         resources=w.resources, cpu_free=w.free.cpu / 1000,
@@ -185,5 +194,7 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> Wo
         registered_at=w.registered_at, last_heartbeat=last_heartbeat,
         running_attempts=sorted(w.live_attempts),
         devices=[DeviceOut(d.index, d.uuid, d.model, d.memory_mb, w.devices_used.get(d.index),
-                           w.unhealthy.get(d.index)) for d in w.devices],
+                           w.unhealthy.get(d.index), s.utilization, s.memory_used_mb,
+                           s.temperature_c)
+                 for d in w.devices for s in (now.get(d.index, empty),)],
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.messages import DeviceInfo, GpuTelemetry
+from shared.messages import DeviceInfo, DeviceStats, GpuTelemetry
 
 log = logging.getLogger("berth.worker")
 
@@ -70,6 +70,8 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...  # .total in bytes
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # .gpu in percent
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
     # Items with .pid and .usedGpuMemory (bytes, None where NVML cannot tell).
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
     # Items with .pid and .smUtil (percent) for samples newer than `since` (microseconds).
@@ -313,3 +315,36 @@ class Sampler:
     def forget(self, key: str) -> None:
         """An attempt no longer running (a sample may have come after its finish)."""
         self.usage.pop(key, None)
+
+
+TEMPERATURE_GPU = 0  # pynvml's NVML_TEMPERATURE_GPU
+
+
+def device_stats(nvml: Nvml, devices: Sequence[DeviceInfo]) -> list[DeviceStats]:
+    """Each discovered device's utilisation, memory in use and temperature now; a figure
+    NVML cannot give is None (a device it cannot reach at all has an entry of Nones)."""
+    out = []
+    for d in devices:
+        if not d.uuid:
+            continue
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(d.uuid)
+        except nvml.NVMLError:
+            out.append(DeviceStats(index=d.index))
+            continue
+        out.append(_figures(nvml, d.index, handle))
+    return out
+
+
+def _figures(nvml: Nvml, index: int, handle: Any) -> DeviceStats:
+    def read(figure: Callable[[], Any]) -> int | None:
+        try:
+            return int(figure())
+        except nvml.NVMLError:
+            return None
+
+    return DeviceStats(
+        index=index,
+        utilization=read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+        memory_used_mb=read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used // 2**20),
+        temperature_c=read(lambda: nvml.nvmlDeviceGetTemperature(handle, TEMPERATURE_GPU)))

@@ -32,6 +32,7 @@ from shared.messages import (
     AttemptReported,
     DeviceHealthChanged,
     DeviceInfo,
+    DeviceStats,
     GpuDevice,
     Heartbeat,
     KillAttempt,
@@ -92,6 +93,7 @@ class WorkerAgent:
         self.devices = devices
         self.nvml = nvml  # to watch the health of discovered devices; None: not watched
         self.gpu_sampler: gpus.Sampler | None = None  # while the GPUs are watched
+        self.device_stats: list[DeviceStats] = []  # the latest, sent with each heartbeat
         self.address = address or _default_address()
         self.max_epoch = 0
         self.running: dict[str, RunningAttempt] = {}
@@ -178,6 +180,8 @@ class WorkerAgent:
                          and isinstance(a.command.resources.device, GpuDevice)}
                 if roots:
                     await asyncio.to_thread(sampler.sample, roots)
+                self.device_stats = await asyncio.to_thread(gpus.device_stats, nvml,
+                                                            self.devices)
                 if time.monotonic() - checked < GPU_HEALTH_EVERY:
                     await asyncio.sleep(GPU_SAMPLE_EVERY)
                     continue
@@ -249,7 +253,8 @@ class WorkerAgent:
 
     async def _heartbeat(self) -> None:
         hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
-                       attempts=list(self.running), reported_seq=self.reported_seq)
+                       attempts=list(self.running), reported_seq=self.reported_seq,
+                       devices=self.device_stats)
         if self.simulate is not None:  # nothing runs, so nothing to fence: no answer needed
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))

@@ -133,7 +133,10 @@ let logView = null; // "index/attempt" whose logs are shown on the job page
 // Each device (GPU) of a worker: its index, model, and the attempt holding it.
 function deviceList(devices) {
   if (!devices || !devices.length) return "";
-  return `<div class="muted">${devices.map((d) => `${d.index}${d.uuid ? ` <span title="${esc(d.uuid)}">${esc(d.model || "")}</span>` : ""}: ${d.held_by ? esc(d.held_by) : "free"}`).join("<br>")}</div>`;
+  const now = (d) => [d.utilization === null ? "" : `${d.utilization}% busy`,
+    d.memory_used_mb === null ? "" : `${d.memory_used_mb} MiB used`,
+    d.temperature_c === null ? "" : `${d.temperature_c} °C`].filter(Boolean).join(", ");
+  return `<div class="muted">${devices.map((d) => `${d.index}${d.uuid ? ` <span title="${esc(d.uuid)}">${esc(d.model || "")}</span>` : ""}: ${d.held_by ? esc(d.held_by) : "free"}${d.unhealthy ? ` <span class="error">unhealthy: ${esc(d.unhealthy)}</span>` : ""}${now(d) ? ` (${now(d)})` : ""}`).join("<br>")}</div>`;
 }
 
 async function workersPage() {
