@@ -48,6 +48,13 @@ class Rates:
 
 
 @dataclass
+class XidEvent:
+    device: Any
+    eventType: int
+    eventData: int
+
+
+@dataclass
 class Proc:
     pid: int
     usedGpuMemory: int | None
@@ -99,6 +106,27 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Rates:
         return Rates(gpu=50 * handle)
+
+    # Xid events waiting: (device index, Xid).
+    xids: list[tuple[int, int]] = []
+    registered: list[int] = []
+
+    def nvmlEventSetCreate(self) -> Any:
+        self.registered = []
+        return "events"
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, events: Any) -> None:
+        assert (event_types, events) == (gpus.XID_EVENTS, "events")
+        self.registered.append(handle)
+
+    def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any:
+        if not self.xids:
+            raise FakeNvmlError("Timeout")
+        handle, xid = self.xids.pop(0)
+        return XidEvent(handle, gpus.XID_EVENTS, xid)
+
+    def nvmlEventSetFree(self, events: Any) -> None:
+        self.registered = []
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         if handle == 2:
@@ -359,3 +387,15 @@ def test_each_devices_figures_go_with_the_heartbeat_and_show_on_the_worker() -> 
     out = worker_out(state.workers["g"], 1.0, True, stats)
     assert [(d.index, d.utilization, d.memory_used_mb) for d in out.devices] == [
         (0, 0, 0), (1, None, None), (2, 100, 6144)]
+
+
+def test_card_xid_errors_make_a_device_unhealthy_but_a_programs_own_do_not() -> None:
+    nvml = h100s(3)
+    watch = gpus.XidWatch(nvml, gpus.discover(nvml).devices)
+    assert nvml.registered == [0, 1, 2]
+    assert watch.drain() == {}
+    nvml.xids = [(0, 13), (1, 79), (2, 31), (2, 48)]  # 13, 31: the program's fault
+    assert watch.drain() == {1: "Xid 79", 2: "Xid 48"}
+    assert nvml.xids == [] and watch.drain() == {}
+    watch.close()
+    assert nvml.registered == []

@@ -72,6 +72,12 @@ class Nvml(Protocol):
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # .gpu in percent
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, events: Any) -> None: ...
+    # An item with .device (a handle), .eventType and .eventData (the Xid); raises an
+    # NVMLError (Timeout) when no event comes within `timeout_ms`.
+    def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any: ...
+    def nvmlEventSetFree(self, events: Any) -> None: ...
     # Items with .pid and .usedGpuMemory (bytes, None where NVML cannot tell).
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
     # Items with .pid and .smUtil (percent) for samples newer than `since` (microseconds).
@@ -348,3 +354,47 @@ def _figures(nvml: Nvml, index: int, handle: Any) -> DeviceStats:
         utilization=read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
         memory_used_mb=read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used // 2**20),
         temperature_c=read(lambda: nvml.nvmlDeviceGetTemperature(handle, TEMPERATURE_GPU)))
+
+
+XID_EVENTS = 0x8  # pynvml's nvmlEventTypeXidCriticalError
+# Xids a user's program causes (an illegal address, an MMU fault, a killed context...), not
+# the card: NVIDIA's Kubernetes device plugin skips the same ones by default.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+class XidWatch:
+    """Xid errors NVML reports for the worker's discovered GPUs, collected without blocking.
+    NVML must be initialised."""
+
+    def __init__(self, nvml: Nvml, devices: Sequence[DeviceInfo]) -> None:
+        self.nvml = nvml
+        self.index = {d.uuid: d.index for d in devices if d.uuid}
+        self.events = nvml.nvmlEventSetCreate()
+        for uuid in self.index:
+            try:
+                nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByUUID(uuid),
+                                              XID_EVENTS, self.events)
+            except nvml.NVMLError as exc:
+                log.warning("no Xid events from %s: %s", uuid, exc)
+
+    def drain(self) -> dict[int, str]:
+        """The devices with a card Xid since the last drain, and which."""
+        bad: dict[int, str] = {}
+        while True:
+            try:
+                event = self.nvml.nvmlEventSetWait_v2(self.events, 0)
+            except self.nvml.NVMLError:
+                return bad  # none waiting (Timeout)
+            xid = int(event.eventData)
+            if xid in APPLICATION_XIDS:
+                continue
+            try:
+                uuid = _text(self.nvml.nvmlDeviceGetUUID(event.device))
+            except self.nvml.NVMLError:
+                continue
+            if uuid in self.index:
+                bad[self.index[uuid]] = f"Xid {xid}"
+
+    def close(self) -> None:
+        with contextlib.suppress(self.nvml.NVMLError):
+            self.nvml.nvmlEventSetFree(self.events)

@@ -172,6 +172,14 @@ class WorkerAgent:
             return
         reported: dict[int, str] = {}
         sampler = self.gpu_sampler = gpus.Sampler(nvml, self.devices)
+        try:
+            xids: gpus.XidWatch | None = await asyncio.to_thread(gpus.XidWatch, nvml,
+                                                                 self.devices)
+        except nvml.NVMLError as exc:
+            log.warning("not watching Xid errors: %s", exc)
+            xids = None
+        # Xid errors are events, not a state to read again: once seen, kept.
+        xid_errors: dict[int, str] = {}
         checked = -GPU_HEALTH_EVERY
         try:
             while True:
@@ -187,6 +195,9 @@ class WorkerAgent:
                     continue
                 checked = time.monotonic()
                 now = await asyncio.to_thread(gpus.unhealthy, nvml, self.devices)
+                if xids is not None:
+                    xid_errors.update(await asyncio.to_thread(xids.drain))
+                now = {**xid_errors, **now}
                 for index, why in gpus.new_problems(reported, now):
                     log.error("device %d is unhealthy: %s; no new attempts go to it", index,
                               why)
@@ -200,6 +211,8 @@ class WorkerAgent:
                 await asyncio.sleep(GPU_SAMPLE_EVERY)
         finally:
             self.gpu_sampler = None
+            if xids is not None:
+                xids.close()
             with contextlib.suppress(nvml.NVMLError):
                 await asyncio.to_thread(nvml.nvmlShutdown)
 
