@@ -3,6 +3,7 @@ table, `--gpu` against what was found, and what a task's environment says about 
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from berth.spec_files import load_spec
 from services.scheduler import frameworks
-from services.worker_agent import gpus
+from services.worker_agent import gpu_health, gpu_telemetry, gpus
 from services.worker_agent.service import parse_args
 from services.worker_agent.task_env import gpu_devices, task_environment
 from shared.messages import (
@@ -116,14 +117,14 @@ class FakeNvml:
         return "events"
 
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, events: Any) -> None:
-        assert (event_types, events) == (gpus.XID_EVENTS, "events")
+        assert (event_types, events) == (gpu_health.XID_EVENTS, "events")
         self.registered.append(handle)
 
     def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any:
         if not self.xids:
             raise FakeNvmlError("Timeout")
         handle, xid = self.xids.pop(0)
-        return XidEvent(handle, gpus.XID_EVENTS, xid)
+        return XidEvent(handle, gpu_health.XID_EVENTS, xid)
 
     def nvmlEventSetFree(self, events: Any) -> None:
         self.registered = []
@@ -158,7 +159,7 @@ class FakeNvml:
         return new
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
-        assert (error_type, counter) == (gpus.UNCORRECTED, gpus.VOLATILE)
+        assert (error_type, counter) == (gpu_health.UNCORRECTED, gpu_health.VOLATILE)
         errors = self.ecc.get(handle, 0)
         if errors is None:
             raise FakeNvmlError("Not Supported")
@@ -307,15 +308,15 @@ def test_the_gpu_check_script_loads_and_explains_itself() -> None:
 def test_a_lost_gpu_or_uncorrectable_ecc_errors_make_a_device_unhealthy() -> None:
     nvml = h100s(4)
     devices = (*gpus.discover(nvml).devices, DeviceInfo(index=9))  # unchecked: skipped
-    assert gpus.unhealthy(nvml, devices) == {}
+    assert gpu_health.unhealthy(nvml, devices) == {}
     nvml.lost = ("GPU-00000001",)
     nvml.ecc = {2: 3, 3: None}  # device 3 has no ECC to read: judged by nothing
-    bad = gpus.unhealthy(nvml, devices)
+    bad = gpu_health.unhealthy(nvml, devices)
     assert bad == {1: "NVML cannot reach GPU-00000001: GPU is lost",
                    2: "3 uncorrectable ECC errors"}
-    assert gpus.new_problems({}, bad) == sorted(bad.items())
-    assert gpus.new_problems(dict(bad), bad) == []  # reported once per reason
-    assert gpus.new_problems(bad, {}) == []  # never reported healthy by the worker
+    assert gpu_health.new_problems({}, bad) == sorted(bad.items())
+    assert gpu_health.new_problems(dict(bad), bad) == []  # reported once per reason
+    assert gpu_health.new_problems(bad, {}) == []  # never reported healthy by the worker
 
 
 def test_berth_status_and_workers_show_the_devices() -> None:
@@ -350,7 +351,7 @@ def test_an_attempts_gpu_memory_peak_and_utilisation_come_from_its_own_processes
     device 0, 202 (grandchild of 200, via 201) uses device 1, 999 is not berth's."""
     nvml = h100s(2)
     parents = {101: 100, 202: 201, 201: 200, 999: 1}
-    sampler = gpus.Sampler(nvml, gpus.discover(nvml).devices, parents.get)
+    sampler = gpu_telemetry.Sampler(nvml, gpus.discover(nvml).devices, parents.get)
     roots = {100: "a/0/0", 200: "b/0/0"}
     nvml.procs = {0: [(101, 10 * GIB), (999, 70 * GIB)], 1: [(202, 2 * GIB)]}
     nvml.util = {0: [(101, 5, 90), (999, 6, 100)], 1: [(202, 5, 40)]}
@@ -363,8 +364,8 @@ def test_an_attempts_gpu_memory_peak_and_utilisation_come_from_its_own_processes
     assert sampler.finish("b/0/0") == GpuTelemetry(peak_memory_mb=2048, mean_utilization=40.0,
                                                    peak_utilization=40, samples=1)
     assert sampler.finish("a/0/0") is None
-    assert gpus.owner(999, roots, parents.get) is None
-    assert gpus.parent_of(os.getpid()) == os.getppid()
+    assert gpu_telemetry.owner(999, roots, parents.get) is None
+    assert gpu_telemetry.parent_of(os.getpid()) == os.getppid()
 
 
 def test_each_devices_figures_go_with_the_heartbeat_and_show_on_the_worker() -> None:
@@ -375,7 +376,7 @@ def test_each_devices_figures_go_with_the_heartbeat_and_show_on_the_worker() -> 
     nvml = h100s(3)
     nvml.lost = ("GPU-00000001",)
     found = gpus.discover(nvml).devices
-    stats = gpus.device_stats(nvml, (*found, DeviceInfo(index=7)))
+    stats = gpu_telemetry.device_stats(nvml, (*found, DeviceInfo(index=7)))
     assert stats == [
         DeviceStats(index=0, utilization=0, memory_used_mb=0, temperature_c=40),
         DeviceStats(index=1),  # NVML cannot reach it: nothing known
@@ -391,7 +392,7 @@ def test_each_devices_figures_go_with_the_heartbeat_and_show_on_the_worker() -> 
 
 def test_card_xid_errors_make_a_device_unhealthy_but_a_programs_own_do_not() -> None:
     nvml = h100s(3)
-    watch = gpus.XidWatch(nvml, gpus.discover(nvml).devices)
+    watch = gpu_health.XidWatch(nvml, gpus.discover(nvml).devices)
     assert nvml.registered == [0, 1, 2]
     assert watch.drain() == {}
     nvml.xids = [(0, 13), (1, 79), (2, 31), (2, 48)]  # 13, 31: the program's fault
@@ -399,3 +400,27 @@ def test_card_xid_errors_make_a_device_unhealthy_but_a_programs_own_do_not() -> 
     assert nvml.xids == [] and watch.drain() == {}
     watch.close()
     assert nvml.registered == []
+
+
+async def test_the_watch_reports_an_unhealthy_device_once_and_keeps_the_figures() -> None:
+    from services.worker_agent.gpu_watch import GpuWatch
+
+    nvml = h100s(2)
+    watch = GpuWatch(nvml, gpus.discover(nvml).devices)
+    nvml.lost = ("GPU-00000001",)
+    reports: list[tuple[int, str]] = []
+
+    async def report(index: int, why: str) -> None:
+        reports.append((index, why))
+
+    task = asyncio.create_task(watch.run(lambda: {}, report))
+    for _ in range(500):
+        if reports:
+            break
+        await asyncio.sleep(0.01)
+    assert watch.sampler is not None
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert reports == [(1, "NVML cannot reach GPU-00000001: GPU is lost")]
+    assert [(s.index, s.temperature_c) for s in watch.stats] == [(0, 40), (1, None)]
+    assert watch.sampler is None and watch.finish("a/0/0") is None

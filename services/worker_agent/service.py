@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from services.worker_agent import gpus, simulation
+from services.worker_agent.gpu_watch import GpuWatch
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from services.worker_agent.task_env import gpu_devices, task_environment
 from shared import dir_lock, nats_io, service, subjects, telemetry
@@ -32,7 +33,6 @@ from shared.messages import (
     AttemptReported,
     DeviceHealthChanged,
     DeviceInfo,
-    DeviceStats,
     GpuDevice,
     Heartbeat,
     KillAttempt,
@@ -53,8 +53,6 @@ from shared.states import TaskState
 log = logging.getLogger("berth.worker")
 tracer = telemetry.tracer("berth.worker")
 MAX_REMEMBERED_ATTEMPTS = 10000
-GPU_HEALTH_EVERY = 5.0  # seconds between checks of the discovered GPUs' health
-GPU_SAMPLE_EVERY = 1.0  # seconds between samples of the attempts' GPU use
 FINAL_REPORTS = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED)
 
 
@@ -91,9 +89,9 @@ class WorkerAgent:
         self.resources = resources
         self.attributes = attributes
         self.devices = devices
-        self.nvml = nvml  # to watch the health of discovered devices; None: not watched
-        self.gpu_sampler: gpus.Sampler | None = None  # while the GPUs are watched
-        self.device_stats: list[DeviceStats] = []  # the latest, sent with each heartbeat
+        # Watches the discovered GPUs (use, health); None where there are none.
+        self.gpu_watch = (GpuWatch(nvml, devices)
+                          if nvml is not None and any(d.uuid for d in devices) else None)
         self.address = address or _default_address()
         self.max_epoch = 0
         self.running: dict[str, RunningAttempt] = {}
@@ -129,8 +127,8 @@ class WorkerAgent:
         leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
                       if follow_leader else None)
         await self._register()
-        watch = (asyncio.create_task(self._watch_gpus(self.nvml))
-                 if self.nvml is not None and any(d.uuid for d in self.devices) else None)
+        watch = (asyncio.create_task(self.gpu_watch.run(self._gpu_roots, self._report_device))
+                 if self.gpu_watch is not None else None)
         await service.wait_or_stop(stop, first_heartbeat_after)
         while not stop.is_set():
             await self._heartbeat()
@@ -161,60 +159,18 @@ class WorkerAgent:
                  self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb,
                  gpus.describe(self.devices))
 
-    async def _watch_gpus(self, nvml: gpus.Nvml) -> None:
-        """Samples what each running attempt uses of the GPUs (sent with its exit report),
-        and reports each device that turns unhealthy (gpus.unhealthy), once per reason: the
-        scheduler then places nothing new on it."""
-        try:
-            await asyncio.to_thread(nvml.nvmlInit)
-        except nvml.NVMLError as exc:
-            log.warning("not watching the GPUs: NVML unavailable (%s)", exc)
-            return
-        reported: dict[int, str] = {}
-        sampler = self.gpu_sampler = gpus.Sampler(nvml, self.devices)
-        try:
-            xids: gpus.XidWatch | None = await asyncio.to_thread(gpus.XidWatch, nvml,
-                                                                 self.devices)
-        except nvml.NVMLError as exc:
-            log.warning("not watching Xid errors: %s", exc)
-            xids = None
-        # Xid errors are events, not a state to read again: once seen, kept.
-        xid_errors: dict[int, str] = {}
-        checked = -GPU_HEALTH_EVERY
-        try:
-            while True:
-                roots = {a.process.pid: key for key, a in self.running.items()
-                         if a.process is not None and a.process.pid is not None
-                         and isinstance(a.command.resources.device, GpuDevice)}
-                if roots:
-                    await asyncio.to_thread(sampler.sample, roots)
-                self.device_stats = await asyncio.to_thread(gpus.device_stats, nvml,
-                                                            self.devices)
-                if time.monotonic() - checked < GPU_HEALTH_EVERY:
-                    await asyncio.sleep(GPU_SAMPLE_EVERY)
-                    continue
-                checked = time.monotonic()
-                now = await asyncio.to_thread(gpus.unhealthy, nvml, self.devices)
-                if xids is not None:
-                    xid_errors.update(await asyncio.to_thread(xids.drain))
-                now = {**xid_errors, **now}
-                for index, why in gpus.new_problems(reported, now):
-                    log.error("device %d is unhealthy: %s; no new attempts go to it", index,
-                              why)
-                    with contextlib.suppress(*nats_io.RETRIABLE):  # retried next round
-                        await nats_io.publish_event(
-                            self.js, subjects.worker_events(self.worker_id),
-                            DeviceHealthChanged(worker_id=self.worker_id, index=index,
-                                                healthy=False, reason=why, ts=time.time()),
-                            msg_id=f"device:{self.worker_id}:{index}:{time.time_ns()}")
-                        reported[index] = why
-                await asyncio.sleep(GPU_SAMPLE_EVERY)
-        finally:
-            self.gpu_sampler = None
-            if xids is not None:
-                xids.close()
-            with contextlib.suppress(nvml.NVMLError):
-                await asyncio.to_thread(nvml.nvmlShutdown)
+    def _gpu_roots(self) -> dict[int, str]:
+        """Supervisor pid -> attempt key of the running attempts that have GPUs."""
+        return {a.process.pid: key for key, a in self.running.items()
+                if a.process is not None and a.process.pid is not None
+                and isinstance(a.command.resources.device, GpuDevice)}
+
+    async def _report_device(self, index: int, why: str) -> None:
+        await nats_io.publish_event(
+            self.js, subjects.worker_events(self.worker_id),
+            DeviceHealthChanged(worker_id=self.worker_id, index=index, healthy=False,
+                                reason=why, ts=time.time()),
+            msg_id=f"device:{self.worker_id}:{index}:{time.time_ns()}")
 
     async def _stop_everything(self, reason: str) -> None:
         self.winding_down = True
@@ -267,7 +223,7 @@ class WorkerAgent:
     async def _heartbeat(self) -> None:
         hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
                        attempts=list(self.running), reported_seq=self.reported_seq,
-                       devices=self.device_stats)
+                       devices=self.gpu_watch.stats if self.gpu_watch is not None else [])
         if self.simulate is not None:  # nothing runs, so nothing to fence: no answer needed
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
@@ -378,8 +334,8 @@ class WorkerAgent:
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
         gpu = None
-        if self.gpu_sampler is not None and state in FINAL_REPORTS:
-            gpu = self.gpu_sampler.finish(key)
+        if self.gpu_watch is not None and state in FINAL_REPORTS:
+            gpu = self.gpu_watch.finish(key)
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
@@ -402,8 +358,8 @@ class WorkerAgent:
             await self._report(cmd, TaskState.FAILED, error=f"worker error: {exc}")
         finally:
             self.running.pop(key, None)
-            if self.gpu_sampler is not None:
-                self.gpu_sampler.forget(key)
+            if self.gpu_watch is not None:
+                self.gpu_watch.forget(key)
 
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command
