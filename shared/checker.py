@@ -5,7 +5,7 @@ log, at any moment. `check` is pure (folded state and a Redis read in, violation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
@@ -102,16 +102,10 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
             cosched = job.spec.coscheduling
             if cosched is not None and not cosched.shareable:
                 gangs.add(job_id)
-            for port in attempt.ports.values():
-                if port in ports:
-                    report.ports_given_twice.append(
-                        f"{w.address or w.worker_id}: port {port} to {ports[port]} and {key}")
-                ports[port] = key
-            for index in attempt.devices:
-                if index in devices:
-                    report.devices_given_twice.append(
-                        f"{w.worker_id}: device {index} to {devices[index]} and {key}")
-                devices[index] = key
+            _hold(ports, attempt.ports.values(), key, f"{w.address or w.worker_id}: port",
+                  report.ports_given_twice)
+            _hold(devices, attempt.devices, key, f"{w.worker_id}: device",
+                  report.devices_given_twice)
         if len(gangs) > 1:
             report.hosts_shared_by_gangs.append(f"{w.worker_id}: {', '.join(sorted(gangs))}")
     for name, jobs in sorted(holders.items()):
@@ -128,19 +122,10 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
     for h in hosts:
         device_holders: dict[int, str] = {}
         for key, a in sorted(h.allocations.items()):
-            for index in a.devices:
-                if index in device_holders:
-                    report.devices_given_twice.append(
-                        f"{h.worker_id}: device {index} to {device_holders[index]} and {key} "
-                        "(redis)")
-                device_holders[index] = key
-            taken = redis_ports.setdefault(a.address or h.worker_id, {})
-            for port in a.ports:
-                if port in taken:
-                    report.ports_given_twice.append(
-                        f"{a.address or h.worker_id}: port {port} to {taken[port]} and {key} "
-                        "(redis)")
-                taken[port] = key
+            _hold(device_holders, a.devices, key, f"{h.worker_id}: device",
+                  report.devices_given_twice, " (redis)")
+            _hold(redis_ports.setdefault(a.address or h.worker_id, {}), a.ports, key,
+                  f"{a.address or h.worker_id}: port", report.ports_given_twice, " (redis)")
     # 3. Redis and the log agree on who holds what.
     for h in hosts:
         live = state.workers[h.worker_id].live_attempts if h.worker_id in state.workers else {}
@@ -151,6 +136,16 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
         report.attempts_without_reservation += [
             f"{w.worker_id}: {key}" for key in sorted(w.live_attempts) if key not in held]
     return report
+
+
+def _hold(holders: dict[int, str], items: Iterable[int], key: str, what: str,
+          twice: list[str], suffix: str = "") -> None:
+    """Records attempt `key` holding each of `items` (ports, devices); one already held by
+    another is a violation line: "<what> <item> to <holder> and <key>"."""
+    for item in items:
+        if item in holders:
+            twice.append(f"{what} {item} to {holders[item]} and {key}{suffix}")
+        holders[item] = key
 
 
 async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: float = 1.0
