@@ -16,6 +16,7 @@ import msgspec
 
 from shared import task_rules
 from shared.capacity import Amounts
+from shared.event_origin import epoch_refusal
 from shared.messages import (
     AnyEvent,
     AttemptReported,
@@ -237,8 +238,13 @@ class ClusterState:
                     worker.alive = False
                     why = "worker stopped" if isinstance(event, WorkerStopped) else "worker dead"
                     self._fail_worker_attempts(worker, event.ts, why, effects)
+            case LeaderElected() if epoch_refusal(event.epoch, self.epoch) is not None:
+                # Only in order and in bounds: an epoch no leader could have taken would
+                # void every later assignment (shared/event_origin.py).
+                self.refused_events += 1
+                self.last_refused_seq = seq
             case LeaderElected():
-                self.epoch = max(self.epoch, event.epoch)
+                self.epoch = event.epoch
             case TaskAssigned():
                 if event.epoch >= self.epoch:  # a deposed leader's late assignment is void
                     self._task_assigned(event, effects)

@@ -439,6 +439,16 @@ class DeviceStats(msgspec.Struct, frozen=True, kw_only=True):
     temperature_c: int | None = None
 
 
+class HeartbeatAck(msgspec.Struct, kw_only=True):
+    """The leader's answer to a heartbeat, on the worker's own reply subject: the leader
+    heard it (the worker's fence moves) and leads at `epoch`. Only a responder that got the
+    request can answer it, and only the leader answers, while its lease is surely its own:
+    so this is the epoch a worker may trust (docs/reliability.md)."""
+
+    v: int = SCHEMA_VERSION
+    epoch: int
+
+
 class Heartbeat(msgspec.Struct, kw_only=True):
     """Sent by each worker every heartbeat interval; lists the attempts it is running so the
     scheduler can reconcile (re-send lost assignments and kills)."""
@@ -454,6 +464,16 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     reported_seq: int = 0
     # Its discovered GPUs' figures (bounded: one small entry per device offered).
     devices: list[DeviceStats] = []
+    # `attempts` lists every attempt whose key k has covers_from <= k < covers_to ("" for
+    # covers_to: no upper end); the defaults, every attempt. A worker with more attempts
+    # than fit in one message lists them in windows over successive heartbeats
+    # (shared/bounded.py window), so a heartbeat's size is bounded whatever it runs.
+    covers_from: str = ""
+    covers_to: str = ""
+
+    def covers(self, key: str) -> bool:
+        """Whether `attempts` would list attempt `key` if it were running."""
+        return self.covers_from <= key and (not self.covers_to or key < self.covers_to)
 
 
 # --- codecs --------------------------------------------------------------------------------
@@ -463,6 +483,7 @@ event_decoder = msgspec.json.Decoder(AnyEvent)
 command_decoder = msgspec.json.Decoder(AnyCommand)
 heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 leader_decoder = msgspec.json.Decoder(LeaderAnnouncement)
+heartbeat_ack_decoder = msgspec.json.Decoder(HeartbeatAck)
 
 _T = TypeVar("_T")
 

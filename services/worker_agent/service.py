@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,11 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from services.worker_agent import gpus, simulation
+from services.worker_agent.epochs import EpochView
 from services.worker_agent.gpu_watch import GpuWatch
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from services.worker_agent.task_env import gpu_devices, task_environment
-from shared import dir_lock, nats_io, service, subjects, telemetry
+from shared import bounded, dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
@@ -35,6 +36,7 @@ from shared.messages import (
     DeviceInfo,
     GpuDevice,
     Heartbeat,
+    HeartbeatAck,
     KillAttempt,
     LeaderAnnouncement,
     ResetWorker,
@@ -46,6 +48,7 @@ from shared.messages import (
     command_decoder,
     decode,
     encode,
+    heartbeat_ack_decoder,
     leader_decoder,
 )
 from shared.states import TaskState
@@ -93,7 +96,10 @@ class WorkerAgent:
         self.gpu_watch = (GpuWatch(nvml, devices)
                           if nvml is not None and any(d.uuid for d in devices) else None)
         self.address = address or _default_address()
-        self.max_epoch = 0
+        self.epochs = EpochView()
+        # A heartbeat sent out of turn to check a claimed epoch; its claimants await it.
+        self.epoch_check: asyncio.Task[None] | None = None
+        self.hb_cursor = ""  # where the next heartbeat's window of attempts starts
         self.running: dict[str, RunningAttempt] = {}
         # Attempts this incarnation has started, so a re-sent assignment never runs twice.
         self.seen: dict[str, None] = {}
@@ -221,25 +227,51 @@ class WorkerAgent:
             pid_file.unlink(missing_ok=True)
 
     async def _heartbeat(self) -> None:
-        hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
-                       attempts=list(self.running), reported_seq=self.reported_seq,
-                       devices=self.gpu_watch.stats if self.gpu_watch is not None else [])
+        hb = self._heartbeat_message()
         if self.simulate is not None:  # nothing runs, so nothing to fence: no answer needed
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
             return
         self._spawn(self._acknowledged_heartbeat(encode(hb)))
 
-    async def _acknowledged_heartbeat(self, data: bytes) -> None:
+    async def _acknowledged_heartbeat(self, data: bytes, timeout: float | None = None) -> None:
         """A heartbeat the leader answers once it has heard it; the answer renews the fence
-        from when the heartbeat was sent (no later than the leader heard it)."""
+        from when the heartbeat was sent (no later than the leader heard it), and tells
+        which epoch leads."""
         sent = time.monotonic()
         try:
-            await self.nc.request(subjects.heartbeat(self.worker_id), data,
-                                  timeout=self.settings.fence_after)
+            reply = await self.nc.request(subjects.heartbeat(self.worker_id), data,
+                                          timeout=timeout or self.settings.fence_after)
         except Exception:  # no leader, a partition, NATS away: the deadline stands
             return
         self._extend_fence(sent + self.settings.fence_after)
+        try:
+            ack: HeartbeatAck = decode(heartbeat_ack_decoder, reply.data)
+        except msgspec.DecodeError:
+            return  # an answer without an epoch (an older scheduler): the fence only
+        self.epochs.answered(ack.epoch, sent)
+
+    async def _check_epoch(self) -> None:
+        """A heartbeat out of turn: its answer tells which epoch really leads. One at a
+        time, however many unchecked claims arrive, and briefly: a leader answers at once
+        (a declared-dead incarnation is never answered, so a long wait would only hold up
+        its commands)."""
+        if self.simulate is not None:
+            return
+        if self.epoch_check is None or self.epoch_check.done():
+            timeout = min(self.settings.fence_after, max(1.0, self.settings.heartbeat_interval))
+            self.epoch_check = asyncio.create_task(self._acknowledged_heartbeat(
+                encode(self._heartbeat_message()), timeout))
+        await asyncio.shield(self.epoch_check)
+
+    def _heartbeat_message(self) -> Heartbeat:
+        hb = heartbeat_of(self.worker_id, self.incarnation, self.running, self.hb_cursor)
+        hb.reported_seq = self.reported_seq
+        self.hb_cursor = hb.covers_to
+        if self.gpu_watch is not None:
+            # At most 1,024 small entries: within the room MAX_MESSAGE_BYTES leaves.
+            hb.devices = self.gpu_watch.stats
+        return hb
 
     def _extend_fence(self, deadline: float) -> None:
         if deadline <= self.fence_deadline:
@@ -256,12 +288,25 @@ class WorkerAgent:
             self.on_leader(decode(leader_decoder, msg.data))
 
     def on_leader(self, ann: LeaderAnnouncement) -> None:
-        if ann.epoch > self.max_epoch:
+        if self.simulate is None and self.epochs.unchecked(ann.epoch):
+            self._spawn(self._check_epoch())
+        if self._claimed(ann.epoch):
             # A new leader starts every worker's heartbeat clock after this announcement:
             # no verdict on this worker can come sooner than that, whatever the old one
             # last heard.
             self._extend_fence(time.monotonic() + self.settings.fence_after)
-        self.max_epoch = max(self.max_epoch, ann.epoch)
+
+    def _claimed(self, epoch: int) -> bool:
+        """A message claims a leader of `epoch`: True if the epoch obeyed rose to it
+        (services/worker_agent/epochs.py)."""
+        now = time.monotonic()
+        if self.simulate is not None:
+            # Simulated hosts (a benchmark tool, run as admin) ask for no answers to their
+            # heartbeats, so they believe what they hear.
+            raised = epoch > self.epochs.current
+            self.epochs.answered(max(epoch, self.epochs.current), now)
+            return raised
+        return self.epochs.claimed(epoch, now)
 
     async def _on_command(self, msg: Msg) -> None:
         try:
@@ -274,12 +319,17 @@ class WorkerAgent:
             log.warning("refusing command for incarnation %s (this is %s)",
                         command.incarnation, self.incarnation)
             return
-        if command.epoch < self.max_epoch:
+        if self.simulate is None and self.epochs.unchecked(command.epoch):
+            # A leader this worker has not confirmed yet (it joined after the announcement,
+            # or missed it, and the epoch skipped a number) or a forgery: the leader's
+            # answer to a heartbeat says which, before the command is judged.
+            await self._check_epoch()
+        self._claimed(command.epoch)
+        if not self.epochs.obeys(command.epoch):
             self.refused_commands += 1
-            log.warning("refusing command of stale epoch %d (current %d)",
-                        command.epoch, self.max_epoch)
+            log.warning("refusing command of epoch %d (obeying %d, confirmed %d)",
+                        command.epoch, self.epochs.current, self.epochs.confirmed)
             return
-        self.max_epoch = command.epoch
         if isinstance(command, ResetWorker):
             self._spawn(self._reset(f"reset by the scheduler ({command.reason})"))
             return
@@ -424,6 +474,23 @@ class WorkerAgent:
         attempt.kill_reason = f"timed out: ran longer than the task timeout of {timeout:g}s"
         log.info("%s", attempt.kill_reason)
         self._spawn(self._stop_attempt(attempt))
+
+
+def heartbeat_of(worker_id: str, incarnation: str, running: Collection[str], start: str,
+                 max_bytes: int = bounded.MAX_MESSAGE_BYTES) -> Heartbeat:
+    """A heartbeat listing the attempts `running`: all of them when they fit in
+    `max_bytes`, else the window of them from `start` on (Heartbeat.covers_from/to), so a
+    worker with 100,000 attempts still sends messages NATS accepts."""
+    def size(key: str) -> int:
+        return len(key.encode()) + 3  # quotes and a comma
+
+    hb = Heartbeat(worker_id=worker_id, incarnation=incarnation, ts=time.time())
+    if not start and sum(size(k) for k in running) <= max_bytes:
+        hb.attempts = list(running)
+        return hb
+    hb.attempts, hb.covers_to = bounded.window(sorted(running), start, size, max_bytes)
+    hb.covers_from = start
+    return hb
 
 
 def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = True
