@@ -48,7 +48,7 @@ from typing import Any
 
 import msgspec
 
-from berth.client import api_get, submit_job
+from berth.client import ApiError, api_get, submit_job
 from berth.spec_files import load_spec
 from berth.stack import Stack, start_stack
 from shared import nats_io, redis_auth, redis_io
@@ -58,6 +58,7 @@ from shared.reservations import ReservationStore
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 120.0
+ENDED = {"succeeded", "failed", "killed", "unschedulable"}
 
 # What a task sees, written as JSON to argv[1]; with torch (argv[2] == "torch") also what
 # CUDA reports. Holds until the file argv[3] exists, when given.
@@ -161,11 +162,21 @@ class Check:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"no {what} after {timeout:g} s")
 
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job as the API shows it; None while the dashboard has not folded it yet."""
+        try:
+            job: dict[str, Any] = self.api(f"/api/jobs/{job_id}")
+        except ApiError as exc:
+            if "404" in str(exc):
+                return None
+            raise
+        return job
+
     async def ended(self, job_id: str) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
-            job: dict[str, Any] = self.api(f"/api/jobs/{job_id}")
-            return job if job["state"] in {"succeeded", "failed", "killed",
-                                           "unschedulable"} else None
+            job = self.job(job_id)
+            return job if job is not None and job["state"] in ENDED else None
+
         job: dict[str, Any] = await self.until(f"end of {job_id}", done)
         if job["state"] != "succeeded":
             raise RuntimeError(f"job {job_id} {job['state']}: {job.get('error')}; "
@@ -248,8 +259,8 @@ class Check:
                          lambda: all(self.seen(f"d-hold-{i}") for i in range(count)))
         second = await self.submit(JobSpec(name="d-second", command=self.probe("d-second"),
                                            resources=self.one_gpu()))
-        reason = await self.until("a pending reason", lambda: self.api(
-            f"/api/jobs/{second}")["tasks"][0]["pending_reason"], 30)
+        reason = await self.until("a pending reason", lambda: (
+            self.job(second) or {"tasks": [{}]})["tasks"][0].get("pending_reason"), 30)
         await asyncio.sleep(1.0)  # it must still be waiting
         if self.seen("d-second") is not None:
             return "FAIL", "the second job ran while every GPU was held"
