@@ -363,9 +363,12 @@ def api_token(data_dir: Path) -> str:
 
 
 def wait_for_api(stack: Stack, timeout: float = 30) -> None:
+    """Until the dashboard answers /healthz with 200: it has caught up with the log."""
+    import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout
+    folded: object = None
     while time.monotonic() < deadline:
         for label, proc in stack.children.items():
             if proc.poll() is not None:
@@ -376,6 +379,17 @@ def wait_for_api(stack: Stack, timeout: float = 30) -> None:
         try:
             with urllib.request.urlopen(stack.api_url + "/healthz", timeout=1):
                 return
+        except urllib.error.HTTPError as exc:
+            # 503: it answers, still folding the log. Callers get a caught-up dashboard,
+            # and a long log is waited for as long as the fold makes progress.
+            if exc.code == 503:
+                try:
+                    seq = json.loads(exc.read()).get("events_seq")
+                except (ValueError, AttributeError):
+                    seq = None
+                if seq != folded:
+                    folded, deadline = seq, time.monotonic() + timeout
+            time.sleep(0.1)
         except OSError:
             time.sleep(0.1)
     raise servers.ServerError(f"the dashboard API did not answer on {stack.api_url}")
