@@ -191,8 +191,12 @@ class Stack:
                 if server.proc.poll() is not None:
                     said.append(self._exited(label, sup, server.proc, now))
             elif now >= sup.restart_at:
-                # Raises ServerError when it cannot start: `berth up` then stops.
-                self._restart_server(server)
+                # A server that cannot start again ends the stack: `berth up` stops.
+                try:
+                    self._restart_server(server)
+                except OSError as exc:
+                    raise servers.ServerError(
+                        f"{label} could not be started again: {exc}") from exc
                 sup.history, sup.restart_at = restarted(sup.history, now), None
                 said.append(f"restarted {label} (pid {server.proc.pid}, restart "
                             f"{sup.history.restarts})")

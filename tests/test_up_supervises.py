@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -137,3 +138,29 @@ async def test_healthz_is_503_until_the_dashboard_has_caught_up(nc: NATS, tmp_pa
         ready = await client.get("/healthz")
         assert ready.status_code == 200
         assert ready.json()["status"] == "ok" and ready.json()["caught_up"] is True
+
+
+async def test_a_server_that_cannot_start_again_stops_the_stack(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    up = await asyncio.create_subprocess_exec(
+        *BERTH, "--data-dir", str(data_dir), "up", "--workers", "0",
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        await wait_until(lambda: "redis-server" in _children(data_dir), 60, "berth up")
+        kids = _children(data_dir)
+        # valkey's store turned into a file (before the kill, so no restart can win the
+        # race): its config cannot be written, it cannot start.
+        store = data_dir / "redis"
+        shutil.rmtree(store)
+        store.write_text("in the way\n")
+        os.kill(kids["redis-server"]["pid"], signal.SIGKILL)
+        _, err = await asyncio.wait_for(up.communicate(), 60)
+        assert up.returncode == 1
+        said = err.decode()
+        assert "redis-server could not be started again:" in said and "; stopping" in said
+        assert "Traceback" not in said
+        assert [label for label, c in kids.items() if _alive(c["pid"])] == []
+    finally:
+        if up.returncode is None:
+            up.kill()
+            await up.wait()
