@@ -147,7 +147,7 @@ class Stack:
         for label, proc in list(self.children.items()):
             sup = self.supervised.get(label)
             if sup is None or sup.launch is None:
-                continue  # started by hand (tests): not ours to restart
+                continue  # not started by start_service: nothing to start it again with
             if sup.restart_at is None:
                 if proc.poll() is not None:
                     said.append(self._exited(label, sup, proc, now))
@@ -180,12 +180,7 @@ class Stack:
         down, the services retry their connections. A ReplicatedRedis is left to its
         Sentinels."""
         said: list[str] = []
-        watched: list[tuple[str, servers.ServerProcess]] = [
-            (f"{node.name}-{i}" if len(self.nats.nodes) > 1 else node.name, node)
-            for i, node in enumerate(self.nats.nodes)]
-        if isinstance(self.redis, servers.RedisServer):
-            watched.append((self.redis.name, self.redis))
-        for label, server in watched:
+        for label, server in self._servers():
             sup = self.supervised.setdefault(label, Supervised(ChildHistory(now)))
             if sup.restart_at is None:
                 if server.proc.poll() is not None:
@@ -212,13 +207,21 @@ class Stack:
         else:
             server.proc = servers.start_nats(self.data_dir, server.port).proc
 
-    def restarts(self) -> dict[str, dict[str, int | None]]:
+    def _servers(self) -> list[tuple[str, servers.ServerProcess]]:
+        """The servers `berth up` watches, by label; not a ReplicatedRedis (its Sentinels
+        fail over)."""
+        many = len(self.nats.nodes) > 1
+        watched = [(f"{node.name}-{i}" if many else node.name, node)
+                   for i, node in enumerate(self.nats.nodes)]
+        if isinstance(self.redis, servers.RedisServer):
+            watched.append((self.redis.name, self.redis))
+        return watched
+
+    def process_table(self) -> dict[str, dict[str, int | None]]:
         """Per child and server: its pid, how often it was restarted, its last exit code."""
         pids = {label: proc.pid for label, proc in self.children.items()}
-        pids |= {f"{n.name}-{i}" if len(self.nats.nodes) > 1 else n.name: n.proc.pid
-                 for i, n in enumerate(self.nats.nodes)}
-        if isinstance(self.redis, servers.RedisServer):
-            pids[self.redis.name] = self.redis.proc.pid
+        if self.owns_servers:
+            pids |= {label: server.proc.pid for label, server in self._servers()}
         shown: dict[str, dict[str, int | None]] = {}
         for label, pid in pids.items():
             sup = self.supervised.get(label)
@@ -247,7 +250,7 @@ class Stack:
         # No passwords here: `berth doctor` takes its own from <data dir>/auth/redis.json.
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
                 "pid": os.getpid(), "nats_pid": pids[0], "nats_pids": pids,
-                "auth_dir": str(self.auth.path), "children": self.restarts()}
+                "auth_dir": str(self.auth.path), "children": self.process_table()}
         if isinstance(self.redis, servers.ReplicatedRedis):
             info |= {"redis_sentinels": self.redis.sentinel_addresses,
                      "redis_master": self.redis.master}
