@@ -687,6 +687,9 @@ class Leader:
             "BERTH_TASK_INDEX": str(task.index),
             "BERTH_ATTEMPT_ID": str(attempt_id),
             "BERTH_NUM_TASKS": str(spec.replicas),
+            # Earlier attempts that ended and were retried: failures, preemptions, resumes.
+            "BERTH_RETRY_COUNT": str(task.failure_count + task.preemption_count
+                                     + task.resume_count),
             "BERTH_HOST_ADDRESS": worker.address,
             **{f"BERTH_PORT_{name.upper().replace('-', '_')}": str(port)
                for name, port in attempt.ports.items()},
@@ -698,7 +701,8 @@ class Leader:
         await self._send(worker.worker_id, RunAttempt(
             epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
             task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,
-            resources=spec.resources, timeout=spec.timeout,
+            resources=spec.resources, timeout=spec.timeout, bundle=spec.bundle,
+            setup=list(spec.setup), build_timeout=spec.build_timeout,
         ))
 
     async def _send_kill(self, kill: Kill) -> None:

@@ -22,11 +22,13 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import simulation
+from services.worker_agent import build, simulation, task_dirs
+from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
 from services.worker_agent.epochs import EpochView
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
+from services.worker_agent.task_dirs import TaskDirs
 from services.worker_agent.task_env import task_environment
-from shared import bounded, dir_lock, nats_io, service, subjects, telemetry
+from shared import bounded, bundles, dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
@@ -59,6 +61,7 @@ class RunningAttempt:
     command: RunAttempt
     process: Runnable | None = None
     kill_reason: str = ""
+    timed_out: bool = False
     task: asyncio.Task[None] | None = None
     killed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -103,6 +106,9 @@ class WorkerAgent:
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
+        self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js)
+        # At most this many attempts in BUILDING at once; the others wait ASSIGNED.
+        self.builds = asyncio.Semaphore(settings.max_builds)
         # Until when (CLOCK_MONOTONIC) this incarnation's tasks may run: moved later each
         # time the leader acknowledges a heartbeat, or a new leader is announced. Every
         # task's supervisor kills the task at this deadline unless it is renewed, so a
@@ -117,6 +123,8 @@ class WorkerAgent:
         subscription that calls `on_leader` for all of them."""
         if self.simulate is None:
             self._kill_orphans()
+            self.bundles.remove_partial()
+            self._spawn(self._collect_task_dirs(stop))
         cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
                                           cb=self._on_command)
         leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
@@ -196,6 +204,17 @@ class WorkerAgent:
                 log.warning("killing orphaned process group %d (%s)", pgid, pid_file.name)
                 signal_group(pgid, signal.SIGKILL)
             pid_file.unlink(missing_ok=True)
+
+    async def _collect_task_dirs(self, stop: asyncio.Event) -> None:
+        """Removes old task directories (and the oldest above the size cap) now and hourly."""
+        while not stop.is_set():
+            in_use = {cmd.command.job_id for cmd in self.running.values()}
+            removed = await asyncio.to_thread(
+                task_dirs.remove_stale, self.home, self.settings.task_dir_max_age,
+                self.settings.task_dir_max_bytes, in_use)
+            if removed:
+                log.info("removed the task directories of %d old jobs", len(removed))
+            await service.wait_or_stop(stop, 3600.0)
 
     async def _heartbeat(self) -> None:
         hb = self._heartbeat_message()
@@ -347,14 +366,15 @@ class WorkerAgent:
     # --- running one attempt ----------------------------------------------------------
 
     async def _report(self, cmd: RunAttempt | KillAttempt, state: TaskState,
-                      exit_code: int | None = None, error: str = "") -> None:
+                      exit_code: int | None = None, error: str = "",
+                      timed_out: bool = False) -> None:
         if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
-            ts=time.time(),
+            timed_out=timed_out, ts=time.time(),
         )
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
@@ -376,11 +396,122 @@ class WorkerAgent:
 
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command
-        await self._report(cmd, TaskState.BUILDING)
+        if self.simulate is not None:
+            await self._report(cmd, TaskState.BUILDING)
+            if attempt.killed.is_set():
+                await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
+                return
+            await self._run_process(key, attempt, self.simulate())
+            return
+        dirs = TaskDirs.of(self.home, cmd.job_id, cmd.task_index, cmd.attempt_id)
+        try:
+            dirs.create()
+            env = task_environment(os.environ, cmd.env, self.worker_id)
+            env.update(dirs.env())
+            if not await self._build_phase(key, attempt, dirs, env):
+                return
+            if cmd.timeout is not None:
+                # When the task's timeout will stop it (Unix time), so it can save first.
+                env["BERTH_DEADLINE"] = f"{time.time() + cmd.timeout:.3f}"
+            await self._run_process(key, attempt, self._process(cmd, dirs, env))
+        finally:
+            await asyncio.to_thread(dirs.remove_scratch)
+
+    async def _build_phase(self, key: str, attempt: RunningAttempt, dirs: TaskDirs,
+                           env: dict[str, str]) -> bool:
+        """BUILDING: the bundle unpacked into the task directory, then the setup lines. Says
+        whether the command is to run; if not, the attempt's end is reported here."""
+        cmd = attempt.command
+        error = ""
+        if cmd.bundle or cmd.setup:
+            if self.builds.locked():
+                # Said in the task's log too, where its user looks while it stays ASSIGNED.
+                note = (f"waiting for a build slot: {self.settings.max_builds} builds at once "
+                        "on this worker (BERTH_MAX_BUILDS)")
+                log.info("%s stays assigned, %s", key, note)
+                with contextlib.suppress(Exception):
+                    await self.js.publish(self._log_subject(cmd), f"{note}\n".encode(),
+                                          headers={"Berth-Stream": "build"})
+            async with self.builds:
+                if not attempt.killed.is_set():
+                    await self._report(cmd, TaskState.BUILDING)
+                    error = await self._build(key, attempt, dirs, env)
+        else:
+            await self._report(cmd, TaskState.BUILDING)
+        if attempt.process is not None and (why := attempt.process.fenced):
+            log.warning("attempt %s was fenced off while building (%s)", key, why)
+            self._spawn(self._reset(f"fenced: {why}"))
+            return False
+        attempt.process = None
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
-            return
-        process = self.simulate() if self.simulate is not None else self._process(cmd)
+            return False
+        if error:
+            log.info("attempt %s: %s", key, error.partition("\n")[0])
+            await self._report(cmd, TaskState.FAILED, error=error)
+            return False
+        return True
+
+    async def _build(self, key: str, attempt: RunningAttempt, dirs: TaskDirs,
+                     env: dict[str, str]) -> str:
+        """Runs the build; its FAILED reason, or "" (also when it was killed or fenced)."""
+        cmd = attempt.command
+        if cmd.bundle and dirs.unpacked() != cmd.bundle:
+            try:
+                archive = await self.bundles.get(cmd.bundle)
+                await asyncio.to_thread(bundles.unpack, archive, dirs.task)
+            except BundleUnavailable as exc:
+                return str(exc)
+            except Exception as exc:  # tarfile's filter errors and OSError alike
+                return f"bundle {cmd.bundle}: cannot unpack it: {exc}"
+            dirs.mark_unpacked(cmd.bundle)
+        tail = build.OutputTail()
+        log_subject = self._log_subject(cmd)
+
+        async def sink(stream: str, chunk: bytes) -> None:
+            tail.add(chunk)
+            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": "build"})
+
+        loop = asyncio.get_running_loop()
+        ends = None if cmd.build_timeout is None else loop.time() + cmd.build_timeout
+        for line in build.setup_lines(cmd.setup, dirs.task, env.get("PATH")):
+            if attempt.killed.is_set():
+                return ""
+            process = AttemptProcess(["sh", "-c", line], env, str(dirs.task), sink,
+                                     self.fence_deadline, dirs.scratch / ".berth-fenced")
+            try:
+                await process.start()
+            except OSError as exc:
+                return f"build failed: cannot start sh: {exc.strerror or exc}"
+            attempt.process = process
+            if attempt.killed.is_set():
+                self._spawn(process.stop(self.settings.kill_grace))
+            late: list[bool] = []
+            timer = None
+            if ends is not None:
+                timer = loop.call_later(max(0.0, ends - loop.time()), self._build_too_long,
+                                        process, late)
+            try:
+                code = await process.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if process.fenced or attempt.killed.is_set():
+                return ""
+            if late:
+                return build.failure(line, f"ran past the build_timeout of "
+                                     f"{cmd.build_timeout:g}s", tail)
+            if code:
+                how = f"exited {code}" if code > 0 else describe_exit(code)
+                return build.failure(line, how, tail)
+        return ""
+
+    def _build_too_long(self, process: AttemptProcess, late: list[bool]) -> None:
+        late.append(True)
+        self._spawn(process.stop(self.settings.kill_grace))
+
+    async def _run_process(self, key: str, attempt: RunningAttempt, process: Runnable) -> None:
+        cmd = attempt.command
         try:
             await process.start()
         except OSError as exc:
@@ -412,28 +543,30 @@ class WorkerAgent:
             self._spawn(self._reset(f"fenced: {why}"))
             return
         if attempt.killed.is_set():
-            await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason)
+            await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason,
+                               timed_out=attempt.timed_out)
         elif code == 0:
             await self._report(cmd, TaskState.SUCCEEDED, exit_code=0)
         else:
             await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
 
-    def _process(self, cmd: RunAttempt) -> AttemptProcess:
-        workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
-        workdir.mkdir(parents=True, exist_ok=True)
-        env = task_environment(os.environ, cmd.env, self.worker_id)
-        log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
-                                            cmd.attempt_id)
+    def _log_subject(self, cmd: RunAttempt) -> str:
+        return subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index, cmd.attempt_id)
+
+    def _process(self, cmd: RunAttempt, dirs: TaskDirs, env: dict[str, str]) -> AttemptProcess:
+        log_subject = self._log_subject(cmd)
 
         async def sink(stream: str, chunk: bytes) -> None:
             await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
 
-        return AttemptProcess(cmd.command, env, str(workdir), sink, self.fence_deadline)
+        return AttemptProcess(cmd.command, env, str(dirs.task), sink, self.fence_deadline,
+                              dirs.scratch / ".berth-fenced")
 
     def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
         if attempt.killed.is_set():
             return
         attempt.kill_reason = f"timed out: ran longer than the task timeout of {timeout:g}s"
+        attempt.timed_out = True
         log.info("%s", attempt.kill_reason)
         self._spawn(self._stop_attempt(attempt))
 
