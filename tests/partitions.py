@@ -61,7 +61,7 @@ class Result:
     acked: int = 0
     lost: int = 0
     not_terminal: int = 0
-    double_booked: int = 0         # hosts and (address, port) pairs, by the checker
+    double_booked: int = 0         # hosts, (address, port) pairs and devices, by the checker
     two_copies: int = 0            # tasks seen with two attempts alive at once
     two_copies_s: float = 0.0      # the longest such overlap, seconds
     stale_obeyed: int = 0          # commands of a deposed epoch not refused by the worker
@@ -293,7 +293,8 @@ class Run:
             finally:
                 await store.client.aclose()
         self.max_double_booked = max(self.max_double_booked,
-                                     report.double_booked_hosts + report.double_booked_ports)
+                                     report.double_booked_hosts + report.double_booked_ports
+                                     + report.double_booked_devices)
         self.report = report
 
     async def finish(self, timeout: float = 45) -> Result:
