@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.faults import harness  # noqa: E402
+from tests.faults import harness
 
 QUICK = ["valkey-restart-empty", "leader-sigkill", "fuzz"]
 QUICK_FUZZ = 3000
@@ -47,6 +47,8 @@ def main() -> int:
                         help=f"only {', '.join(QUICK)}, with a fuzz of {QUICK_FUZZ} payloads")
     parser.add_argument("--fuzz", type=int, default=None,
                         help="payloads the fuzz sends (default 100,000)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="run in this directory and keep it (the services' logs)")
     parser.add_argument("names", nargs="*", help="scenarios (default: all): "
                         + ", ".join(harness.ALL))
     args = parser.parse_args()
@@ -56,9 +58,10 @@ def main() -> int:
     fuzz = args.fuzz or (QUICK_FUZZ if args.quick else 100_000)
     results = []
     with tempfile.TemporaryDirectory(prefix="berth-faults-") as tmp:
+        where = args.keep or Path(tmp)
         for name in names:
             started = time.monotonic()
-            result = asyncio.run(harness.run_scenario(name, Path(tmp) / name, fuzz))
+            result = asyncio.run(harness.run_scenario(name, where / name, fuzz))
             result.notes["wall_s"] = round(time.monotonic() - started)
             results.append(result)
             print(f"{name}: {result.violations() or 'all 0'} {result.notes}",

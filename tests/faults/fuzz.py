@@ -128,13 +128,17 @@ def _replace_one(rng: random.Random, pattern: re.Pattern[bytes], data: bytes, ne
     return data[:m.start()] + new + data[m.end():]
 
 
-def garbage(rng: random.Random, valid: bytes, big_every: int) -> bytes:
+def garbage(rng: random.Random, valid: bytes, big_every: int, readable: bool = True) -> bytes:
     """One generated payload from a valid message of the subject's kind; one in `big_every`
-    is a big one (20,000 levels, or a 200 KiB string)."""
+    is a big one (20,000 levels, or a 200 KiB string). `readable=False`: only payloads that
+    cannot decode (no mutation that may leave the message well-formed)."""
     if rng.randrange(big_every) == 0:
         return rng.choice([deep(20_000), deep_objects(20_000),
                            _replace_one(rng, STRING, valid, b'"' + b"a" * BIG_STRING + b'"')])
-    match rng.randrange(8):
+    choice = rng.randrange(8)
+    if not readable and choice in (2, 3, 4, 7):
+        choice = rng.choice([0, 1, 5, 6])
+    match choice:
         case 0:
             return rng.randbytes(rng.choice([0, 1, 8, 64, 512, 2048]))
         case 1:
@@ -161,12 +165,16 @@ def payloads(rng: random.Random, count: int, workers: list[str], big_every: int 
         kind, subject = subject_list[i % len(subject_list)]
         worker = subject.split(".")[2] if kind == "heartbeat" else ""
         valid = per_worker.get(worker, common)
-        yield subject, garbage(rng, rng.choice(valid[kind]), big_every)
+        # A well-formed announcement of another epoch is the epoch fence's case, not the
+        # decoder's: forged_epochs() sends those on purpose.
+        yield subject, garbage(rng, rng.choice(valid[kind]), big_every, kind != "leader")
 
 
 def forged_epochs() -> list[tuple[str, bytes]]:
-    """A leader announcement and an election of absurd epochs (issue 21 item 2)."""
-    return [(subjects.LEADER, encode(LeaderAnnouncement(epoch=10**9, scheduler_id="forger"))),
+    """Leader announcements and elections of epochs no lease gave (issue 21 item 2): a
+    little ahead of the real one, and absurd."""
+    return [(subjects.LEADER, encode(LeaderAnnouncement(epoch=7, scheduler_id="forger"))),
+            (subjects.LEADER, encode(LeaderAnnouncement(epoch=10**9, scheduler_id="forger"))),
             (subjects.LEADER, encode(LeaderAnnouncement(epoch=10**30, scheduler_id="forger"))),
             (subjects.LEADER_EVENTS, encode(LeaderElected(scheduler_id="forger",
                                                           epoch=10**9))),

@@ -58,6 +58,7 @@ from shared.messages import (
 )
 from shared.reservations import ReservationStore
 from shared.states import TaskState
+from tests.faults import fuzz
 from tests.faults.procs import Sampler, tagged
 
 # Heartbeat 0.5 s, D = 6 s (workers fence at 4.5 s), lease TTL 2 s: a take-over (about
@@ -587,10 +588,24 @@ async def gangs_while_leader_dies(run: FaultRun) -> None:
 
 async def fuzzed(run: FaultRun, payloads: int) -> None:
     """Every decoder and subject fuzzed; then a burst of real jobs must all succeed."""
-    from tests.faults import fuzz
-
-    sent = await fuzz.send(run.bus, payloads, workers=["local-0", "local-1"])
+    long = await run.long_jobs(3)
+    await run.running(long)
+    sent = await fuzz.send(run.bus, payloads, workers=["local-0", "local-1"], epochs=False)
     run.counts.notes["fuzz_payloads"] = sent
+    await run.short_jobs(10)
+
+
+async def forged_epochs(run: FaultRun) -> None:
+    """A `berth.leader` announcement and `leader_elected` events of absurd epochs (10^9,
+    10^30), as the admin identity, under running tasks; then more jobs must succeed and
+    the leader must stay obeyed (issue 21 item 2)."""
+    long = await run.long_jobs(3)
+    await run.running(long)
+    for subject, payload in fuzz.forged_epochs():
+        await run.bus.publish(subject, payload)
+    await run.bus.flush()
+    run.counts.notes["fuzz_payloads"] = len(fuzz.forged_epochs())
+    await asyncio.sleep(1)
     await run.short_jobs(10)
 
 
@@ -603,6 +618,7 @@ SCENARIOS: dict[str, tuple[Scenario, dict[str, Any]]] = {
     "valkey-restart-aof": (valkey_restarted_aof, {}),
     "valkey-restart-empty": (valkey_restarted_empty, {}),
     "gangs-leader-dies": (gangs_while_leader_dies, {"workers": 0}),
+    "fuzz-forged-epochs": (forged_epochs, {}),
 }
 FINISH_TIMEOUT = {"submitter-sigkill": 90.0}
 
