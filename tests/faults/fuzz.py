@@ -133,8 +133,10 @@ def garbage(rng: random.Random, valid: bytes, big_every: int, readable: bool = T
     is a big one (20,000 levels, or a 200 KiB string). `readable=False`: only payloads that
     cannot decode (no mutation that may leave the message well-formed)."""
     if rng.randrange(big_every) == 0:
-        return rng.choice([deep(20_000), deep_objects(20_000),
-                           _replace_one(rng, STRING, valid, b'"' + b"a" * BIG_STRING + b'"')])
+        big = [deep(20_000), deep_objects(20_000)]
+        if readable:
+            big.append(_replace_one(rng, STRING, valid, b'"' + b"a" * BIG_STRING + b'"'))
+        return rng.choice(big)
     choice = rng.randrange(8)
     if not readable and choice in (2, 3, 4, 7):
         choice = rng.choice([0, 1, 5, 6])
