@@ -61,7 +61,7 @@ def main() -> int:
         where = args.keep or Path(tmp)
         for name in names:
             started = time.monotonic()
-            result = asyncio.run(harness.run_scenario(name, where / name, fuzz))
+            result = asyncio.run(harness.run_scenario(name, where / name, fuzz, args.quick))
             result.notes["wall_s"] = round(time.monotonic() - started)
             results.append(result)
             print(f"{name}: {result.violations() or 'all 0'} {result.notes}",

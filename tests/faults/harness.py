@@ -138,12 +138,13 @@ class FaultRun:
     """One scenario's stack, jobs and observers. Use as `async with`."""
 
     def __init__(self, data_dir: Path, name: str, workers: int = 3, standby: bool = True,
-                 check_every: float = 2.0) -> None:
+                 check_every: float = 2.0, scale: float = 1.0) -> None:
         self.data_dir = data_dir
         self.counts = Counts(name)
         self.workers = workers
         self.standby = standby
         self.check_every = check_every
+        self.scale = scale  # of every batch of jobs a scenario submits (the quick form: less)
         self.tag = f"faulttok-{uuid.uuid4().hex[:8]}"
         self.stop_file = data_dir / f"stop-{self.tag}"
         self.sampler = Sampler(self.tag)
@@ -174,6 +175,7 @@ class FaultRun:
         await self.until("a leader", self.leader_label, 30)
         if self.check_every:
             self._checker = asyncio.create_task(self._check_loop())
+        self.mark("up")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -187,6 +189,7 @@ class FaultRun:
         if self.stack is not None:
             self.counts.died = self.died()
             await asyncio.to_thread(self.stack.stop)
+            self.mark("stopped")
         self.sampler.stop()
         # What outlived the stack: a task process, or a supervisor, carrying our tag.
         await asyncio.sleep(0.5)
@@ -201,6 +204,10 @@ class FaultRun:
     def bus(self) -> NATS:
         assert self.nc is not None
         return self.nc
+
+    def mark(self, what: str) -> None:
+        """Seconds from the start of the run to `what`, in the notes."""
+        self.counts.notes.setdefault("marks", {})[what] = round(time.monotonic() - self.started, 1)
 
     def died(self) -> list[str]:
         return [f"{label} ({proc.returncode})" for label, proc in self.s.children.items()
@@ -331,7 +338,7 @@ class FaultRun:
 
     def tokens(self, n: int, prefix: str = "") -> list[str]:
         out = []
-        for _ in range(n):
+        for _ in range(max(2, round(n * self.scale))):
             self.submitted += 1
             out.append(f"{self.tag}-{prefix}{self.submitted}")
         return out
@@ -434,6 +441,7 @@ class FaultRun:
     async def finish(self, timeout: float = 60) -> Counts:
         """Lets every task end, waits (bounded) for every job, then counts."""
         self.stop_file.write_text("stop")
+        self.mark("finishing")
         c = self.counts
         ids = {seq: await self.job_of(seq) for seq in self.seqs}
         c.lost = sum(1 for i in ids.values() if i is None)
@@ -444,6 +452,7 @@ class FaultRun:
                        for i in known)
 
         await self.until("every job terminal", every_job_terminal, timeout)
+        self.mark("terminal")
         for job_id in known:
             job = self.get(f"/api/jobs/{job_id}")
             if job is None:
@@ -461,6 +470,7 @@ class FaultRun:
         last = await nats_io.last_event_seq(self.bus.jetstream())
         await self.until("the dashboard caught up",
                          lambda: self.get("/healthz")["events_seq"] >= last, 30)
+        self.mark("checked")
         state, reports, epochs = await self.fold()
         c.reports_lost, c.reports_twice = attempt_counts(state, reports, set(known))
         c.projection = self.projection_differs(state)
@@ -471,7 +481,7 @@ class FaultRun:
             c.notes["two_copies_s"] = round(self.sampler.longest_overlap(), 1)
         c.notes["retries"] = sum(len(t.attempts) - 1 for i in known if i in state.jobs
                                  for t in state.jobs[i].tasks)
-        c.notes["wall_s"] = round(time.monotonic() - self.started, 1)
+        self.mark("counted")
         return c
 
 
@@ -623,14 +633,18 @@ SCENARIOS: dict[str, tuple[Scenario, dict[str, Any]]] = {
 FINISH_TIMEOUT = {"submitter-sigkill": 90.0}
 
 
-async def run_scenario(name: str, data_dir: Path, fuzz_payloads: int = 100_000) -> Counts:
-    """One scenario on a fresh stack in `data_dir`, torn down whatever happens."""
+async def run_scenario(name: str, data_dir: Path, fuzz_payloads: int = 100_000,
+                       quick: bool = False) -> Counts:
+    """One scenario on a fresh stack in `data_dir`, torn down whatever happens. `quick`:
+    two workers (where the scenario does not choose) and half the jobs."""
     if name == "fuzz":
         async def scenario(run: FaultRun) -> None:
             await fuzzed(run, fuzz_payloads)
         kw: dict[str, Any] = {"check_every": 0}
     else:
         scenario, kw = SCENARIOS[name]
+    if quick:
+        kw = {"workers": 2, **kw, "scale": 0.5}
     async with FaultRun(data_dir, name, **kw) as run:
         await scenario(run)
         await run.finish(FINISH_TIMEOUT.get(name, 60))

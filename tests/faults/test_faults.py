@@ -26,8 +26,8 @@ QUICK_FUZZ = 3000
 
 @pytest.mark.parametrize("name", ["valkey-restart-empty", "leader-sigkill", "fuzz"])
 async def test_fault_scenario_counts_nothing_bad(name: str, tmp_path: Path) -> None:
-    counts = await harness.run_scenario(name, tmp_path / "berth", fuzz_payloads=QUICK_FUZZ)
-    assert counts.acked >= 10, counts
+    counts = await harness.run_scenario(name, tmp_path / "berth", QUICK_FUZZ, quick=True)
+    assert counts.acked >= 5, counts
     assert counts.violations() == [], (counts.violations(), counts.notes)
     if name == "valkey-restart-empty":
         # Redis's epoch began at 0 again: the new term took one above the log's.
