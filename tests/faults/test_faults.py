@@ -21,10 +21,15 @@ from shared.states import TaskState
 from tests.faults import fuzz, harness
 from tests.faults.procs import Sampler, tagged
 
+pytestmark = pytest.mark.faults
+
 QUICK_FUZZ = 3000
 
 
-@pytest.mark.parametrize("name", ["valkey-restart-empty", "leader-sigkill", "fuzz"])
+QUICK_NAMES = ["valkey-restart-empty", "leader-sigkill", "fuzz"]
+
+
+@pytest.mark.parametrize("name", QUICK_NAMES)
 async def test_fault_scenario_counts_nothing_bad(name: str, tmp_path: Path) -> None:
     counts = await harness.run_scenario(name, tmp_path / "berth", QUICK_FUZZ, quick=True)
     assert counts.acked >= 5, counts
@@ -91,4 +96,15 @@ def test_the_sampler_sees_two_live_copies_and_what_outlives_a_run(tmp_path: Path
             proc.wait()
     assert list(sampler.overlap) == [f"{tag}-1"]
     assert tagged(tag) == []
+
+
+def test_the_bench_prints_one_row_per_scenario_with_every_count() -> None:
+    from bench.faults import QUICK, table
+    from bench.faults import QUICK_FUZZ as BENCH_FUZZ
+
+    assert (QUICK, BENCH_FUZZ) == (QUICK_NAMES, QUICK_FUZZ)  # the same quick form
+    rows = table([harness.Counts("a", acked=3), harness.Counts("b", lost=1, died=["x (1)"])])
+    head, _, a, b = rows.splitlines()
+    assert [c.strip() for c in head.split("|")[2:-4]] == list(harness.COUNTS)
+    assert a.split("|")[2].strip() == "3" and b.split("|")[3].strip() == "1"
 
