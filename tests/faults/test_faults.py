@@ -15,8 +15,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from shared import subjects
+from shared.event_origin import RefusedEvent, read_event
 from shared.lifecycle import AttemptView, ClusterState, JobView, TaskView
-from shared.messages import JobSpec, LeaderAnnouncement, Resources
+from shared.messages import JobSpec, JobSubmitted, LeaderAnnouncement, Resources, encode
 from shared.states import TaskState
 from tests.faults import fuzz, harness
 from tests.faults.procs import Sampler, tagged
@@ -108,3 +110,15 @@ def test_the_bench_prints_one_row_per_scenario_with_every_count() -> None:
     assert [c.strip() for c in head.split("|")[2:-4]] == list(harness.COUNTS)
     assert a.split("|")[2].strip() == "3" and b.split("|")[3].strip() == "1"
 
+
+
+def test_a_submission_whose_job_id_is_not_one_subject_token_is_refused() -> None:
+    # Found by the fuzz: a forged JobSubmitted for job "j0.0000000000000000000001-fuzz0000"
+    # was believed; the leader then published its assignment to berth.events.task.j0.000…,
+    # which no identity may, and retried that publish for ever: nothing was placed again.
+    spec = JobSpec(name="x", command=["true"], resources=Resources(cpu=1, memory_mb=8))
+    subject = subjects.submit_outcome(None, 1)
+    for job_id in ("j0.1-fuzz", "j1-*", "j1->", "j1 a", ""):
+        with pytest.raises(RefusedEvent):
+            read_event(subject, encode(JobSubmitted(job_id=job_id, submit_seq=1, spec=spec)))
+    assert read_event(subject, encode(JobSubmitted(job_id="j1-ab12", submit_seq=1, spec=spec)))
