@@ -61,7 +61,10 @@ def main() -> int:
         where = args.keep or Path(tmp)
         for name in names:
             started = time.monotonic()
-            result = asyncio.run(harness.run_scenario(name, where / name, fuzz, args.quick))
+            try:
+                result = asyncio.run(harness.run_scenario(name, where / name, fuzz, args.quick))
+            except Exception as exc:  # a row that says so, and the other scenarios still run
+                result = harness.Counts(name, died=[f"the scenario raised {exc!r}"[:200]])
             result.notes["wall_s"] = round(time.monotonic() - started)
             results.append(result)
             print(f"{name}: {result.violations() or 'all 0'} {result.notes}",

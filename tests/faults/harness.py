@@ -30,6 +30,7 @@ import json
 import shutil
 import signal
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -451,11 +452,12 @@ class FaultRun:
         """Jobs and workers the dashboard shows otherwise than `state` does."""
         differ = 0
         for job_id, job in state.jobs.items():
-            differ += self.get(f"/api/jobs/{job_id}") != as_json(views.job_detail(job))
-        shown = {w["worker_id"]: w for w in self.get("/api/workers")}
+            shown = self.get(f"/api/jobs/{urllib.parse.quote(job_id, safe='')}")
+            differ += shown != as_json(views.job_detail(job))
+        workers = {w["worker_id"]: w for w in self.get("/api/workers")}
         for worker_id, worker in state.workers.items():
             expected = as_json(views.worker_out(worker, None, False))
-            got = dict(shown.get(worker_id, {}))
+            got = dict(workers.get(worker_id, {}))
             for live_only in ("healthy", "last_heartbeat"):
                 expected.pop(live_only, None)
                 got.pop(live_only, None)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from nats.aio.client import Client as NATS
 
+from services.dashboard_api.projection import Projection
 from shared import subjects
 from shared.event_origin import RefusedEvent, read_event
 from shared.lifecycle import AttemptView, ClusterState, JobView, TaskView
@@ -122,3 +124,20 @@ def test_a_submission_whose_job_id_is_not_one_subject_token_is_refused() -> None
         with pytest.raises(RefusedEvent):
             read_event(subject, encode(JobSubmitted(job_id=job_id, submit_seq=1, spec=spec)))
     assert read_event(subject, encode(JobSubmitted(job_id="j1-ab12", submit_seq=1, spec=spec)))
+
+
+async def test_a_state_msgpack_cannot_hold_is_not_saved_and_stops_nothing(
+        nc: NATS, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Found by the fuzz: a believed event carried an integer past 2**64; the dashboard's
+    # snapshot could not encode it, the saver raised, and the dashboard exited with it.
+    projection = Projection(nc, 5.0, snapshot_path=tmp_path / "projection.snapshot")
+    projection.stream = "BERTH_EVENTS@test"
+    projection.state.rejections[10**30] = "forged"
+    projection.state.last_seq = 7
+    await projection.save_snapshot()
+    assert not (tmp_path / "projection.snapshot").exists()
+    assert "cannot encode a snapshot up to event 7" in caplog.text
+    del projection.state.rejections[10**30]
+    projection.state.last_seq = 8
+    await projection.save_snapshot()
+    assert (tmp_path / "projection.snapshot").exists()
