@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import shutil
 import signal
 import time
@@ -61,6 +60,7 @@ from shared.reservations import ReservationStore
 from shared.states import TaskState
 from tests.faults import fuzz
 from tests.faults.procs import Sampler, tagged
+from tests.test_projection import as_json
 
 # Heartbeat 0.5 s, D = 6 s (workers fence at 4.5 s), lease TTL 2 s: a take-over (about
 # 2.7 s plus its catch-up) is answered before any worker fences, as docs/reliability.md
@@ -129,10 +129,6 @@ def epochs_reused(epochs: list[int]) -> int:
         reused += epoch <= top
         top = max(top, epoch)
     return reused
-
-
-def as_json(value: msgspec.Struct) -> Any:
-    return json.loads(msgspec.json.encode(value))
 
 
 class FaultRun:
@@ -519,12 +515,18 @@ Scenario = Callable[[FaultRun], Awaitable[None]]
 
 # --- the scenarios: each does its fault under load; FaultRun.finish counts ----------------
 
+async def _mid_burst(run: FaultRun, long: int = 6, burst: int = 40) -> asyncio.Task[list[int]]:
+    """`long` tasks running, and a burst of `burst` short jobs being submitted for half a
+    second: the moment a scenario strikes."""
+    await run.running(await run.long_jobs(long))
+    submitting = asyncio.create_task(run.short_jobs(burst))
+    await asyncio.sleep(0.5)
+    return submitting
+
+
 async def leader_killed(run: FaultRun) -> None:
     """SIGKILL of the leader mid-burst, with a standby running; it comes back as a standby."""
-    long = await run.long_jobs(6)
-    await run.running(long)
-    burst = asyncio.create_task(run.short_jobs(40))
-    await asyncio.sleep(0.5)
+    burst = await _mid_burst(run)
     label = await run.signal_leader(signal.SIGKILL)
     await burst
     await run.until("the standby leads", lambda: run.leader_label() not in (None, label), 30)
@@ -533,10 +535,7 @@ async def leader_killed(run: FaultRun) -> None:
 
 async def leader_paused(run: FaultRun) -> None:
     """SIGSTOP of the leader for three lease lifetimes mid-burst, then SIGCONT."""
-    long = await run.long_jobs(6)
-    await run.running(long)
-    burst = asyncio.create_task(run.short_jobs(40))
-    await asyncio.sleep(0.5)
+    burst = await _mid_burst(run)
     label = await run.signal_leader(signal.SIGSTOP)
     await asyncio.sleep(6)
     run.s.children[label].send_signal(signal.SIGCONT)
