@@ -391,10 +391,19 @@ class FaultRun:
                                      report.double_booked_hosts + report.double_booked_ports)
         return report
 
-    async def check_now(self, when: str) -> None:
-        """A check whose every violation counts (not only the double-booking): for moments
-        the stack must be whole again, e.g. a new term after an outage."""
-        report = await self.check()
+    async def check_now(self, when: str, settle: float = 10.0) -> None:
+        """A check whose every violation counts (not only the double-booking), for moments
+        the stack must be whole again, e.g. a new term after an outage. A disagreement
+        between Redis and the log counts if it lasts `settle` seconds; how long it took to
+        clear is noted."""
+        started = time.monotonic()
+        while True:
+            report = await self.check()
+            if not report.violations() or time.monotonic() - started > settle:
+                break
+            await asyncio.sleep(0.5)
+        if waited := round(time.monotonic() - started, 1):
+            self.counts.notes[f"{when}: checker clear after s"] = waited
         self.checker_seen |= {f"{when}: {v}" for v in report.violations()}
 
     async def elections(self) -> int:
