@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from berth import backup, creds_cli, token_cli
+from berth import backup, creds_cli, token_cli, workspace
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -88,13 +88,28 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
                 f"making a second job: --idempotency-key {key}") from None
 
 
+async def _resolve(nats_url: str, data_dir: str, payload: bytes, base: Path) -> bytes:
+    """`workspace` and `env_file` resolved: a bad one is said before anything connects."""
+    return await workspace.resolve(
+        payload, base, lambda: cli_connection(nats_url, cli_credentials(data_dir)),
+        lambda line: print(line, file=sys.stderr))
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     nats_url, api_url = _urls(args)
     try:
         payload = load_spec_file(args.file)
+        payload = workspace.with_workspace(payload, args.workspace)
     except (OSError, ValueError) as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 2
+    if workspace.needs_resolving(payload):
+        base = Path.cwd() if args.file == "-" else Path(args.file).resolve().parent
+        try:
+            payload = asyncio.run(_resolve(nats_url, args.data_dir, payload, base))
+        except ValueError as exc:
+            print(f"berth: {exc}", file=sys.stderr)
+            return 2
     outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload,
                                   args.idempotency_key, args.submit_timeout))
     if not outcome.accepted:
@@ -116,20 +131,22 @@ def _format_attempt(a: dict[str, Any]) -> str:
         line += " (worker failure)"
     if a["exit_code"] is not None:
         line += f", exit code {a['exit_code']}"
-    if a["error"]:
-        line += f", {a['error']}"
+    first, _, rest = str(a["error"] or "").partition("\n")
+    if first:
+        line += f", {first}"
     span = f"assigned {_clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {_clock(a['started_at'])}"
     if a["finished_at"]:
         span += f", ended {_clock(a['finished_at'])}"
-    return f"{line}  [{span}]"
+    # An error's further lines (a failed build's output tail) go below, indented.
+    return "\n".join([f"{line}  [{span}]", *(f"      | {x}" for x in rest.splitlines())])
 
 
 def _format_job(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
     if job.get("error"):
-        lines.append(f"  error: {job['error']}")
+        lines.append(f"  error: {job['error'].partition(chr(10))[0]}")
     if job.get("parent"):
         lines.append(f"  parent: {job['parent']}")
     if job.get("children"):
@@ -139,7 +156,7 @@ def _format_job(job: dict[str, Any]) -> str:
         if task["state"] == "pending" and task["pending_reason"]:
             line += f"  (waiting: {task['pending_reason']})"
         elif task["error"]:
-            line += f"  ({task['error']})"
+            line += f"  ({task['error'].partition(chr(10))[0]})"
         lines.append(line)
         lines += [_format_attempt(a) for a in task["attempts"]]
         lines += [f"    refused report: {why}" for why in task["refused_reports"]]
@@ -451,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "second job) for 10 minutes; printed when a submit's fate is unknown")
     p.add_argument("--submit-timeout", type=float, default=120,
                    help="seconds to wait for the submitter's verdict (default: 120)")
+    p.add_argument("--workspace", default=None, metavar="DIR",
+                   help="pack DIR (honouring .gitignore and .berthignore) into a bundle each "
+                   "task runs in, as the spec's `workspace` does (docs/workspaces.md)")
     p.set_defaults(func=cmd_submit)
     p = sub.add_parser(
         "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",

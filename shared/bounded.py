@@ -5,7 +5,8 @@ Pure functions over plain data."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import bisect
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -42,3 +43,22 @@ def chunks(items: Iterable[T], size: Callable[[T], int],
     if current:
         out.append(current)
     return out
+
+
+def window(items: Sequence[str], start: str, size: Callable[[str], int],
+           max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[list[str], str]:
+    """The items of sorted `items` from `start` on whose sizes sum to at most `max_bytes`
+    (at least one, if any is left), and where the next window starts: the first item left
+    out, or "" once the end is reached. Windows from "" on, each starting where the last
+    one said, cover every item exactly once and partition the key space: a window claims
+    every item from its start up to (not including) where the next starts."""
+    first = bisect.bisect_left(items, start)
+    out: list[str] = []
+    used = 0
+    for item in items[first:]:
+        n = size(item)
+        if out and used + n > max_bytes:
+            return out, item
+        out.append(item)
+        used += n
+    return out, ""

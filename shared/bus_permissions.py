@@ -18,6 +18,7 @@ from shared.credentials import Identity, Role
 EVENTS = subjects.EVENTS_STREAM
 SUBMIT = subjects.SUBMIT_STREAM
 LOGS = subjects.LOGS_STREAM
+BUNDLES = subjects.BUNDLES_STREAM
 API = "$JS.API"
 
 
@@ -34,7 +35,7 @@ def _streams_setup() -> list[str]:
     """Creating and updating berth's own streams (never deleting or purging them): every
     control-plane service makes sure they exist at start."""
     out = [f"{API}.INFO"]
-    for stream in (SUBMIT, EVENTS, LOGS):
+    for stream in (SUBMIT, EVENTS, LOGS, BUNDLES):
         out += [f"{API}.STREAM.INFO.{stream}", f"{API}.STREAM.CREATE.{stream}",
                 f"{API}.STREAM.UPDATE.{stream}"]
     return out
@@ -52,6 +53,12 @@ def _readers(stream: str) -> list[str]:
     ]
 
 
+def _bundle_lookup() -> list[str]:
+    """Binding to the bundles bucket and reading one object's metadata (does it exist?)."""
+    return [f"{API}.STREAM.INFO.{BUNDLES}", f"{API}.STREAM.MSG.GET.{BUNDLES}",
+            f"{API}.DIRECT.GET.{BUNDLES}", f"{API}.DIRECT.GET.{BUNDLES}.>"]
+
+
 def permissions(role: Role, scope: str, inbox: str) -> Permissions:
     """`scope` is the worker id (role worker) or the user name (role submit); `inbox` is the
     identity's reply prefix (subjects.inbox_prefix)."""
@@ -61,14 +68,19 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
     if role is Role.WORKER:
         return Permissions(
             publish=(subjects.attempt_reports(scope), subjects.worker_events(scope),
-                     subjects.heartbeat(scope), f"berth.logs.{scope}.>"),
+                     subjects.heartbeat(scope), f"berth.logs.{scope}.>",
+                     # Fetching bundles: read-only (an ordered consumer on the bucket).
+                     *_bundle_lookup(), *_readers(BUNDLES)),
             subscribe=(subjects.worker_commands(scope), subjects.LEADER, replies),
         )
     if role is Role.SUBMIT:
         return Permissions(
             publish=(subjects.submit_job(scope), subjects.submit_cancel(scope),
                      # Reading its own submits' outcomes, one message at a time.
-                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.submit_outcomes(scope)}"),
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.submit_outcomes(scope)}",
+                     # Uploading bundles: writing chunks and metadata, never deleting
+                     # or purging the stream; a worker checks every bundle's digest.
+                     *_bundle_lookup(), subjects.BUNDLE_CHUNKS, subjects.BUNDLE_META),
             subscribe=(replies,),
         )
     if role is Role.SCHEDULER:

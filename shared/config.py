@@ -63,6 +63,14 @@ def api_tokens_file(data_dir: str) -> str:
         data_dir, "auth", "api-tokens.json")
 
 
+def bundle_max_bytes() -> int:
+    """The size limit of one workspace bundle (BERTH_BUNDLE_MAX_MB, for `berth submit`)."""
+    value = _env_float("BERTH_BUNDLE_MAX_MB", 256.0)
+    if value <= 0:
+        raise SystemExit(f"BERTH_BUNDLE_MAX_MB={value:g} must be above 0")
+    return int(value * 1024 * 1024)
+
+
 @dataclass(frozen=True)
 class Settings:
     nats_url: str
@@ -87,6 +95,12 @@ class Settings:
     api_tokens_file: str
     snapshot_interval: float
     fence_margin: float
+    # Workers: the bundle cache's size cap, concurrent BUILDING phases, and the age and
+    # total size above which task directories are removed (docs/workspaces.md).
+    bundle_cache_bytes: int = 4096 * 1024 * 1024
+    max_builds: int = 4
+    task_dir_max_age: float = 7 * 24 * 3600.0
+    task_dir_max_bytes: int = 0
 
     @property
     def fence_after(self) -> float:
@@ -126,6 +140,10 @@ class Settings:
             api_tokens_file=api_tokens_file(data_dir),
             snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
             fence_margin=_fence_margin(dead_after),
+            bundle_cache_bytes=_env_int("BERTH_BUNDLE_CACHE_MB", 4096) * 1024 * 1024,
+            max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
+            task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
+            task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
         )
 
 

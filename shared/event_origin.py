@@ -12,6 +12,8 @@ and skips it, and never stops on it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
 from shared import subjects
@@ -60,6 +62,37 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
     if ok:
         return None
     return f"{kind} may not come from {subject}"
+
+
+# How far a `leader_elected` may jump above the highest epoch believed before it. Epochs
+# come from Redis's counter, one per lease won; a gap in the log is a lease won by a
+# scheduler that never logged its term (it crashed, or another was logged first), so real
+# gaps are a few. An admin's mistake (or a forged message) with epoch 10^9 is refused: it
+# would void every later assignment and make every later leader's epoch absurd.
+MAX_EPOCH_STEP = 1000
+
+
+def epoch_refusal(epoch: int, highest: int) -> str | None:
+    """Why a `leader_elected` of `epoch` may not be believed after `highest`, the highest
+    epoch believed so far (0: none), or None if it may. Leaders are logged in order (each
+    announce checks that no other came since it read its floor), so an epoch not above the
+    highest is out of order."""
+    if epoch <= highest:
+        return f"leader_elected of epoch {epoch} is not above {highest}, the newest believed"
+    if epoch > highest + MAX_EPOCH_STEP:
+        return (f"leader_elected of epoch {epoch} jumps more than {MAX_EPOCH_STEP} above "
+                f"{highest}, the newest believed")
+    return None
+
+
+def believed_epoch(epochs: Iterable[int]) -> int:
+    """The highest epoch of the `leader_elected` events `epochs` (in log order) that a fold
+    believes; 0 if none."""
+    highest = 0
+    for epoch in epochs:
+        if epoch_refusal(epoch, highest) is None:
+            highest = epoch
+    return highest
 
 
 def read_event(subject: str, data: bytes) -> AnyEvent:

@@ -16,6 +16,7 @@ import msgspec
 
 from shared import task_rules
 from shared.capacity import Amounts
+from shared.event_origin import epoch_refusal
 from shared.messages import (
     AnyEvent,
     AttemptReported,
@@ -66,6 +67,8 @@ class TaskView(msgspec.Struct, kw_only=True):
     attempts: list[AttemptView] = []
     failure_count: int = 0
     preemption_count: int = 0
+    # Runtime timeouts of a resumable task that were retried (its `max_resumes` budget).
+    resume_count: int = 0
     # Brought down because another gang member failed terminally: finished, whatever its
     # own counters say (they count only its own attempts).
     stopped_with_gang: bool = False
@@ -214,8 +217,13 @@ class ClusterState:
                     worker.alive = False
                     why = "worker stopped" if isinstance(event, WorkerStopped) else "worker dead"
                     self._fail_worker_attempts(worker, event.ts, why, effects)
+            case LeaderElected() if epoch_refusal(event.epoch, self.epoch) is not None:
+                # Only in order and in bounds: an epoch no leader could have taken would
+                # void every later assignment (shared/event_origin.py).
+                self.refused_events += 1
+                self.last_refused_seq = seq
             case LeaderElected():
-                self.epoch = max(self.epoch, event.epoch)
+                self.epoch = event.epoch
             case TaskAssigned():
                 if event.epoch >= self.epoch:  # a deposed leader's late assignment is void
                     self._task_assigned(event, effects)
@@ -393,11 +401,19 @@ class ClusterState:
                                    f"{event.state.display} (attempt {attempt.attempt_id})")
             return
         job = self.jobs[event.job_id]
-        self._set_state(job, task, event.state)
-        if event.state in (S.SUCCEEDED, S.FAILED, S.KILLED):
+        state: TaskState = event.state
+        if state == S.KILLED and event.timed_out:
+            state = task_rules.timeout_outcome(job.spec.resumable, task.resume_count + 1,
+                                               job.spec.max_resumes)
+        self._set_state(job, task, state)
+        if state in (S.SUCCEEDED, S.FAILED, S.KILLED):
             task.exit_code = event.exit_code
             task.error = event.error
-        if event.state == S.FAILED:
+        if state == S.FAILED and event.timed_out:
+            task.resume_count += 1
+            self._requeue(job, task, event.ts)
+            self._cascade_gang(job, task, event.ts, effects)
+        elif state == S.FAILED:
             task.failure_count += 1
             decision = task_rules.retry_decision(
                 S.FAILED, task.failure_count, job.spec.max_retries_failure

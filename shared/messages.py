@@ -37,6 +37,12 @@ SubjectToken = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 Seconds = Annotated[float, Meta(gt=0, le=366 * 24 * 3600)]
 User = Annotated[str, Meta(max_length=128, description="Who asked (free text).")]
 Reason = Annotated[str, Meta(max_length=1024)]
+BundleDigest = Annotated[
+    str,
+    Meta(pattern=r"^sha256:[0-9a-f]{64}$",
+         description="A workspace bundle in the object store: sha256:<hex of the tar's sha256>."),
+]
+SetupLine = Annotated[str, Meta(min_length=1, max_length=65536)]
 
 
 DeviceVariant = Annotated[
@@ -178,6 +184,27 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         list[Name], Meta(max_length=16, description="Named ports to allocate per task; each "
                          "task gets BERTH_PORT_<NAME>.")
     ] = []
+    bundle: Annotated[
+        BundleDigest | None,
+        Meta(description="The workspace bundle each task's directory is unpacked from "
+             "(docs/workspaces.md); `berth submit` fills it in from `workspace`."),
+    ] = None
+    setup: Annotated[
+        list[SetupLine],
+        Meta(max_length=256, description="Shell lines run in order with `sh -c` in the task "
+             "directory before the command (the BUILDING phase); the first to fail fails the "
+             "attempt."),
+    ] = []
+    build_timeout: Annotated[
+        Seconds | None, Meta(description="Seconds the BUILDING phase may take.")
+    ] = None
+    resumable: Annotated[
+        bool, Meta(description="A task killed at its `timeout` is retried (it resumes from "
+                   "what it saved in BERTH_TASK_DIR) instead of ending KILLED.")
+    ] = False
+    max_resumes: Annotated[
+        int, Meta(ge=0, le=100000, description="Resumes after a timeout (with resumable).")
+    ] = 10
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -197,6 +224,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
                                  f"got {c.value!r}")
             if c.op == Op.IN and not c.values:
                 raise ValueError(f"constraint on {c.key!r}: IN needs a list of values")
+        for i, line in enumerate(self.setup):
+            if "\0" in line:
+                raise ValueError(f"setup[{i}]: contains a NUL byte (no shell line can)")
         if len(set(self.ports)) != len(self.ports):
             raise ValueError("ports: names must be unique")
         if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:
@@ -327,6 +357,8 @@ class AttemptReported(Event, tag="attempt_reported"):
     state: TaskState
     exit_code: int | None = None
     error: str = ""
+    # KILLED because it ran past the task's `timeout` (a resumable task is then retried).
+    timed_out: bool = False
 
 
 AnyEvent = (
@@ -361,6 +393,9 @@ class RunAttempt(Command, tag="run"):
     env: dict[str, str]
     resources: Resources
     timeout: float | None = None
+    bundle: str | None = None
+    setup: list[str] = []
+    build_timeout: float | None = None
 
 
 class KillAttempt(Command, tag="kill"):
@@ -388,6 +423,16 @@ class LeaderAnnouncement(msgspec.Struct, kw_only=True):
     scheduler_id: str
 
 
+class HeartbeatAck(msgspec.Struct, kw_only=True):
+    """The leader's answer to a heartbeat, on the worker's own reply subject: the leader
+    heard it (the worker's fence moves) and leads at `epoch`. Only a responder that got the
+    request can answer it, and only the leader answers, while its lease is surely its own:
+    so this is the epoch a worker may trust (docs/reliability.md)."""
+
+    v: int = SCHEMA_VERSION
+    epoch: int
+
+
 class Heartbeat(msgspec.Struct, kw_only=True):
     """Sent by each worker every heartbeat interval; lists the attempts it is running so the
     scheduler can reconcile (re-send lost assignments and kills)."""
@@ -401,6 +446,16 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     # `attempts` only once its exit is reported, so a scheduler whose fold has reached this
     # sequence knows every attempt missing from the list has exited or never arrived.
     reported_seq: int = 0
+    # `attempts` lists every attempt whose key k has covers_from <= k < covers_to ("" for
+    # covers_to: no upper end); the defaults, every attempt. A worker with more attempts
+    # than fit in one message lists them in windows over successive heartbeats
+    # (shared/bounded.py window), so a heartbeat's size is bounded whatever it runs.
+    covers_from: str = ""
+    covers_to: str = ""
+
+    def covers(self, key: str) -> bool:
+        """Whether `attempts` would list attempt `key` if it were running."""
+        return self.covers_from <= key and (not self.covers_to or key < self.covers_to)
 
 
 # --- codecs --------------------------------------------------------------------------------
@@ -410,6 +465,7 @@ event_decoder = msgspec.json.Decoder(AnyEvent)
 command_decoder = msgspec.json.Decoder(AnyCommand)
 heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 leader_decoder = msgspec.json.Decoder(LeaderAnnouncement)
+heartbeat_ack_decoder = msgspec.json.Decoder(HeartbeatAck)
 
 _T = TypeVar("_T")
 

@@ -72,6 +72,19 @@ STREAMS = [
         max_bytes=2 * 1024**3,
         discard=DiscardPolicy.OLD,
     ),
+    # The workspace bundles' object store, as `create_object_store` makes a bucket (so any
+    # client's object store API binds to it), with an age limit: a bundle not submitted
+    # for 30 days is dropped, and a retry that needs it fails with a clear reason.
+    StreamConfig(
+        name=subjects.BUNDLES_STREAM,
+        subjects=[subjects.BUNDLE_CHUNKS, subjects.BUNDLE_META],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=30 * DAY,
+        discard=DiscardPolicy.NEW,
+        allow_rollup_hdrs=True,
+        allow_direct=True,
+    ),
 ]
 
 

@@ -10,6 +10,13 @@ from __future__ import annotations
 SUBMIT_STREAM = "BERTH_SUBMIT"
 EVENTS_STREAM = "BERTH_EVENTS"
 LOGS_STREAM = "BERTH_LOGS"
+# Workspace bundles: a JetStream Object Store bucket (docs/workspaces.md). nats-py, and every
+# other NATS client's object store API, keeps a bucket in the stream OBJ_<bucket>, object
+# chunks on $O.<bucket>.C.<nuid> and each object's metadata on $O.<bucket>.M.<name>.
+BUNDLES_BUCKET = "BERTH_BUNDLES"
+BUNDLES_STREAM = f"OBJ_{BUNDLES_BUCKET}"
+BUNDLE_CHUNKS = f"$O.{BUNDLES_BUCKET}.C.>"
+BUNDLE_META = f"$O.{BUNDLES_BUCKET}.M.>"
 
 # The bare submit subjects: only an admin identity may publish here, and the spec's `user`
 # is taken as given. Everyone else publishes on the per-user subjects below.

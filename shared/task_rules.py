@@ -76,6 +76,16 @@ def retry_decision(state: TaskState, counter_after: int, limit: int) -> RetryDec
     return RetryDecision.EXCEEDED_RETRY_LIMIT
 
 
+def timeout_outcome(resumable: bool, resumes_after: int, max_resumes: int) -> TaskState:
+    """What a task killed at its runtime `timeout` becomes: KILLED (the job ends), or for a
+    resumable task with resumes left (`resumes_after` counts this one) FAILED, which the
+    fold retries at once on its own budget, never the failure budget. FAILED, because the
+    diagram's only way back to PENDING is a retry from FAILED or WORKER_FAILED."""
+    if resumable and resumes_after <= max_resumes:
+        return S.FAILED
+    return S.KILLED
+
+
 def is_finished(
     state: TaskState,
     failure_count: int,

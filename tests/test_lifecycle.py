@@ -47,9 +47,10 @@ def assigned(attempt: int, index: int = 0, worker: str = "w1", epoch: int = 1,
 
 
 def report(attempt: int, state: TaskState, code: int | None = None, index: int = 0,
-           worker: str = "w1", job: str = "j1", error: str = "") -> AttemptReported:
+           worker: str = "w1", job: str = "j1", error: str = "",
+           timed_out: bool = False) -> AttemptReported:
     return AttemptReported(job_id=job, task_index=index, error=error, attempt_id=attempt,
-                           worker_id=worker, state=state, exit_code=code)
+                           worker_id=worker, state=state, exit_code=code, timed_out=timed_out)
 
 
 def fold(events: list[AnyEvent]) -> tuple[ClusterState, list[object]]:
@@ -364,12 +365,36 @@ REPORTABLE = [S.PENDING, S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED]
 J1, J2 = "j1-aaaa", "j2-bbbb"
 
 
+def test_a_resumable_task_killed_at_its_timeout_is_retried_on_its_own_budget() -> None:
+    why = "timed out: ran longer than the task timeout of 1s"
+    events: list[AnyEvent] = [registered(), submitted(resumable=True, max_resumes=2)]
+    for attempt in range(3):
+        events += [assigned(attempt), report(attempt, S.RUNNING),
+                   report(attempt, S.KILLED, -15, error=why, timed_out=True)]
+    state, _ = fold(events[:5])
+    task = state.jobs["j1"].tasks[0]
+    assert task.state == S.PENDING and task.resume_count == 1 and task.failure_count == 0
+    assert state.jobs["j1"].state == JobState.PENDING
+    state, _ = fold(events)  # the third timeout is past max_resumes=2
+    task = state.jobs["j1"].tasks[0]
+    assert task.state == S.KILLED and task.resume_count == 2 and task.error == why
+    assert state.jobs["j1"].state == JobState.KILLED
+    # Not resumable: the first timeout ends it; a resumable task's plain failure still
+    # counts against max_retries_failure (0 here).
+    state, _ = fold([registered(), submitted(), *events[2:5]])
+    assert state.jobs["j1"].tasks[0].state == S.KILLED
+    state, _ = fold([registered(), submitted(resumable=True), assigned(0),
+                     report(0, S.RUNNING), report(0, S.FAILED, 1)])
+    assert state.jobs["j1"].state == JobState.FAILED
+
+
 @st.composite
 def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
     replicas = draw(st.integers(1, 3))
     limits = dict(max_retries_failure=draw(st.integers(0, 2)),
                   max_retries_preemption=draw(st.integers(0, 2)),
-                  max_task_failures=draw(st.integers(0, 1)))
+                  max_task_failures=draw(st.integers(0, 1)),
+                  resumable=draw(st.booleans()), max_resumes=draw(st.integers(0, 1)))
     events: list[AnyEvent] = [
         registered("w1", "i1"), registered("w2", "i1"),
         submitted(J1, replicas=replicas, **limits),
@@ -392,8 +417,9 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
                 event = msgspec.structs.replace(event, group="rack=r1")
             events.append(event)
         elif kind == "report":
-            events.append(report(attempt, draw(st.sampled_from(REPORTABLE)),
-                                 draw(st.sampled_from([None, 0, 1])), index, worker, job))
+            state = draw(st.sampled_from(REPORTABLE))
+            events.append(report(attempt, state, draw(st.sampled_from([None, 0, 1])), index,
+                                 worker, job, timed_out=state == S.KILLED and draw(st.booleans())))
         elif kind == "dead":
             events.append(WorkerDeclaredDead(worker_id=worker, incarnation=inc))
             incarnations[worker] += 1

@@ -33,7 +33,7 @@ POISON = [
 ]
 # One subject of every kind in the events stream; the forged events are on subjects their
 # kind may not come from (a forged LeaderElected on its own subject is another matter: an
-# admin may elect; see docs/security.md).
+# admin may elect, within MAX_EPOCH_STEP; see tests/test_epoch_trust.py).
 SUBJECTS = [subjects.attempt_reports("x"), subjects.worker_events("x"),
             subjects.task_events("j1-aaaa"), subjects.submit_outcome("mallory", 999_999),
             subjects.PENDING_REASONS, subjects.worker_verdicts("x")]
@@ -52,8 +52,7 @@ async def test_poison_in_the_events_stream_stops_no_fold(make_stack, nc: NATS,
             # write, so it is believed (and changes nothing: there is no such job).
             refused += subject != subjects.task_events("j1-aaaa") or b"task_assigned" not in payload
     # Garbage on the core subjects services listen on, too. (A well-formed announcement
-    # of an absurd epoch is another matter, for the epoch fence: only the scheduler and an
-    # admin may publish there.)
+    # of an absurd epoch is another matter, for the epoch fence: tests/test_epoch_trust.py.)
     for subject in (subjects.heartbeat("local-0"), subjects.LEADER,
                     subjects.worker_commands("local-0")):
         for payload in UNDECODABLE:

@@ -172,3 +172,15 @@ def test_can_be_scheduled(state: TaskState, failures: int, max_f: int, preemptio
 def test_job_state_derivation(tasks: list[TaskState], max_task_failures: int,
                               expected: JobState) -> None:
     assert task_rules.derive_job_state(tasks, max_task_failures) == expected
+
+
+@pytest.mark.parametrize(("resumable", "resumes_after", "max_resumes", "outcome"), [
+    (False, 1, 10, S.KILLED),
+    (True, 1, 10, S.FAILED),
+    (True, 10, 10, S.FAILED),
+    (True, 11, 10, S.KILLED),
+    (True, 1, 0, S.KILLED),
+])
+def test_a_timeout_is_a_retry_only_for_a_resumable_task_with_resumes_left(
+        resumable: bool, resumes_after: int, max_resumes: int, outcome: TaskState) -> None:
+    assert task_rules.timeout_outcome(resumable, resumes_after, max_resumes) == outcome

@@ -19,6 +19,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from shared import nats_io, subjects
+from shared.event_origin import MAX_EPOCH_STEP, believed_epoch
 from shared.messages import LeaderElected, encode
 from shared.reservations import ReservationStore
 
@@ -55,23 +56,20 @@ class Superseded(Exception):
 
 async def newest_leader(js: JetStreamContext) -> tuple[int, int]:
     """(epoch, stream sequence) of the newest `leader_elected` in the event log, (0, 0) if
-    none. Should that message be one no fold believes, every leader event is read and the
-    highest believed epoch counts (the sequence stays the newest message's)."""
+    none. The epoch is the highest one a fold believes (shared/event_origin.py), so a
+    forged or mistaken epoch of 10^9 is no floor; the sequence is the newest message's,
+    believed or not (announce checks that none came after it)."""
     try:
         stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.LEADER_EVENTS)
     except nats.js.errors.NotFoundError:
         return 0, 0
     seq = stored.seq or 0
-    record = nats_io.RawEvent(seq, stored.data or b"", dict(stored.headers or {}),
-                              stored.subject or "").record()
-    if isinstance(record.event, LeaderElected):
-        return record.event.epoch, seq
     epochs = []
     for msg in await nats_io.read_subject(js, subjects.EVENTS_STREAM, subjects.LEADER_EVENTS):
         event = nats_io.raw_event(msg).record().event
         if isinstance(event, LeaderElected):
             epochs.append(event.epoch)
-    return epoch_floor(*epochs), seq
+    return believed_epoch(epochs), seq
 
 
 async def take_lease(store: ReservationStore, js: JetStreamContext, scheduler_id: str,
@@ -91,6 +89,12 @@ async def take_lease(store: ReservationStore, js: JetStreamContext, scheduler_id
         epoch = await store.acquire_lease(scheduler_id, ttl_ms, floor)
         if not epoch:
             return None
+    if epoch > floor + MAX_EPOCH_STEP:
+        # Only by hand (Redis's admin user): no fold will believe this term's
+        # leader_elected, so the log cannot void a deposed leader's late assignments.
+        log.error("epoch %d from Redis is more than %d above %d, the newest the event log "
+                  "believes; leading, but the log will refuse this term's leader_elected "
+                  "(docs/reliability.md)", epoch, MAX_EPOCH_STEP, floor)
     return Lease(epoch, after_seq, sent)
 
 

@@ -38,8 +38,8 @@ def judge(state: ClusterState, worker: WorkerView, hb: Heartbeat, now: float,
     if hb.reported_seq > state.last_seq:
         return verdict
     for key, (job_id, index, attempt_id) in worker.live_attempts.items():
-        if key in running:
-            continue
+        if key in running or not hb.covers(key):
+            continue  # listed, or in another window of a long list
         task = state.task(job_id, index)
         attempt = task.attempt(attempt_id) if task else None
         if attempt is None or attempt.state != TaskState.ASSIGNED:

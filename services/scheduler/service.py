@@ -37,6 +37,7 @@ from shared.messages import (
     AnyEvent,
     Command,
     Heartbeat,
+    HeartbeatAck,
     KillAttempt,
     LeaderAnnouncement,
     PendingReason,
@@ -138,6 +139,8 @@ class Leader:
         self.scheduler_id = scheduler_id
         self.lease = lease
         self.epoch = lease.epoch
+        # The answer to a heartbeat: the epoch a worker may trust (docs/reliability.md).
+        self.ack = encode(HeartbeatAck(epoch=self.epoch))
         # Until when (CLOCK_MONOTONIC) the lease is surely still ours: its TTL, less a
         # safety share, from when the acquiring or renewing call was sent (Redis starts the
         # TTL on receipt, later). Past it, this leader commands, acknowledges and publishes
@@ -150,6 +153,8 @@ class Leader:
         self.state = ClusterState()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
+        # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
+        self.resets_sent: dict[str, tuple[str, float]] = {}
         self.trace_headers: dict[str, dict[str, str]] = {}
         # Pending reasons published but perhaps not folded yet (see _announce_pending_reasons).
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
@@ -305,6 +310,7 @@ class Leader:
             self._remember(record)
             pending = len(self.state.pending)
             effects = self.state.apply(record.seq, record.event)
+            self._check_newest()
             await self._on_event(record.event)
             await self._carry_out(effects)
             # Only what can let more work be placed wakes a tick (new or requeued tasks here,
@@ -407,9 +413,16 @@ class Leader:
 
     def _check_lease(self) -> None:
         """Raises LostLeadership once the lease may have lapsed by this process's own
-        clock, whether or not Redis could be asked (a paused or cut-off leader)."""
+        clock, whether or not Redis could be asked (a paused or cut-off leader), or once the
+        log believes a newer leader than this one: its assignments would be void."""
         if time.monotonic() >= self.lease_until:
             raise LostLeadership("the lease may have lapsed (not renewed in time)")
+        self._check_newest()
+
+    def _check_newest(self) -> None:
+        if self.state.epoch > self.epoch:
+            raise fencing.Superseded(f"the log elected epoch {self.state.epoch}, above this "
+                                     f"leader's {self.epoch}")
 
     # --- scheduling ---------------------------------------------------------------------
 
@@ -674,6 +687,9 @@ class Leader:
             "BERTH_TASK_INDEX": str(task.index),
             "BERTH_ATTEMPT_ID": str(attempt_id),
             "BERTH_NUM_TASKS": str(spec.replicas),
+            # Earlier attempts that ended and were retried: failures, preemptions, resumes.
+            "BERTH_RETRY_COUNT": str(task.failure_count + task.preemption_count
+                                     + task.resume_count),
             "BERTH_HOST_ADDRESS": worker.address,
             **{f"BERTH_PORT_{name.upper().replace('-', '_')}": str(port)
                for name, port in attempt.ports.items()},
@@ -685,7 +701,8 @@ class Leader:
         await self._send(worker.worker_id, RunAttempt(
             epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
             task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,
-            resources=spec.resources, timeout=spec.timeout,
+            resources=spec.resources, timeout=spec.timeout, bundle=spec.bundle,
+            setup=list(spec.setup), build_timeout=spec.build_timeout,
         ))
 
     async def _send_kill(self, kill: Kill) -> None:
@@ -713,6 +730,14 @@ class Leader:
         if not worker.alive:
             # Declared dead, yet alive: its attempts were written off and their resources
             # given away, so it must stop them all and come back as a new incarnation.
+            # Once per incarnation and D: after a long cut, each heartbeat it buffered
+            # arrives at once (a lost reset is sent again after D).
+            now = time.monotonic()
+            last = self.resets_sent.get(hb.worker_id)
+            if last is not None and last[0] == hb.incarnation and \
+                    now - last[1] < self.settings.worker_dead_after:
+                return
+            self.resets_sent[hb.worker_id] = (hb.incarnation, now)
             log.warning("worker %s declared dead is heartbeating; resetting it", hb.worker_id)
             await self._send(worker.worker_id, ResetWorker(
                 epoch=self.epoch, incarnation=hb.incarnation,
@@ -724,7 +749,7 @@ class Leader:
             # leader answers, only while its lease is surely its own, and only a live
             # incarnation (docs/reliability.md).
             with contextlib.suppress(nats.errors.Error):
-                await msg.respond(b"")
+                await msg.respond(self.ack)
         await self._reconcile_worker(worker, hb)
 
     async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:

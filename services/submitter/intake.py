@@ -26,9 +26,19 @@ def job_id_for(submit_seq: int, stored_at_ns: int) -> str:
     return f"j{submit_seq}-{digest}"
 
 
+# Spec-file fields that `berth submit` resolves before sending (berth/workspace.py).
+CLIENT_FIELDS = {"workspace": "pack and upload the directory, then send its digest as "
+                 "`bundle`", "env_file": "send its values in `env`"}
+
+
 def describe_error(exc: Exception, what: str = "job spec") -> str:
     if isinstance(exc, msgspec.ValidationError):
-        return f"invalid {what}: {exc}"
+        text = f"invalid {what}: {exc}"
+        for field, instead in CLIENT_FIELDS.items():
+            if f"unknown field `{field}`" in text:
+                text += (f" ({field} is read by `berth submit`; another client should "
+                         f"{instead}: docs/protocol.md)")
+        return text
     return f"malformed JSON: {exc}"
 
 

@@ -51,14 +51,14 @@ class Runnable(Protocol):
 
 class AttemptProcess:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, sink: OutputSink,
-                 deadline: float) -> None:
+                 deadline: float, fence_file: Path | None = None) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
         self.sink = sink
         self.deadline = deadline
         # Written by the supervisor when it fenced the attempt off, saying why.
-        self.fence_file = Path(cwd) / ".berth-fenced"
+        self.fence_file = fence_file or Path(cwd) / ".berth-fenced"
         self.proc: asyncio.subprocess.Process | None = None
 
     @property

@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,19 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import simulation
+from services.worker_agent import build, simulation, task_dirs
+from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
+from services.worker_agent.epochs import EpochView
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
+from services.worker_agent.task_dirs import TaskDirs
 from services.worker_agent.task_env import task_environment
-from shared import dir_lock, nats_io, service, subjects, telemetry
+from shared import bounded, bundles, dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
     AttemptReported,
     Heartbeat,
+    HeartbeatAck,
     KillAttempt,
     LeaderAnnouncement,
     ResetWorker,
@@ -42,6 +46,7 @@ from shared.messages import (
     command_decoder,
     decode,
     encode,
+    heartbeat_ack_decoder,
     leader_decoder,
 )
 from shared.states import TaskState
@@ -56,6 +61,7 @@ class RunningAttempt:
     command: RunAttempt
     process: Runnable | None = None
     kill_reason: str = ""
+    timed_out: bool = False
     task: asyncio.Task[None] | None = None
     killed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -82,7 +88,10 @@ class WorkerAgent:
         self.resources = resources
         self.attributes = attributes
         self.address = address or _default_address()
-        self.max_epoch = 0
+        self.epochs = EpochView()
+        # A heartbeat sent out of turn to check a claimed epoch; its claimants await it.
+        self.epoch_check: asyncio.Task[None] | None = None
+        self.hb_cursor = ""  # where the next heartbeat's window of attempts starts
         self.running: dict[str, RunningAttempt] = {}
         # Attempts this incarnation has started, so a re-sent assignment never runs twice.
         self.seen: dict[str, None] = {}
@@ -97,6 +106,9 @@ class WorkerAgent:
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
+        self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js)
+        # At most this many attempts in BUILDING at once; the others wait ASSIGNED.
+        self.builds = asyncio.Semaphore(settings.max_builds)
         # Until when (CLOCK_MONOTONIC) this incarnation's tasks may run: moved later each
         # time the leader acknowledges a heartbeat, or a new leader is announced. Every
         # task's supervisor kills the task at this deadline unless it is renewed, so a
@@ -111,6 +123,8 @@ class WorkerAgent:
         subscription that calls `on_leader` for all of them."""
         if self.simulate is None:
             self._kill_orphans()
+            self.bundles.remove_partial()
+            self._spawn(self._collect_task_dirs(stop))
         cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
                                           cb=self._on_command)
         leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
@@ -191,25 +205,60 @@ class WorkerAgent:
                 signal_group(pgid, signal.SIGKILL)
             pid_file.unlink(missing_ok=True)
 
+    async def _collect_task_dirs(self, stop: asyncio.Event) -> None:
+        """Removes old task directories (and the oldest above the size cap) now and hourly."""
+        while not stop.is_set():
+            in_use = {cmd.command.job_id for cmd in self.running.values()}
+            removed = await asyncio.to_thread(
+                task_dirs.remove_stale, self.home, self.settings.task_dir_max_age,
+                self.settings.task_dir_max_bytes, in_use)
+            if removed:
+                log.info("removed the task directories of %d old jobs", len(removed))
+            await service.wait_or_stop(stop, 3600.0)
+
     async def _heartbeat(self) -> None:
-        hb = Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, ts=time.time(),
-                       attempts=list(self.running), reported_seq=self.reported_seq)
+        hb = self._heartbeat_message()
         if self.simulate is not None:  # nothing runs, so nothing to fence: no answer needed
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.worker_id), encode(hb))
             return
         self._spawn(self._acknowledged_heartbeat(encode(hb)))
 
-    async def _acknowledged_heartbeat(self, data: bytes) -> None:
+    async def _acknowledged_heartbeat(self, data: bytes, timeout: float | None = None) -> None:
         """A heartbeat the leader answers once it has heard it; the answer renews the fence
-        from when the heartbeat was sent (no later than the leader heard it)."""
+        from when the heartbeat was sent (no later than the leader heard it), and tells
+        which epoch leads."""
         sent = time.monotonic()
         try:
-            await self.nc.request(subjects.heartbeat(self.worker_id), data,
-                                  timeout=self.settings.fence_after)
+            reply = await self.nc.request(subjects.heartbeat(self.worker_id), data,
+                                          timeout=timeout or self.settings.fence_after)
         except Exception:  # no leader, a partition, NATS away: the deadline stands
             return
         self._extend_fence(sent + self.settings.fence_after)
+        try:
+            ack: HeartbeatAck = decode(heartbeat_ack_decoder, reply.data)
+        except msgspec.DecodeError:
+            return  # an answer without an epoch (an older scheduler): the fence only
+        self.epochs.answered(ack.epoch, sent)
+
+    async def _check_epoch(self) -> None:
+        """A heartbeat out of turn: its answer tells which epoch really leads. One at a
+        time, however many unchecked claims arrive, and briefly: a leader answers at once
+        (a declared-dead incarnation is never answered, so a long wait would only hold up
+        its commands)."""
+        if self.simulate is not None:
+            return
+        if self.epoch_check is None or self.epoch_check.done():
+            timeout = min(self.settings.fence_after, max(1.0, self.settings.heartbeat_interval))
+            self.epoch_check = asyncio.create_task(self._acknowledged_heartbeat(
+                encode(self._heartbeat_message()), timeout))
+        await asyncio.shield(self.epoch_check)
+
+    def _heartbeat_message(self) -> Heartbeat:
+        hb = heartbeat_of(self.worker_id, self.incarnation, self.running, self.hb_cursor)
+        hb.reported_seq = self.reported_seq
+        self.hb_cursor = hb.covers_to
+        return hb
 
     def _extend_fence(self, deadline: float) -> None:
         if deadline <= self.fence_deadline:
@@ -226,12 +275,25 @@ class WorkerAgent:
             self.on_leader(decode(leader_decoder, msg.data))
 
     def on_leader(self, ann: LeaderAnnouncement) -> None:
-        if ann.epoch > self.max_epoch:
+        if self.simulate is None and self.epochs.unchecked(ann.epoch):
+            self._spawn(self._check_epoch())
+        if self._claimed(ann.epoch):
             # A new leader starts every worker's heartbeat clock after this announcement:
             # no verdict on this worker can come sooner than that, whatever the old one
             # last heard.
             self._extend_fence(time.monotonic() + self.settings.fence_after)
-        self.max_epoch = max(self.max_epoch, ann.epoch)
+
+    def _claimed(self, epoch: int) -> bool:
+        """A message claims a leader of `epoch`: True if the epoch obeyed rose to it
+        (services/worker_agent/epochs.py)."""
+        now = time.monotonic()
+        if self.simulate is not None:
+            # Simulated hosts (a benchmark tool, run as admin) ask for no answers to their
+            # heartbeats, so they believe what they hear.
+            raised = epoch > self.epochs.current
+            self.epochs.answered(max(epoch, self.epochs.current), now)
+            return raised
+        return self.epochs.claimed(epoch, now)
 
     async def _on_command(self, msg: Msg) -> None:
         try:
@@ -244,12 +306,17 @@ class WorkerAgent:
             log.warning("refusing command for incarnation %s (this is %s)",
                         command.incarnation, self.incarnation)
             return
-        if command.epoch < self.max_epoch:
+        if self.simulate is None and self.epochs.unchecked(command.epoch):
+            # A leader this worker has not confirmed yet (it joined after the announcement,
+            # or missed it, and the epoch skipped a number) or a forgery: the leader's
+            # answer to a heartbeat says which, before the command is judged.
+            await self._check_epoch()
+        self._claimed(command.epoch)
+        if not self.epochs.obeys(command.epoch):
             self.refused_commands += 1
-            log.warning("refusing command of stale epoch %d (current %d)",
-                        command.epoch, self.max_epoch)
+            log.warning("refusing command of epoch %d (obeying %d, confirmed %d)",
+                        command.epoch, self.epochs.current, self.epochs.confirmed)
             return
-        self.max_epoch = command.epoch
         if isinstance(command, ResetWorker):
             self._spawn(self._reset(f"reset by the scheduler ({command.reason})"))
             return
@@ -299,14 +366,15 @@ class WorkerAgent:
     # --- running one attempt ----------------------------------------------------------
 
     async def _report(self, cmd: RunAttempt | KillAttempt, state: TaskState,
-                      exit_code: int | None = None, error: str = "") -> None:
+                      exit_code: int | None = None, error: str = "",
+                      timed_out: bool = False) -> None:
         if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
-            ts=time.time(),
+            timed_out=timed_out, ts=time.time(),
         )
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
@@ -328,11 +396,122 @@ class WorkerAgent:
 
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command
-        await self._report(cmd, TaskState.BUILDING)
+        if self.simulate is not None:
+            await self._report(cmd, TaskState.BUILDING)
+            if attempt.killed.is_set():
+                await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
+                return
+            await self._run_process(key, attempt, self.simulate())
+            return
+        dirs = TaskDirs.of(self.home, cmd.job_id, cmd.task_index, cmd.attempt_id)
+        try:
+            dirs.create()
+            env = task_environment(os.environ, cmd.env, self.worker_id)
+            env.update(dirs.env())
+            if not await self._build_phase(key, attempt, dirs, env):
+                return
+            if cmd.timeout is not None:
+                # When the task's timeout will stop it (Unix time), so it can save first.
+                env["BERTH_DEADLINE"] = f"{time.time() + cmd.timeout:.3f}"
+            await self._run_process(key, attempt, self._process(cmd, dirs, env))
+        finally:
+            await asyncio.to_thread(dirs.remove_scratch)
+
+    async def _build_phase(self, key: str, attempt: RunningAttempt, dirs: TaskDirs,
+                           env: dict[str, str]) -> bool:
+        """BUILDING: the bundle unpacked into the task directory, then the setup lines. Says
+        whether the command is to run; if not, the attempt's end is reported here."""
+        cmd = attempt.command
+        error = ""
+        if cmd.bundle or cmd.setup:
+            if self.builds.locked():
+                # Said in the task's log too, where its user looks while it stays ASSIGNED.
+                note = (f"waiting for a build slot: {self.settings.max_builds} builds at once "
+                        "on this worker (BERTH_MAX_BUILDS)")
+                log.info("%s stays assigned, %s", key, note)
+                with contextlib.suppress(Exception):
+                    await self.js.publish(self._log_subject(cmd), f"{note}\n".encode(),
+                                          headers={"Berth-Stream": "build"})
+            async with self.builds:
+                if not attempt.killed.is_set():
+                    await self._report(cmd, TaskState.BUILDING)
+                    error = await self._build(key, attempt, dirs, env)
+        else:
+            await self._report(cmd, TaskState.BUILDING)
+        if attempt.process is not None and (why := attempt.process.fenced):
+            log.warning("attempt %s was fenced off while building (%s)", key, why)
+            self._spawn(self._reset(f"fenced: {why}"))
+            return False
+        attempt.process = None
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
-            return
-        process = self.simulate() if self.simulate is not None else self._process(cmd)
+            return False
+        if error:
+            log.info("attempt %s: %s", key, error.partition("\n")[0])
+            await self._report(cmd, TaskState.FAILED, error=error)
+            return False
+        return True
+
+    async def _build(self, key: str, attempt: RunningAttempt, dirs: TaskDirs,
+                     env: dict[str, str]) -> str:
+        """Runs the build; its FAILED reason, or "" (also when it was killed or fenced)."""
+        cmd = attempt.command
+        if cmd.bundle and dirs.unpacked() != cmd.bundle:
+            try:
+                archive = await self.bundles.get(cmd.bundle)
+                await asyncio.to_thread(bundles.unpack, archive, dirs.task)
+            except BundleUnavailable as exc:
+                return str(exc)
+            except Exception as exc:  # tarfile's filter errors and OSError alike
+                return f"bundle {cmd.bundle}: cannot unpack it: {exc}"
+            dirs.mark_unpacked(cmd.bundle)
+        tail = build.OutputTail()
+        log_subject = self._log_subject(cmd)
+
+        async def sink(stream: str, chunk: bytes) -> None:
+            tail.add(chunk)
+            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": "build"})
+
+        loop = asyncio.get_running_loop()
+        ends = None if cmd.build_timeout is None else loop.time() + cmd.build_timeout
+        for line in build.setup_lines(cmd.setup, dirs.task, env.get("PATH")):
+            if attempt.killed.is_set():
+                return ""
+            process = AttemptProcess(["sh", "-c", line], env, str(dirs.task), sink,
+                                     self.fence_deadline, dirs.scratch / ".berth-fenced")
+            try:
+                await process.start()
+            except OSError as exc:
+                return f"build failed: cannot start sh: {exc.strerror or exc}"
+            attempt.process = process
+            if attempt.killed.is_set():
+                self._spawn(process.stop(self.settings.kill_grace))
+            late: list[bool] = []
+            timer = None
+            if ends is not None:
+                timer = loop.call_later(max(0.0, ends - loop.time()), self._build_too_long,
+                                        process, late)
+            try:
+                code = await process.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if process.fenced or attempt.killed.is_set():
+                return ""
+            if late:
+                return build.failure(line, f"ran past the build_timeout of "
+                                     f"{cmd.build_timeout:g}s", tail)
+            if code:
+                how = f"exited {code}" if code > 0 else describe_exit(code)
+                return build.failure(line, how, tail)
+        return ""
+
+    def _build_too_long(self, process: AttemptProcess, late: list[bool]) -> None:
+        late.append(True)
+        self._spawn(process.stop(self.settings.kill_grace))
+
+    async def _run_process(self, key: str, attempt: RunningAttempt, process: Runnable) -> None:
+        cmd = attempt.command
         try:
             await process.start()
         except OSError as exc:
@@ -364,30 +543,49 @@ class WorkerAgent:
             self._spawn(self._reset(f"fenced: {why}"))
             return
         if attempt.killed.is_set():
-            await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason)
+            await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason,
+                               timed_out=attempt.timed_out)
         elif code == 0:
             await self._report(cmd, TaskState.SUCCEEDED, exit_code=0)
         else:
             await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
 
-    def _process(self, cmd: RunAttempt) -> AttemptProcess:
-        workdir = self.home / "work" / cmd.job_id / str(cmd.task_index) / str(cmd.attempt_id)
-        workdir.mkdir(parents=True, exist_ok=True)
-        env = task_environment(os.environ, cmd.env, self.worker_id)
-        log_subject = subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index,
-                                            cmd.attempt_id)
+    def _log_subject(self, cmd: RunAttempt) -> str:
+        return subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index, cmd.attempt_id)
+
+    def _process(self, cmd: RunAttempt, dirs: TaskDirs, env: dict[str, str]) -> AttemptProcess:
+        log_subject = self._log_subject(cmd)
 
         async def sink(stream: str, chunk: bytes) -> None:
             await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
 
-        return AttemptProcess(cmd.command, env, str(workdir), sink, self.fence_deadline)
+        return AttemptProcess(cmd.command, env, str(dirs.task), sink, self.fence_deadline,
+                              dirs.scratch / ".berth-fenced")
 
     def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
         if attempt.killed.is_set():
             return
         attempt.kill_reason = f"timed out: ran longer than the task timeout of {timeout:g}s"
+        attempt.timed_out = True
         log.info("%s", attempt.kill_reason)
         self._spawn(self._stop_attempt(attempt))
+
+
+def heartbeat_of(worker_id: str, incarnation: str, running: Collection[str], start: str,
+                 max_bytes: int = bounded.MAX_MESSAGE_BYTES) -> Heartbeat:
+    """A heartbeat listing the attempts `running`: all of them when they fit in
+    `max_bytes`, else the window of them from `start` on (Heartbeat.covers_from/to), so a
+    worker with 100,000 attempts still sends messages NATS accepts."""
+    def size(key: str) -> int:
+        return len(key.encode()) + 3  # quotes and a comma
+
+    hb = Heartbeat(worker_id=worker_id, incarnation=incarnation, ts=time.time())
+    if not start and sum(size(k) for k in running) <= max_bytes:
+        hb.attempts = list(running)
+        return hb
+    hb.attempts, hb.covers_to = bounded.window(sorted(running), start, size, max_bytes)
+    hb.covers_from = start
+    return hb
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,0 +1,155 @@
+"""Workspace bundles on the embedded stack: upload, first build, cached start, fan-out.
+
+Starts a fresh stack (real services, N real workers) in a temporary directory and a tree of
+incompressible files, then measures:
+
+- pack + upload of the tree (the same tree again: pack + "already stored");
+- submit -> RUNNING of a 1-task job without a bundle (the baseline), with the bundle on a
+  worker that has not fetched it (first build: fetch + unpack), and again (cached: unpack
+  from the worker's cache into a new task directory);
+- one job of T tasks over the N workers needing a bundle none has: submit -> every task
+  RUNNING, and how many fetches the workers made (each should fetch it once).
+
+    .venv/bin/python bench/bundles.py [--mib 50] [--workers 8] [--tasks 64] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+from nats.aio.client import Client as NATS
+
+from berth import workspace
+from berth.client import publish_submit
+from berth.stack import Stack, start_stack
+from shared import bundles, nats_io
+from shared.lifecycle import ClusterState
+from shared.messages import Constraint, JobSpec, Op, Resources, encode
+from shared.states import TaskState
+
+
+def make_tree(root: Path, mib: float, salt: str) -> None:
+    root.mkdir(parents=True)
+    (root / "salt.txt").write_text(salt)
+    remaining = int(mib * 1024 * 1024)
+    i = 0
+    while remaining > 0:
+        size = min(remaining, 1024 * 1024)
+        (root / f"shard-{i:04d}.bin").write_bytes(os.urandom(size))
+        remaining -= size
+        i += 1
+
+
+async def upload(nc: NATS, root: Path) -> tuple[str, int, float]:
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as archive:
+        packed = bundles.pack(root, archive, limit=1 << 40)
+        done = await workspace.upload(nc, archive, packed)  # type: ignore[arg-type]
+    return done.digest, done.uploaded, time.perf_counter() - started
+
+
+async def submit_until_running(nc: NATS, state: ClusterState, events: object, spec: JobSpec
+                               ) -> float:
+    """Seconds from the publish until every task of the job has reported RUNNING."""
+    started = time.perf_counter()
+    seq = await publish_submit(nc, encode(spec))
+    while True:
+        record = await anext(events)  # type: ignore[call-overload]
+        state.apply(record.seq, record.event)
+        job_id = state.job_by_submit.get(seq)
+        if job_id is None:
+            continue
+        tasks = state.jobs[job_id].tasks
+        if any(t.state == TaskState.FAILED for t in tasks):
+            raise SystemExit(f"bench: a task failed: {[t.error for t in tasks if t.error]}")
+        if all(t.current_attempt and t.current_attempt.started_at for t in tasks):
+            return time.perf_counter() - started
+
+
+def fetch_times(stack: Stack) -> list[float]:
+    """Seconds each fetch took, from the workers' logs ("fetched bundle ... in 1.23 s")."""
+    out = []
+    for label in stack.children:
+        if label.startswith("local-"):
+            for line in (stack.data_dir / "logs" / f"{label}.log").read_text().splitlines():
+                if "fetched bundle" in line:
+                    out.append(float(line.rsplit(" in ", 1)[1].split()[0]))
+    return out
+
+
+async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str, object]:
+    nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
+    state = ClusterState()
+    events = nats_io.follow_events(nc.jetstream())
+    small = Resources(cpu=0.1, memory_mb=16)
+    make_tree(tmp / "tree", args.mib, "one")
+    digest, sent, upload_s = await upload(nc, tmp / "tree")
+    _, sent_again, again_s = await upload(nc, tmp / "tree")
+    # On one worker, so the first bundled job fetches and the next ones find it cached.
+    one = JobSpec(name="b", command=["sleep", "0.2"], resources=small,
+                  constraints=[Constraint(key="id", op=Op.EQ, value="w0")])
+    bundled = msgspec.structs.replace(one, bundle=digest)
+    base = [await submit_until_running(nc, state, events, one) for _ in range(3)]
+    first = await submit_until_running(nc, state, events, bundled)
+    cached = [await submit_until_running(nc, state, events, bundled) for _ in range(3)]
+    make_tree(tmp / "tree2", args.mib, "two")
+    digest2, _, _ = await upload(nc, tmp / "tree2")
+    before = len(fetch_times(stack))
+    fan = JobSpec(name="fan", command=["sleep", "0.2"], replicas=args.tasks,
+                  resources=Resources(cpu=round(args.workers * 2 / args.tasks, 3),
+                                      memory_mb=16))
+    fan_base = await submit_until_running(nc, state, events, fan)
+    await asyncio.sleep(1)  # those tasks end
+    fan_out = await submit_until_running(nc, state, events,
+                                         msgspec.structs.replace(fan, bundle=digest2))
+    fan_fetches = fetch_times(stack)[before:]
+    await events.aclose()
+    await nc.close()
+    ms = lambda s: round(s * 1000, 1)  # noqa: E731
+    return {
+        "benchmark": "bundles", "tree_mib": args.mib, "workers": args.workers,
+        "tasks": args.tasks,
+        "upload_ms": ms(upload_s), "uploaded_bytes": sent,
+        "same_tree_again_ms": ms(again_s), "same_tree_again_uploaded_bytes": sent_again,
+        "no_bundle_to_running_ms": ms(min(base)),
+        "first_build_to_running_ms": ms(first),
+        "cached_to_running_ms": ms(min(cached)),
+        "cached_adds_ms": ms(min(cached) - min(base)),
+        "fan_out_no_bundle_all_running_ms": ms(fan_base),
+        "fan_out_all_running_ms": ms(fan_out),
+        "fan_out_fetches": len(fan_fetches),
+        "fan_out_fetch_s": sorted(fan_fetches),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=float, default=50)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--quick", action="store_true",
+                        help="a 2 MiB tree, 2 workers, 8 tasks (for CI)")
+    args = parser.parse_args()
+    if args.quick:
+        args.mib, args.workers, args.tasks = 2, 2, 8
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = start_stack(Path(tmp) / "berth", workers=0)
+        try:
+            for i in range(args.workers):
+                stack.start_worker(f"local-{i}", 2, 2048, "-a", f"id=w{i}")
+            time.sleep(2)  # let workers register
+            result = asyncio.run(measure(stack, Path(tmp), args))
+        finally:
+            stack.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Where a task's files live on a worker (docs/workspaces.md).
+
+    <home>/tasks/<job>/<task>/                BERTH_TASK_DIR: the working directory, kept
+                                              across the task's attempts on this worker
+    <home>/tasks/<job>/<task>.bundle          the digest unpacked there last
+    <home>/scratch/<job>/<task>/<attempt>/    BERTH_SCRATCH_DIR: this attempt's own,
+                                              removed when it ends
+
+A resumed or retried attempt finds what the earlier ones left in BERTH_TASK_DIR (a
+checkpoint). Job directories no attempt has used for BERTH_TASK_DIR_MAX_AGE are removed, and
+above BERTH_TASK_DIR_MAX_MB the least recently used go first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TaskDirs:
+    task: Path
+    scratch: Path
+    bundle_marker: Path
+
+    @classmethod
+    def of(cls, home: Path, job_id: str, task_index: int, attempt_id: int) -> TaskDirs:
+        tasks = home / "tasks" / job_id
+        return cls(task=tasks / str(task_index),
+                   scratch=home / "scratch" / job_id / str(task_index) / str(attempt_id),
+                   bundle_marker=tasks / f"{task_index}.bundle")
+
+    def create(self) -> None:
+        self.task.mkdir(parents=True, exist_ok=True)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        # Marks the job's directory used now, for the age-based clean-up.
+        with contextlib.suppress(OSError):
+            os.utime(self.task.parent)
+
+    def env(self) -> dict[str, str]:
+        return {"BERTH_TASK_DIR": str(self.task), "BERTH_SCRATCH_DIR": str(self.scratch)}
+
+    def unpacked(self) -> str:
+        """The digest of the bundle last unpacked in the task directory, or ""."""
+        try:
+            return self.bundle_marker.read_text().strip()
+        except OSError:
+            return ""
+
+    def mark_unpacked(self, digest: str) -> None:
+        self.bundle_marker.write_text(digest + "\n")
+
+    def remove_scratch(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class JobDir:
+    name: str
+    last_used: float  # mtime of <home>/tasks/<job>
+    size: int  # bytes of its task directories
+
+
+def to_remove(jobs: list[JobDir], max_age: float, max_bytes: int, in_use: set[str],
+              now: float) -> list[str]:
+    """Which job directories go: every one unused for `max_age`, then the least recently
+    used until the rest fit in `max_bytes` (0: no size cap). A job with an attempt running
+    here always stays."""
+    gone = [j for j in jobs if j.name not in in_use and now - j.last_used > max_age]
+    kept = sorted((j for j in jobs if j not in gone), key=lambda j: j.last_used)
+    total = sum(j.size for j in kept)
+    if max_bytes:
+        for job in kept:
+            if total <= max_bytes:
+                break
+            if job.name not in in_use:
+                gone.append(job)
+                total -= job.size
+    return sorted(j.name for j in gone)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def job_dirs(home: Path, sizes: bool) -> list[JobDir]:
+    out = []
+    with contextlib.suppress(OSError):
+        for job_dir in (home / "tasks").iterdir():
+            with contextlib.suppress(OSError):
+                out.append(JobDir(job_dir.name, job_dir.stat().st_mtime,
+                                  _size(job_dir) if sizes else 0))
+    return out
+
+
+def remove_stale(home: Path, max_age: float, max_bytes: int, in_use: Iterable[str]) -> list[str]:
+    """Removes what `to_remove` picks (task and scratch directories); returns the job ids."""
+    names = to_remove(job_dirs(home, sizes=bool(max_bytes)), max_age, max_bytes, set(in_use),
+                      time.time())
+    for name in names:
+        shutil.rmtree(home / "tasks" / name, ignore_errors=True)
+        shutil.rmtree(home / "scratch" / name, ignore_errors=True)
+    return names
