@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from berth import backup, creds_cli, token_cli, workspace
+from berth import backup, creds_cli, health, token_cli, workspace
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -319,6 +319,63 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+async def _leader_lease(redis: RedisSettings) -> tuple[str | None, int]:
+    """The leader key and its TTL in ms (negative when absent), as `berth doctor` reads."""
+    from shared import redis_io, redis_keys
+
+    client = redis_io.open_client(redis)
+    try:
+        lease = await client.get(redis_keys.LEADER)
+        ttl: int = await client.pttl(redis_keys.LEADER)
+        # decode_responses: a str, or None when no one holds the lease.
+        return None if lease is None else str(lease), ttl
+    finally:
+        await client.aclose()
+
+
+def _healthz(api_url: str) -> tuple[int | None, Any, str]:
+    """The dashboard's /healthz: status code and body, a 503 included (catching up)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(api_url.rstrip("/") + "/healthz", timeout=5) as resp:
+            return resp.status, json.loads(resp.read()), ""
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read()), ""
+        except ValueError:
+            return exc.code, None, f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return None, None, f"{api_url}: {exc}"
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from redis.exceptions import RedisError
+
+    from shared import redis_auth, redis_io
+
+    _, api_url = _urls(args)
+    verdicts: list[health.Verdict] = []
+    try:
+        redis = doctor_redis(args)
+        lease, ttl = asyncio.run(asyncio.wait_for(_leader_lease(redis), 10))
+        verdicts.append(health.scheduler(lease, ttl))
+    except (redis_auth.RedisAuthError, redis_io.RedisConfigError, RedisError, OSError,
+            TimeoutError) as exc:
+        verdicts.append(health.Verdict("scheduler", False, f"cannot read the lease: {exc}"))
+    verdicts.append(health.dashboard(*_healthz(api_url)))
+    try:
+        verdicts += health.workers(api_get(api_url, "/api/workers"), time.time())
+    except ApiError as exc:
+        verdicts.append(health.Verdict("workers", False, str(exc)))
+    if (stack := health.children(read_stack_info(args.data_dir))) is not None:
+        verdicts.append(stack)
+    for verdict in verdicts:
+        print(verdict.line())
+    return 0 if all(v.ok for v in verdicts) else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     sys.argv = [f"berth run {args.service}", *args.rest]
     if args.service == "worker":
@@ -368,9 +425,13 @@ def _start(args: argparse.Namespace) -> Any:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from shared.servers import ServerError
+
     stack = _start(args)
-    print("berth is up; Ctrl-C stops every process it started.", file=sys.stderr)
+    print("berth is up; a child that exits is started again; Ctrl-C stops every process "
+          "it started.", file=sys.stderr)
     stopping = False
+    code = 0
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -380,16 +441,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         while not stopping:
-            for label, proc in stack.children.items():
-                if proc.poll() is not None:
-                    print(f"berth: {label} exited with code {proc.returncode}; stopping",
-                          file=sys.stderr)
-                    stopping = True
+            for line in stack.supervise():
+                print(f"{time.strftime('%H:%M:%S')} berth: {line}", file=sys.stderr)
             time.sleep(0.5)
+    except ServerError as exc:
+        print(f"berth: {exc}; stopping", file=sys.stderr)
+        code = 1
     finally:
         print("stopping ...", file=sys.stderr)
         stack.stop()
-    return 0
+    return code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -496,6 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", help="Redis URL with the doctor user's credentials "
                    "(default: $BERTH_REDIS_URL, else `berth up`'s, as its doctor user)")
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser(
+        "health", help="one line per service: leading, caught up, heartbeating",
+        description="Whether the scheduler holds the leader lease (and its epoch), the "
+        "dashboard has caught up with the event log, and each worker heartbeats; beside a "
+        "running `berth up`, also how often it restarted its children. Exit status 1 when "
+        "anything is unhealthy.")
+    p.add_argument("--redis-url", help="as for `berth doctor`")
+    p.set_defaults(func=cmd_health)
     creds_cli.add_parser(sub)
     backup.add_parsers(sub)
     token_cli.add_parser(sub)

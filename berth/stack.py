@@ -1,10 +1,13 @@
 """The embedded stack: NATS, a Redis-compatible server, the four services and local workers,
-each a child process; stopping the stack stops every one of them."""
+each a child process; stopping the stack stops every one of them. While it runs, `berth up`
+calls `Stack.supervise`, which starts again (with backoff, berth/restarts.py) any child
+that exited."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import subprocess
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.creds_cli import local_user
+from berth.restarts import ChildHistory, RestartPolicy, after_exit, restarted
 from berth.stack_info import STACK_INFO
 from shared import dir_lock, redis_auth, servers
 from shared.credentials import AuthDir, Role, identity_name
@@ -32,6 +36,25 @@ API_TOKEN_FILE = "api-token"
 STACK_LOCK = "stack.lock"
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a child was started, to start it again the same way."""
+    name: str
+    args: tuple[str, ...]
+    env: dict[str, str] | None
+    scope: str
+
+
+@dataclass
+class Supervised:
+    """A child (or server) under `berth up`'s watch."""
+    history: ChildHistory
+    launch: Launch | None = None
+    # Set while it is down: when it is to be started again (time.monotonic()).
+    restart_at: float | None = None
+    last_exit: int | None = None
+
+
 @dataclass
 class Stack:
     data_dir: Path
@@ -43,6 +66,10 @@ class Stack:
     owns_servers: bool = True
     # `berth up`'s lock on the data dir (start_stack); its children inherit it.
     lock: dir_lock.DirLock | None = None
+    supervised: dict[str, Supervised] = field(default_factory=dict)
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    rng: random.Random = field(default_factory=random.Random)
+    prefer_redis_on_path: bool = False
 
     @property
     def api_url(self) -> str:
@@ -73,6 +100,13 @@ class Stack:
                       env: dict[str, str] | None = None, scope: str = ""
                       ) -> subprocess.Popen[bytes]:
         label = label or name
+        launch = Launch(name, args, env, scope)
+        proc = self._spawn(label, launch)
+        self.supervised[label] = Supervised(ChildHistory(time.monotonic()), launch)
+        return proc
+
+    def _spawn(self, label: str, launch: Launch) -> subprocess.Popen[bytes]:
+        name, args, env, scope = launch.name, launch.args, launch.env, launch.scope
         log_path = self.data_dir / "logs" / f"{label}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Simulated hosts share one connection for many worker ids: only an admin may.
@@ -100,7 +134,100 @@ class Stack:
 
     def stop_child(self, label: str, timeout: float = 15) -> None:
         proc = self.children.pop(label)
+        self.supervised.pop(label, None)
         stop_process(proc, timeout)
+
+    def supervise(self) -> list[str]:
+        """One look at every child and server: one that exited is given a restart time
+        (backoff, berth/restarts.py), one whose time has come is started again. Returns
+        what happened, a line each. Raises servers.ServerError when a server that exited
+        cannot be started again: the stack cannot run without it."""
+        now = time.monotonic()
+        said: list[str] = []
+        for label, proc in list(self.children.items()):
+            sup = self.supervised.get(label)
+            if sup is None or sup.launch is None:
+                continue  # not started by start_service: nothing to start it again with
+            if sup.restart_at is None:
+                if proc.poll() is not None:
+                    said.append(self._exited(label, sup, proc, now))
+            elif now >= sup.restart_at:
+                try:
+                    new = self._spawn(label, sup.launch)
+                except OSError as exc:
+                    said.append(f"{label} could not be started ({exc}); "
+                                + self._exited(label, sup, proc, now))
+                    continue
+                sup.history, sup.restart_at = restarted(sup.history, now), None
+                said.append(f"restarted {label} (pid {new.pid}, restart "
+                            f"{sup.history.restarts})")
+        if self.owns_servers:
+            said += self._supervise_servers(now)
+        if said:
+            self.write_info()
+        return said
+
+    def _exited(self, label: str, sup: Supervised, proc: subprocess.Popen[bytes],
+                now: float) -> str:
+        sup.history, delay = after_exit(self.restart_policy, sup.history, now,
+                                        self.rng.random())
+        sup.restart_at, sup.last_exit = now + delay, proc.returncode
+        return (f"{label} (pid {proc.pid}) exited with code {proc.returncode}; restarting "
+                f"in {delay:.1f}s (see {self.data_dir / 'logs' / (label + '.log')})")
+
+    def _supervise_servers(self, now: float) -> list[str]:
+        """Servers are started again on their own port, config and store; while one is
+        down, the services retry their connections. A ReplicatedRedis is left to its
+        Sentinels."""
+        said: list[str] = []
+        for label, server in self._servers():
+            sup = self.supervised.setdefault(label, Supervised(ChildHistory(now)))
+            if sup.restart_at is None:
+                if server.proc.poll() is not None:
+                    said.append(self._exited(label, sup, server.proc, now))
+            elif now >= sup.restart_at:
+                # A server that cannot start again ends the stack: `berth up` stops.
+                try:
+                    self._restart_server(server)
+                except OSError as exc:
+                    raise servers.ServerError(
+                        f"{label} could not be started again: {exc}") from exc
+                sup.history, sup.restart_at = restarted(sup.history, now), None
+                said.append(f"restarted {label} (pid {server.proc.pid}, restart "
+                            f"{sup.history.restarts})")
+        return said
+
+    def _restart_server(self, server: servers.ServerProcess) -> None:
+        if isinstance(self.nats, servers.NatsCluster) and server in self.nats.nodes:
+            self.nats.restart(self.nats.nodes.index(server))
+        elif server is self.redis:
+            assert isinstance(self.redis, servers.RedisServer)
+            server.proc = servers.start_redis(self.data_dir, server.port,
+                                              self.prefer_redis_on_path).proc
+        else:
+            server.proc = servers.start_nats(self.data_dir, server.port).proc
+
+    def _servers(self) -> list[tuple[str, servers.ServerProcess]]:
+        """The servers `berth up` watches, by label; not a ReplicatedRedis (its Sentinels
+        fail over)."""
+        many = len(self.nats.nodes) > 1
+        watched = [(f"{node.name}-{i}" if many else node.name, node)
+                   for i, node in enumerate(self.nats.nodes)]
+        if isinstance(self.redis, servers.RedisServer):
+            watched.append((self.redis.name, self.redis))
+        return watched
+
+    def process_table(self) -> dict[str, dict[str, int | None]]:
+        """Per child and server: its pid, how often it was restarted, its last exit code."""
+        pids = {label: proc.pid for label, proc in self.children.items()}
+        if self.owns_servers:
+            pids |= {label: server.proc.pid for label, server in self._servers()}
+        shown: dict[str, dict[str, int | None]] = {}
+        for label, pid in pids.items():
+            sup = self.supervised.get(label)
+            shown[label] = {"pid": pid, "restarts": sup.history.restarts if sup else 0,
+                            "last_exit": sup.last_exit if sup else None}
+        return shown
 
     def stop(self) -> None:
         # Workers first (they stop their tasks), then the services, then the servers.
@@ -123,11 +250,14 @@ class Stack:
         # No passwords here: `berth doctor` takes its own from <data dir>/auth/redis.json.
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
                 "pid": os.getpid(), "nats_pid": pids[0], "nats_pids": pids,
-                "auth_dir": str(self.auth.path)}
+                "auth_dir": str(self.auth.path), "children": self.process_table()}
         if isinstance(self.redis, servers.ReplicatedRedis):
             info |= {"redis_sentinels": self.redis.sentinel_addresses,
                      "redis_master": self.redis.master}
-        (self.data_dir / STACK_INFO).write_text(json.dumps(info, indent=2))
+        # Replaced whole, never seen half written by a `berth` command reading it.
+        tmp = self.data_dir / (STACK_INFO + ".tmp")
+        tmp.write_text(json.dumps(info, indent=2))
+        tmp.replace(self.data_dir / STACK_INFO)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -183,8 +313,10 @@ def start_stack(
     except BaseException:
         lock.release()
         raise
-    return start_services(data_dir, nats, redis, workers, worker_cpu, worker_memory_mb,
-                          api_port, extra_env, owns_servers=True, lock=lock)
+    stack = start_services(data_dir, nats, redis, workers, worker_cpu, worker_memory_mb,
+                           api_port, extra_env, owns_servers=True, lock=lock)
+    stack.prefer_redis_on_path = prefer_redis_on_path
+    return stack
 
 
 def start_services(
@@ -238,9 +370,12 @@ def api_token(data_dir: Path) -> str:
 
 
 def wait_for_api(stack: Stack, timeout: float = 30) -> None:
+    """Until the dashboard answers /healthz with 200: it has caught up with the log."""
+    import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout
+    folded: object = None
     while time.monotonic() < deadline:
         for label, proc in stack.children.items():
             if proc.poll() is not None:
@@ -251,6 +386,17 @@ def wait_for_api(stack: Stack, timeout: float = 30) -> None:
         try:
             with urllib.request.urlopen(stack.api_url + "/healthz", timeout=1):
                 return
+        except urllib.error.HTTPError as exc:
+            # 503: it answers, still folding the log. Callers get a caught-up dashboard,
+            # and a long log is waited for as long as the fold makes progress.
+            if exc.code == 503:
+                try:
+                    seq = json.loads(exc.read()).get("events_seq")
+                except (ValueError, AttributeError):
+                    seq = None
+                if seq != folded:
+                    folded, deadline = seq, time.monotonic() + timeout
+            time.sleep(0.1)
         except OSError:
             time.sleep(0.1)
     raise servers.ServerError(f"the dashboard API did not answer on {stack.api_url}")

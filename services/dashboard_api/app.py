@@ -288,11 +288,15 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     # --- open to all ------------------------------------------------------------------------
 
     @get("/healthz", sync_to_thread=False)
-    def healthz() -> dict[str, object]:
-        return {"status": "ok", "events_seq": projection.state.last_seq,
-                "caught_up": projection.caught_up.is_set(),
-                "refused_events": projection.state.refused_events,
-                "last_refused_seq": projection.state.last_refused_seq}
+    def healthz() -> Response[dict[str, object]]:
+        """503 until the projection has folded the log as it stood at start: until then
+        its answers would show a past state (readiness probes and `berth health` wait)."""
+        caught_up = projection.caught_up.is_set()
+        return Response({"status": "ok" if caught_up else "catching_up",
+                         "events_seq": projection.state.last_seq, "caught_up": caught_up,
+                         "refused_events": projection.state.refused_events,
+                         "last_refused_seq": projection.state.last_refused_seq},
+                        status_code=200 if caught_up else 503)
 
     @get(["/", "/jobs/{job_id:str}", "/workers"], media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
