@@ -29,6 +29,11 @@ JobId = Annotated[
     str,
     Meta(pattern=r"^j[0-9]+-[0-9a-f]{4}$", description="A job id, as berth assigned it."),
 ]
+# A job's id names a subject (berth.events.task.<job>): one that is not a single subject
+# token would make the scheduler publish where no one may, and its event publishes then
+# retry for ever. A JobSubmitted that brings such an id into the fold is refused as
+# undecodable (only the submitter or an admin can write one).
+SubjectToken = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 Seconds = Annotated[float, Meta(gt=0, le=366 * 24 * 3600)]
 User = Annotated[str, Meta(max_length=128, description="Who asked (free text).")]
 Reason = Annotated[str, Meta(max_length=1024)]
@@ -255,7 +260,7 @@ class Event(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class JobSubmitted(Event, tag="job_submitted"):
-    job_id: str
+    job_id: SubjectToken
     submit_seq: int
     spec: JobSpec
 

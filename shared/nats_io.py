@@ -406,7 +406,12 @@ async def follow_raw_events(
         ordered_consumer=True,
         deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
         config=ConsumerConfig(opt_start_seq=start_seq, ack_policy=AckPolicy.NONE),
-        idle_heartbeat=5.0,
+        # The client re-creates an ordered consumer only once it has missed its idle
+        # heartbeats; a restarted nats-server forgets the consumer, so until then the
+        # follower folds nothing. At 5 s a leader lagged 10-14 s after a restart (its exited
+        # attempts kept their reservations: the fault suite's nats-restart); 1 s costs one
+        # small message a second per idle follower.
+        idle_heartbeat=1.0,
         pending_msgs_limit=1_000_000,
     )
     try:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -33,6 +31,7 @@ from shared.checker import Report as CheckReport
 from shared.checker import check_cluster
 from shared.messages import JobSpec, Resources, command_decoder, decode
 from tests.bed_cluster import HEADERS, BedCluster, start_cluster
+from tests.faults.procs import Sampler
 from tests.netbed import Bed
 
 # The issue's timings: heartbeat 0.5 s, dead-after 3 s, lease TTL 2 s (fence margin 1 s).
@@ -43,7 +42,6 @@ HOSTS = ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS]
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
 TOKEN = "bedtok"
 TASK = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n"
-SAMPLE_EVERY = 0.1
 CHECK_TRIES = 5
 # Retries are read job by job (its detail): skipped past this many jobs.
 RETRIES_READ_UP_TO = 20
@@ -84,77 +82,13 @@ class Result:
         return out
 
 
-class Sampler:
-    """Which attempt of which task is alive where, every SAMPLE_EVERY seconds."""
-
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-        # (token, worker, attempt) -> [first seen, last seen] (monotonic)
-        self.seen: dict[tuple[str, str, str], list[float]] = {}
-        self.overlap: dict[str, list[float]] = {}  # token -> monotonic times of overlap
-        self.halt = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def start(self) -> Sampler:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.thread.join()
-
-    def _loop(self) -> None:
-        while not self.halt.is_set():
-            now = time.monotonic()
-            alive: dict[str, set[tuple[str, str]]] = {}
-            for token, worker, attempt in self.sample():
-                alive.setdefault(token, set()).add((worker, attempt))
-                self.seen.setdefault((token, worker, attempt), [now, now])[1] = now
-            for token, copies in alive.items():
-                if len({a for _, a in copies}) > 1:
-                    self.overlap.setdefault(token, []).append(now)
-            self.halt.wait(SAMPLE_EVERY)
+class AttemptSampler(Sampler):
+    """The fault suite's sampler, less processes without BERTH_ATTEMPT_ID (attempt "?"):
+    every attempt's task has it; one was seen for a single sample at a task's start
+    (probably its environment read mid-exec) and counted as a second copy of that task."""
 
     def sample(self) -> list[tuple[str, str, str]]:
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-                token = next((a.decode() for a in argv if a.startswith(self.tag.encode())),
-                             None)
-                if token is None or any(b"supervise" in a for a in argv):
-                    continue
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            except OSError:
-                continue
-            if b"BERTH_ATTEMPT_ID" not in env:
-                # Not an attempt's task (every one has it): seen for a single sample at a
-                # task's start, probably its environment read mid-exec. Counted, it made a
-                # one-sample "second copy" of the task starting beside it.
-                continue
-            found.append((token, env.get(b"BERTH_WORKER_ID", b"?").decode(),
-                          env[b"BERTH_ATTEMPT_ID"].decode()))
-        return found
-
-    def longest_overlap(self) -> float:
-        """The longest run of consecutive overlapping samples, in seconds."""
-        best = 0.0
-        for times in self.overlap.values():
-            start = prev = times[0]
-            for t in times[1:]:
-                if t - prev > 3 * SAMPLE_EVERY:
-                    start = t
-                prev = t
-                best = max(best, prev - start + SAMPLE_EVERY)
-            best = max(best, SAMPLE_EVERY)
-        return best
+        return [found for found in super().sample() if found[2] != "?"]
 
 
 class Bus:
@@ -196,7 +130,7 @@ class Run:
         self.result = Result(name)
         self.tag = f"{TOKEN}-{uuid.uuid4().hex[:8]}"
         self.stop_file = cluster.data_dir / f"stop-{self.tag}"
-        self.sampler = Sampler(self.tag)
+        self.sampler = AttemptSampler(self.tag)
         self.bus = Bus()
         self.jobs: dict[str, str] = {}  # job id -> token
         self.nc: Any = None

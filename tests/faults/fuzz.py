@@ -1,0 +1,204 @@
+"""Generated garbage for every decoder and subject berth listens on: random bytes, truncated
+and mutated valid messages, huge numbers, wrong types, deep nesting (1,000 and 20,000
+levels), 200 KiB strings; on the submit, event, heartbeat, command and leader subjects. And
+the forged epochs: a `berth.leader` announcement and a `leader_elected` event with huge
+epochs, published as the admin identity (the only one besides the scheduler that may).
+
+The generator is pure (a seeded random.Random in, (subject, payload) pairs out); `send`
+publishes them as the admin connection it is given. Valid-looking messages name a worker
+incarnation ("fuzz") and jobs no one runs, so none can stand for a real worker's or job's
+message: an admin may write anything, and this fuzzes the decoders, not the admin's rights.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator
+
+from nats.aio.client import Client as NATS
+
+from shared import subjects
+from shared.messages import (
+    AttemptReported,
+    CancelRequest,
+    Heartbeat,
+    JobSpec,
+    JobSubmitted,
+    KillAttempt,
+    LeaderAnnouncement,
+    LeaderElected,
+    PendingReason,
+    PendingReasonsChanged,
+    Resources,
+    RunAttempt,
+    TaskAssigned,
+    WorkerDeclaredDead,
+    WorkerRegistered,
+    encode,
+)
+from shared.states import TaskState
+
+HUGE = [b"1" + b"0" * 30, b"-1" + b"0" * 30, b"1e308", b"1e999", b"-1e999",
+        b"18446744073709551616", b"-9223372036854775809", b"0.0000000000000000000001"]
+WRONG = [b"null", b"[]", b"{}", b"true", b'"x"', b"-1", b"[[[]]]"]
+NUMBER = re.compile(rb"-?\d+(\.\d+)?")
+VALUE = re.compile(rb'(?<=:)("[^"]*"|-?\d+(\.\d+)?|true|false|null)')
+STRING = re.compile(rb'(?<=:)"[^"]*"')
+BIG_STRING = 200 * 1024
+FAKE_WORKER = "fuzz-w"
+
+
+def deep(levels: int) -> bytes:
+    return b'{"x":' + b"[" * levels + b"]" * levels + b"}"
+
+
+def deep_objects(levels: int) -> bytes:
+    return b'{"a":' * levels + b"1" + b"}" * levels
+
+
+def samples(worker: str) -> dict[str, list[bytes]]:
+    """Valid messages per kind of subject, to truncate and mutate."""
+    spec = JobSpec(name="fuzz", command=["true"], resources=Resources(cpu=0.1, memory_mb=8))
+    return {
+        "submit": [encode(spec)],
+        "cancel": [encode(CancelRequest(job_id="j1-fuzz0000", reason="fuzz"))],
+        "event": [
+            encode(JobSubmitted(job_id="j1-fuzz0000", submit_seq=1, spec=spec)),
+            encode(AttemptReported(job_id="j1-fuzz0000", task_index=0, attempt_id=0,
+                                   worker_id=FAKE_WORKER, state=TaskState.SUCCEEDED)),
+            encode(TaskAssigned(job_id="j1-fuzz0000", task_index=0, attempt_id=0,
+                                worker_id=FAKE_WORKER, incarnation="fuzz", epoch=1)),
+            encode(WorkerRegistered(worker_id=FAKE_WORKER, incarnation="fuzz",
+                                    resources=Resources(cpu=1, memory_mb=64))),
+            encode(WorkerDeclaredDead(worker_id=FAKE_WORKER, incarnation="fuzz", epoch=1)),
+            encode(PendingReasonsChanged(reasons=[PendingReason("j1-fuzz0000", 0, "x")],
+                                         epoch=1)),
+        ],
+        "heartbeat": [encode(Heartbeat(worker_id=worker, incarnation="fuzz", ts=1.0,
+                                       attempts=["j1-fuzz0000/0/0"]))],
+        "command": [
+            encode(RunAttempt(epoch=1, incarnation="fuzz", job_id="j1-fuzz0000",
+                              task_index=0, attempt_id=0, command=["true"], env={},
+                              resources=Resources(cpu=0.1, memory_mb=8))),
+            encode(KillAttempt(epoch=1, incarnation="fuzz", job_id="j1-fuzz0000",
+                               task_index=0, attempt_id=0)),
+        ],
+        "leader": [encode(LeaderAnnouncement(epoch=1, scheduler_id="fuzz"))],
+    }
+
+
+def targets(workers: list[str]) -> list[tuple[str, str]]:
+    """(kind, subject) for every subject berth decodes: the submit stream, each kind of
+    events-stream subject, heartbeats, worker commands and the leader announcement."""
+    out = [("submit", subjects.submit_job()), ("submit", subjects.submit_job("fuzz")),
+           ("cancel", subjects.submit_cancel()),
+           ("event", subjects.attempt_reports(FAKE_WORKER)),
+           ("event", subjects.worker_events(FAKE_WORKER)),
+           ("event", subjects.task_events("j1-fuzz0000")),
+           ("event", subjects.submit_outcome("fuzz", 999_999)),
+           ("event", subjects.PENDING_REASONS), ("event", subjects.worker_verdicts(FAKE_WORKER)),
+           ("leader", subjects.LEADER)]
+    for worker in workers:
+        out += [("heartbeat", subjects.heartbeat(worker)),
+                ("command", subjects.worker_commands(worker))]
+    return out
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        where = rng.randrange(len(out) + 1)
+        match rng.randrange(3):
+            case 0 if out:
+                out[min(where, len(out) - 1)] = rng.randrange(256)
+            case 1:
+                out[where:where] = bytes([rng.randrange(256)])
+            case _:
+                del out[where:where + rng.randint(1, 8)]
+    return bytes(out)
+
+
+def _replace_one(rng: random.Random, pattern: re.Pattern[bytes], data: bytes, new: bytes
+                 ) -> bytes:
+    found = list(pattern.finditer(data))
+    if not found:
+        return data + new
+    m = rng.choice(found)
+    return data[:m.start()] + new + data[m.end():]
+
+
+def garbage(rng: random.Random, valid: bytes, big_every: int, readable: bool = True) -> bytes:
+    """One generated payload from a valid message of the subject's kind; one in `big_every`
+    is a big one (20,000 levels, or a 200 KiB string). `readable=False`: only payloads that
+    cannot decode (no mutation that may leave the message well-formed)."""
+    if rng.randrange(big_every) == 0:
+        big = [deep(20_000), deep_objects(20_000)]
+        if readable:
+            big.append(_replace_one(rng, STRING, valid, b'"' + b"a" * BIG_STRING + b'"'))
+        return rng.choice(big)
+    choice = rng.randrange(8)
+    if not readable and choice in (2, 3, 4, 7):
+        choice = rng.choice([0, 1, 5, 6])
+    match choice:
+        case 0:
+            return rng.randbytes(rng.choice([0, 1, 8, 64, 512, 2048]))
+        case 1:
+            return valid[:rng.randrange(len(valid))]
+        case 2 | 3:
+            return mutate(rng, valid)
+        case 4:
+            return _replace_one(rng, NUMBER, valid, rng.choice(HUGE))
+        case 5:
+            return _replace_one(rng, VALUE, valid, rng.choice(WRONG))
+        case 6:
+            return rng.choice([deep(1000), deep_objects(1000), b"[" * 1000, b"{" * 1000])
+        case _:
+            return _replace_one(rng, STRING, valid, b'"' + b"\\u0000\xff" * 20 + b'"')
+
+
+def payloads(rng: random.Random, count: int, workers: list[str], big_every: int = 500
+             ) -> Iterator[tuple[str, bytes]]:
+    """`count` (subject, payload) pairs over every target, round robin."""
+    per_worker = {w: samples(w) for w in workers} or {"": samples(FAKE_WORKER)}
+    common = next(iter(per_worker.values()))
+    subject_list = targets(workers)
+    for i in range(count):
+        kind, subject = subject_list[i % len(subject_list)]
+        worker = subject.split(".")[2] if kind == "heartbeat" else ""
+        valid = per_worker.get(worker, common)
+        # A well-formed announcement of another epoch is the epoch fence's case, not the
+        # decoder's: forged_epochs() sends those on purpose.
+        yield subject, garbage(rng, rng.choice(valid[kind]), big_every, kind != "leader")
+
+
+def forged_epochs() -> list[tuple[str, bytes]]:
+    """Leader announcements and elections of epochs no lease gave (issue 21 item 2): a
+    little ahead of the real one, and absurd."""
+    return [(subjects.LEADER, encode(LeaderAnnouncement(epoch=7, scheduler_id="forger"))),
+            (subjects.LEADER, encode(LeaderAnnouncement(epoch=10**9, scheduler_id="forger"))),
+            (subjects.LEADER, encode(LeaderAnnouncement(epoch=10**30, scheduler_id="forger"))),
+            (subjects.LEADER_EVENTS, encode(LeaderElected(scheduler_id="forger",
+                                                          epoch=10**9))),
+            (subjects.LEADER_EVENTS, encode(LeaderElected(scheduler_id="forger",
+                                                          epoch=10**30)))]
+
+
+async def send(nc: NATS, count: int, workers: list[str], seed: int = 13,
+               epochs: bool = True) -> int:
+    """Publishes `count` generated payloads (and the forged epochs, unless told not to)
+    as `nc`'s identity; returns how many were sent. Flushes every few hundred so no
+    service's subscription is buried faster than it reads."""
+    rng = random.Random(seed)
+    sent = 0
+    for subject, payload in payloads(rng, count, workers):
+        await nc.publish(subject, payload)
+        sent += 1
+        if sent % 200 == 0:
+            await nc.flush(timeout=30)
+    if epochs:
+        for subject, payload in forged_epochs():
+            await nc.publish(subject, payload)
+            sent += 1
+    await nc.flush(timeout=30)
+    return sent
