@@ -147,6 +147,10 @@ def _format_job(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
     if job.get("error"):
         lines.append(f"  error: {job['error'].partition(chr(10))[0]}")
+    if job.get("failure_reason"):
+        lines.append(f"  failure_reason: {job['failure_reason']}")
+    if job.get("waiting_for"):
+        lines.append(f"  waiting for: {job['waiting_for']}")
     if job.get("parent"):
         lines.append(f"  parent: {job['parent']}")
     if job.get("children"):

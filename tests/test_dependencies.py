@@ -1,0 +1,139 @@
+"""Job dependencies (`after`, `after_any`) and stop criteria (`master-done`) in the fold: the
+pure rules as tables, then the fold over event sequences (issue 16 items 2 and 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import task_rules
+from shared.lifecycle import Kill
+from shared.messages import AnyEvent, StopCriteria
+from shared.state_snapshot import dump, load
+from shared.states import JobState, TaskState
+from tests.test_lifecycle import assigned, cancel, fold, registered, report, submitted
+
+S = TaskState
+J = JobState
+D = task_rules.DependencyOutcome
+
+
+@pytest.mark.parametrize(("after", "after_any", "expected"), [
+    ({}, {}, (D.READY, "")),
+    ({"a": J.SUCCEEDED}, {}, (D.READY, "")),
+    ({"a": J.RUNNING}, {}, (D.WAIT, "a")),
+    ({"a": J.PENDING, "b": J.FAILED}, {}, (D.BROKEN, "b")),
+    ({"a": J.KILLED}, {}, (D.BROKEN, "a")),
+    ({"a": J.UNSCHEDULABLE}, {}, (D.BROKEN, "a")),
+    ({"a": None}, {}, (D.BROKEN, "a")),
+    ({}, {"a": J.FAILED, "b": J.KILLED}, (D.READY, "")),
+    ({}, {"a": J.FAILED, "b": J.RUNNING}, (D.WAIT, "b")),
+    ({"a": J.SUCCEEDED}, {"b": J.PENDING}, (D.WAIT, "b")),
+    ({"a": J.RUNNING}, {"b": J.FAILED}, (D.WAIT, "a")),
+])
+def test_dependency_outcome_table(after: dict[str, JobState | None],
+                                  after_any: dict[str, JobState | None],
+                                  expected: tuple[task_rules.DependencyOutcome, str]) -> None:
+    assert task_rules.dependency_outcome(after, after_any) == expected
+
+
+@pytest.mark.parametrize(("criteria", "task0", "done"), [
+    (True, S.SUCCEEDED, True), (True, S.RUNNING, False), (True, S.FAILED, False),
+    (False, S.SUCCEEDED, False),
+])
+def test_master_done_table(criteria: bool, task0: TaskState, done: bool) -> None:
+    assert task_rules.master_done(criteria, task0) is done
+
+
+def run_to(job: str, attempt: int, end: TaskState, index: int = 0) -> list[AnyEvent]:
+    code = 0 if end == S.SUCCEEDED else 1
+    return [assigned(attempt, index=index, job=job),
+            report(attempt, S.RUNNING, index=index, job=job),
+            report(attempt, end, code, index=index, job=job)]
+
+
+def test_an_after_job_waits_unplaced_then_is_released_when_its_dependency_succeeds() -> None:
+    events: list[AnyEvent] = [registered(), submitted("j1"), submitted("j2", 2, after=["j1"])]
+    state, _ = fold(events)
+    b = state.jobs["j2"]
+    assert b.waiting_for == "j1" and b.state == J.PENDING
+    assert [t.pending_reason for t in b.tasks] == ["waiting for j1"] * 2
+    assert list(state.pending) == [("j1", 0)]  # only j1 may be placed
+    state, _ = fold(events + run_to("j1", 0, S.SUCCEEDED))
+    b = state.jobs["j2"]
+    assert b.waiting_for == "" and [t.pending_reason for t in b.tasks] == ["", ""]
+    assert list(state.pending) == [("j2", 0), ("j2", 1)]
+
+
+@pytest.mark.parametrize(("end", "how"), [(S.FAILED, "failed"), (S.KILLED, "killed")])
+def test_an_after_dependency_ending_badly_kills_the_job_with_reason_dependency(
+        end: TaskState, how: str) -> None:
+    events: list[AnyEvent] = [registered(), submitted("j1"), submitted("j2", after=["j1"]),
+                              submitted("j3", after=["j2"]), *run_to("j1", 0, end)]
+    state, _ = fold(events)
+    for job_id, dep in (("j2", "j1"), ("j3", "j2")):  # down the whole chain, no recursion
+        job = state.jobs[job_id]
+        assert job.state == J.KILLED and job.failure_reason == task_rules.DEPENDENCY
+        assert job.error == f"dependency {dep} is {'killed' if dep == 'j2' else how}"
+    assert not state.pending
+
+
+def test_submitting_after_a_job_that_already_failed_kills_at_once() -> None:
+    state, _ = fold([registered(), submitted("j1"), *run_to("j1", 0, S.FAILED),
+                     submitted("j2", after=["j1"])])
+    assert state.jobs["j2"].state == J.KILLED
+    assert state.jobs["j2"].failure_reason == task_rules.DEPENDENCY
+
+
+def test_after_any_starts_when_all_ended_whatever_their_state() -> None:
+    events: list[AnyEvent] = [registered(), submitted("j1"), submitted("j2"),
+                              submitted("j3", after_any=["j1", "j2"]), *run_to("j1", 0, S.FAILED)]
+    state, _ = fold(events)
+    assert state.jobs["j3"].tasks[0].pending_reason == "waiting for j2"
+    assert ("j3", 0) not in state.pending
+    state, _ = fold([*events, cancel("j2")])
+    assert state.jobs["j3"].state == J.PENDING and state.jobs["j3"].failure_reason == ""
+    assert ("j3", 0) in state.pending
+
+
+def test_cancelling_a_waiting_job_kills_its_tasks_and_needs_no_kill() -> None:
+    state, effects = fold([registered(), submitted("j1"), submitted("j2", after=["j1"]),
+                           cancel("j2")])
+    assert state.jobs["j2"].state == J.KILLED and state.jobs["j2"].failure_reason == ""
+    assert not [e for e in effects if isinstance(e, Kill)]
+
+
+def test_a_waiting_job_survives_a_snapshot_and_is_released_after_it() -> None:
+    """A new leader (or a restarted projection) knows from the log alone what still waits."""
+    a, b = "j1-abcd", "j2-abcd"  # ids as berth makes them: the snapshot checks the spec
+    state, _ = fold([registered(), submitted(a), submitted(b, after=[a])])
+    restored = load(dump(state, "s"), "s", state.last_seq)
+    assert restored.jobs[b].waiting_for == a and (b, 0) not in restored.pending
+    for seq, event in enumerate(run_to(a, 0, S.SUCCEEDED), start=state.last_seq + 1):
+        restored.apply(seq, event)
+    assert (b, 0) in restored.pending
+
+
+def test_master_done_succeeds_on_task_0_and_kills_the_others() -> None:
+    events: list[AnyEvent] = [registered(), submitted("j1", 3,
+                                                      stop_criteria=StopCriteria.MASTER_DONE)]
+    events += [assigned(0, index=i) for i in range(3)]
+    events += [report(0, S.RUNNING, index=i) for i in range(3)]
+    events += [report(0, S.SUCCEEDED, 0, index=0)]
+    state, effects = fold(events)
+    job = state.jobs["j1"]
+    assert job.state == J.SUCCEEDED and job.error == ""
+    assert [t.state for t in job.tasks] == [S.SUCCEEDED, S.KILLED, S.KILLED]
+    assert sorted(e.task_index for e in effects if isinstance(e, Kill)) == [1, 2]
+
+
+def test_master_done_job_still_fails_when_task_0_fails() -> None:
+    state, _ = fold([registered(), submitted("j1", 2, stop_criteria=StopCriteria.MASTER_DONE),
+                     *run_to("j1", 0, S.SUCCEEDED, index=1), *run_to("j1", 0, S.FAILED)])
+    assert state.jobs["j1"].state == J.FAILED
+
+
+def test_a_master_done_job_releases_its_after_dependents() -> None:
+    state, _ = fold([registered(), submitted("j1", 2, stop_criteria=StopCriteria.MASTER_DONE),
+                     submitted("j2", after=["j1"]), assigned(0, index=1),
+                     *run_to("j1", 0, S.SUCCEEDED)])
+    assert state.jobs["j1"].state == J.SUCCEEDED and ("j2", 0) in state.pending
