@@ -309,6 +309,7 @@ class ClusterState:
             what = dep.state.display if dep is not None else "unknown"
             self._cancellations.append(
                 (job.job_id, f"dependency {about} is {what}", ts, task_rules.DEPENDENCY))
+            job.waiting_for = ""
             return
         job.waiting_for = about
         for task in job.tasks:
@@ -374,10 +375,13 @@ class ClusterState:
         # attempt then fails at once, exactly as if it had been running (any fold order of
         # the two events gives the same state).
         gone = not worker.alive or worker.incarnation != event.incarnation
-        if attempt is not task.current_attempt or not task_rules.can_transition(
-            task.state, S.ASSIGNED
+        if attempt is not task.current_attempt or job.waiting_for or not (
+            task_rules.can_transition(task.state, S.ASSIGNED)
         ):
-            # Superseded, or the task finished (e.g. was killed) before this was folded.
+            # Superseded, the task finished (e.g. was killed) before this was folded, or
+            # its job still waits for a dependency: no leader offers such a task for
+            # placement (the release precedes any assignment in the log), so nothing
+            # may start early.
             attempt.kill_requested = True
             if not gone:
                 effects.append(
@@ -616,6 +620,7 @@ class ClusterState:
             return
         job.error = reason
         job.failure_reason = failure_reason
+        job.waiting_for = ""
         self._kill_remaining(job, reason, effects)
         self._update_job(job, ts, effects)
 

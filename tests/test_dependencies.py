@@ -4,13 +4,23 @@ pure rules as tables, then the fold over event sequences (issue 16 items 2 and 5
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared import task_rules
-from shared.lifecycle import Kill
+from shared.lifecycle import ClusterState, Kill
 from shared.messages import AnyEvent, StopCriteria
 from shared.state_snapshot import dump, load
-from shared.states import JobState, TaskState
-from tests.test_lifecycle import assigned, cancel, fold, registered, report, submitted
+from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
+from tests.test_lifecycle import (
+    REPORTABLE,
+    assigned,
+    cancel,
+    fold,
+    registered,
+    report,
+    submitted,
+)
 
 S = TaskState
 J = JobState
@@ -137,3 +147,77 @@ def test_a_master_done_job_releases_its_after_dependents() -> None:
                      submitted("j2", after=["j1"]), assigned(0, index=1),
                      *run_to("j1", 0, S.SUCCEEDED)])
     assert state.jobs["j1"].state == J.SUCCEEDED and ("j2", 0) in state.pending
+
+
+A, B, C = "j1-aaaa", "j2-bbbb", "j3-cccc"
+
+
+@st.composite
+def dependency_sequences(draw: st.DrawFn) -> list[AnyEvent]:
+    """A (master-done or not), B after A, C after_any A and B; then random reports,
+    assignments and cancels, including ones no scheduler would send for a waiting job."""
+    criteria = draw(st.sampled_from(list(StopCriteria)))
+    events: list[AnyEvent] = [registered(), submitted(A, 2, stop_criteria=criteria,
+                                                      max_retries_failure=1),
+                              submitted(B, after=[A]), submitted(C, after_any=[A, B])]
+    for _ in range(draw(st.integers(0, 30))):
+        job = draw(st.sampled_from([A, A, A, B, C]))
+        index = draw(st.integers(0, 1)) if job == A else 0
+        attempt = draw(st.integers(0, 2))
+        kind = draw(st.sampled_from(["assign", "report", "report", "cancel"]))
+        if kind == "assign":
+            events.append(assigned(attempt, index, job=job))
+        elif kind == "report":
+            events.append(report(attempt, draw(st.sampled_from(REPORTABLE)),
+                                 draw(st.sampled_from([0, 1])), index, job=job))
+        else:
+            events.append(cancel(job))
+    return events
+
+
+@settings(max_examples=150, deadline=None)
+@given(dependency_sequences())
+def test_dependency_invariants(events: list[AnyEvent]) -> None:
+    state = ClusterState()
+    for seq, event in enumerate(events, start=1):
+        state.apply(seq, event)
+        if seq < 4:
+            continue  # not all submitted yet
+        a, b, c = (state.jobs[j] for j in (A, B, C))
+        # Nothing is offered for placement before its dependencies allow it.
+        if any(t.state in ATTEMPT_LIVE for t in b.tasks):
+            assert a.state == J.SUCCEEDED
+        if any(t.state in ATTEMPT_LIVE for t in c.tasks):
+            assert a.state in JOB_TERMINAL and b.state in JOB_TERMINAL
+        if any(t.key in state.pending for t in b.tasks):
+            assert a.state == J.SUCCEEDED
+        if any(t.key in state.pending for t in c.tasks):
+            assert a.state in JOB_TERMINAL and b.state in JOB_TERMINAL
+        # An `after` dependency that ended badly ends its dependent, and says so.
+        if a.state in JOB_TERMINAL and a.state != J.SUCCEEDED and b.failure_reason == "":
+            assert b.error.startswith("cancelled"), b.error
+        if b.failure_reason:
+            assert b.state == J.KILLED and a.state in JOB_TERMINAL - {J.SUCCEEDED}
+        assert c.failure_reason == ""  # after_any never fails a job
+        for job in (b, c):
+            outcome, _ = task_rules.dependency_outcome(
+                {j: state.jobs[j].state for j in job.spec.after},
+                {j: state.jobs[j].state for j in job.spec.after_any})
+            if job.waiting_for:  # says what it waits for exactly while it waits
+                assert outcome == D.WAIT and job.state == J.PENDING
+                assert not any(t.key in state.pending for t in job.tasks)
+            elif job.state not in JOB_TERMINAL:
+                assert outcome == D.READY
+        if a.spec.stop_criteria == StopCriteria.MASTER_DONE and a.state == J.SUCCEEDED:
+            assert a.tasks[0].state == S.SUCCEEDED
+            assert all(t.state in (S.SUCCEEDED, S.KILLED) for t in a.tasks)
+
+
+def test_an_assignment_to_a_waiting_task_is_void_and_its_process_killed() -> None:
+    """No leader sends one (the release precedes any assignment in the log); if one were
+    folded, the task still does not start early."""
+    state, effects = fold([registered(), submitted("j1"), submitted("j2", after=["j1"]),
+                           assigned(0, job="j2")])
+    task = state.jobs["j2"].tasks[0]
+    assert task.state == S.PENDING and task.pending_reason == "waiting for j1"
+    assert [e.job_id for e in effects if isinstance(e, Kill)] == ["j2"]
