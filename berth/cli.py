@@ -116,9 +116,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
     print(outcome.job_id)
+    waits = _waits_for(payload)
+    if waits:  # stdout stays the job id alone, for scripts
+        print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
     if args.wait:
         return _wait_and_show(api_url, str(outcome.job_id), args.timeout)
     return 0
+
+
+def _waits_for(payload: bytes) -> str:
+    """The dependencies an accepted submit waits for, in words ("" for none)."""
+    spec = json.loads(payload)  # the submitter accepted it: a valid spec
+    parts = [f"{', '.join(spec['after'])} to succeed"] if spec.get("after") else []
+    parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
+    return " and ".join(parts)
 
 
 def _clock(ts: float | None) -> str:

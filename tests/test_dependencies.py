@@ -3,10 +3,13 @@ pure rules as tables, then the fold over event sequences (issue 16 items 2 and 5
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from berth.cli import _waits_for
 from shared import task_rules
 from shared.lifecycle import ClusterState, Kill
 from shared.messages import AnyEvent, StopCriteria
@@ -221,3 +224,12 @@ def test_an_assignment_to_a_waiting_task_is_void_and_its_process_killed() -> Non
     task = state.jobs["j2"].tasks[0]
     assert task.state == S.PENDING and task.pending_reason == "waiting for j1"
     assert [e.job_id for e in effects if isinstance(e, Kill)] == ["j2"]
+
+
+@pytest.mark.parametrize(("spec", "said"), [
+    ({}, ""),
+    ({"after": ["j1-aaaa", "j2-bbbb"]}, "j1-aaaa, j2-bbbb to succeed"),
+    ({"after": ["j1-aaaa"], "after_any": ["j3-cccc"]}, "j1-aaaa to succeed and j3-cccc to end"),
+])
+def test_berth_submit_says_what_a_job_waits_for(spec: dict[str, object], said: str) -> None:
+    assert _waits_for(json.dumps({"name": "x", "command": ["x"], **spec}).encode()) == said

@@ -51,6 +51,9 @@ async def test_chains_failing_dependencies_and_master_done(make_stack, nc: NATS,
                                     stop_criteria=StopCriteria.MASTER_DONE))
     unknown = await submit_job(nc, job(tmp_path / "u", "u", after_any=[a, "j999-abcd"]))
     assert not unknown.accepted and unknown.reason == "after_any[1]: no job 'j999-abcd'"
+    # A user may depend only on their own jobs: another's is no job of theirs.
+    foreign = await submit_job(nc, job(tmp_path / "f", "f", after=[a]), user="ada")
+    assert not foreign.accepted and foreign.reason == f"after[0]: no job '{a}' of 'ada'"
 
     # a runs; b waits, unplaced, saying why.
     await wait_until(lambda: (tmp_path / "a" / "0.pid").exists(), what="a running")
