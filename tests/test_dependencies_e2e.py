@@ -3,6 +3,7 @@ stack, the three scenarios side by side to keep within the test budget."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def job(directory: Path, name: str, code: int = 0, **spec: Any) -> JobSpec:
 async def test_chains_failing_dependencies_and_master_done(make_stack, nc: NATS,
                                                            tmp_path: Path, capsys) -> None:
     stack: Stack = make_stack(workers=1)
+    stack.start_service("scheduler", label="scheduler-2")  # the standby
     await wait_until(lambda: get_json(stack, "/api/workers"), what="the worker")
 
     a = await accepted(nc, job(tmp_path / "a", "a"))
@@ -65,6 +67,11 @@ async def test_chains_failing_dependencies_and_master_done(make_stack, nc: NATS,
     assert waiting["tasks"][0]["attempts"] == []
     assert not (tmp_path / "b" / "0.pid").exists()
 
+    # The leader goes; the standby, folding the same log, knows b still waits for a.
+    await asyncio.to_thread(stack.stop_child, "scheduler")
+    await asyncio.sleep(1)
+    assert job_now(stack, b)["waiting_for"] == a
+
     for name in ("a", "bad", "m"):
         (tmp_path / name / "go").touch()
 
@@ -72,6 +79,7 @@ async def test_chains_failing_dependencies_and_master_done(make_stack, nc: NATS,
     (tmp_path / "b" / "go").touch()
     done_b = await wait_for_job(stack, b, {"succeeded"})
     assert done_b["started_at"] >= done_a["finished_at"]
+    assert len(done_b["tasks"][0]["attempts"]) == 1  # started once, by the new leader
 
     killed = await wait_for_job(stack, dependent, {"killed"})
     assert killed["failure_reason"] == "DEPENDENCY"
