@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.cli import _waits_for
+from services.submitter.intake import intake
 from shared import task_rules
 from shared.lifecycle import ClusterState, Kill
-from shared.messages import AnyEvent, StopCriteria
+from shared.messages import AnyEvent, StopCriteria, SubmitRejected
 from shared.state_snapshot import dump, load
 from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 from tests.test_lifecycle import (
@@ -233,3 +234,17 @@ def test_an_assignment_to_a_waiting_task_is_void_and_its_process_killed() -> Non
 ])
 def test_berth_submit_says_what_a_job_waits_for(spec: dict[str, object], said: str) -> None:
     assert _waits_for(json.dumps({"name": "x", "command": ["x"], **spec}).encode()) == said
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ({"after": ["nope"]}, "at `$.after[0]`"),
+    ({"after_any": "j1-abcd"}, "Expected `array`, got `str` - at `$.after_any`"),
+    ({"after": ["j1-abcd", "j1-abcd"]}, "after: job ids must be unique"),
+    ({"stop_criteria": "first-done"}, "Invalid enum value 'first-done' - at `$.stop_criteria`"),
+])
+def test_bad_dependency_fields_are_one_line_naming_the_field(fields: dict[str, object],
+                                                             said: str) -> None:
+    payload = json.dumps({"name": "x", "command": ["x"], **fields}).encode()
+    outcome = intake(payload, 7, 0, 1 << 20)
+    assert isinstance(outcome, SubmitRejected), outcome
+    assert said in outcome.reason and "\n" not in outcome.reason, outcome.reason
