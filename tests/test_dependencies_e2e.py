@@ -69,8 +69,11 @@ async def test_chains_failing_dependencies_and_master_done(make_stack, nc: NATS,
 
     # The leader goes; the standby, folding the same log, knows b still waits for a.
     await asyncio.to_thread(stack.stop_child, "scheduler")
-    await asyncio.sleep(1)
+    standby_log = stack.data_dir / "logs" / "scheduler-2.log"
+    await wait_until(lambda: "leading with epoch" in standby_log.read_text(),
+                     what="the standby to lead")
     assert job_now(stack, b)["waiting_for"] == a
+    assert not (tmp_path / "b" / "0.pid").exists()
 
     for name in ("a", "bad", "m"):
         (tmp_path / name / "go").touch()
