@@ -145,6 +145,13 @@ def _format_attempt(a: dict[str, Any]) -> str:
     first, _, rest = str(a["error"] or "").partition("\n")
     if first:
         line += f", {first}"
+    if a.get("devices"):
+        line += f", devices {','.join(str(d) for d in a['devices'])}"
+    if gpu := a.get("gpu"):
+        line += f", GPU memory peak {gpu['peak_memory_mb']} MiB"
+        if gpu["mean_utilization"] is not None:
+            line += (f", utilisation mean {gpu['mean_utilization']:.0f}% "
+                     f"peak {gpu['peak_utilization']}%")
     span = f"assigned {_clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {_clock(a['started_at'])}"
@@ -227,6 +234,80 @@ def cmd_status(args: argparse.Namespace) -> int:
     except ApiError as exc:
         print(f"berth: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _format_worker(w: dict[str, Any]) -> list[str]:
+    res = w["resources"]
+    device = res["device"]
+    offer = f"{res['cpu']:g} cpu, {res['memory_mb']} MiB"
+    if device["type"] != "cpu":
+        offer += f", {device['count']} {device['type']}:{device['variant']}"
+    state = "healthy" if w["healthy"] else "unhealthy"
+    lines = [f"{w['worker_id']:<16} {state:<9} {offer}  "
+             f"({len(w['running_attempts'])} running, {w['cpu_free']:g} cpu free, "
+             f"{w['devices_free']} devices free)"]
+    for d in w.get("devices", []):
+        what = " ".join(x for x in (d["uuid"], d["model"],
+                                    f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
+        state = f"held by {d['held_by']}" if d["held_by"] else "free"
+        now = [f"{d[k]}{unit}" for k, unit in (("utilization", "% busy"),
+                                                ("memory_used_mb", " MiB used"),
+                                                ("temperature_c", " C"))
+               if d.get(k) is not None]
+        if now:
+            state += f" ({', '.join(now)})"
+        if d.get("unhealthy"):
+            state += f", UNHEALTHY: {d['unhealthy']}"
+        lines.append(f"  device {d['index']}: {what or 'unchecked'}  {state}")
+    return lines
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    _, api_url = _urls(args)
+    try:
+        workers = api_get(api_url, "/api/workers")
+    except ApiError as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 1
+    for w in workers:
+        print("\n".join(_format_worker(w)))
+    return 0
+
+
+async def _device_health(nats_url: str, creds: Credentials, worker_id: str, index: int,
+                         healthy: bool, reason: str) -> None:
+    from shared import nats_io
+    from shared.messages import DeviceHealthChanged
+
+    async with cli_connection(nats_url, creds) as nc:
+        await nats_io.publish_event(
+            nc.jetstream(), subjects.worker_events(worker_id),
+            DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
+                                reason=reason, ts=time.time()),
+            msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
+
+
+def cmd_device(args: argparse.Namespace) -> int:
+    """An operator takes a worker's device out of service or returns it (an admin's
+    identity: it speaks on the worker's own event subject)."""
+    nats_url, api_url = _urls(args)
+    try:
+        worker = api_get(api_url, f"/api/workers/{args.worker}")
+    except ApiError as exc:
+        print(f"berth: worker {args.worker}: {exc}", file=sys.stderr)
+        return 1
+    indices = [d["index"] for d in worker.get("devices", [])]
+    if args.index not in indices:
+        print(f"berth: index: worker {args.worker} has no device {args.index} (it has "
+              f"{', '.join(map(str, indices)) or 'none'})", file=sys.stderr)
+        return 1
+    healthy = args.action == "enable"
+    reason = args.reason or ("" if healthy else "taken out of service by an operator")
+    asyncio.run(_device_health(nats_url, cli_credentials(args.data_dir, admin=True),
+                               args.worker, args.index, healthy, reason))
+    print(f"device {args.index} of {args.worker} "
+          f"{'returned to service' if healthy else 'takes no new attempts'}")
     return 0
 
 
@@ -330,6 +411,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"refused_events={report.refused_events} (last at {report.last_refused_seq})")
     print(f"double_booked_hosts={report.double_booked_hosts}")
     print(f"double_booked_ports={report.double_booked_ports}")
+    print(f"double_booked_devices={report.double_booked_devices}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -561,13 +643,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show one job with its tasks, or list all jobs")
     p.add_argument("job", nargs="?")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("workers", help="list the workers, their resources and devices (GPUs)")
+    p.set_defaults(func=cmd_workers)
+    p = sub.add_parser(
+        "device", help="take a worker's device (GPU) out of service, or return it",
+        description="disable: no new attempt is placed on the device, and the one running "
+        "on it is killed and retried elsewhere (a worker failure, not the user's). "
+        "enable: return a device to service, e.g. one its worker reported unhealthy (NVML "
+        "errors, uncorrectable ECC errors, gone from the bus) once it is fixed.")
+    p.add_argument("action", choices=["enable", "disable"])
+    p.add_argument("worker", help="worker id")
+    p.add_argument("index", type=int, help="the device's index (`berth workers` lists them)")
+    p.add_argument("--reason", default="", help="recorded with a disable")
+    p.set_defaults(func=cmd_device)
     p = sub.add_parser(
         "doctor", help="check the placement invariants from Redis and the event log",
         description="Reads Redis and the event log and reports every violation of the "
         "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
-        "by two gangs, a port given twice, reservations with no live attempt, live attempts "
-        "with no reservation. Prints double_booked_hosts=0 and double_booked_ports=0 when all "
-        "is well (ports are counted per host address); exit status 1 "
+        "by two gangs, a port given twice, a device (GPU) given to two live attempts, reservations "
+        "with no live attempt, live attempts with no reservation. Prints double_booked_hosts=0, "
+        "double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted "
+        "per host address, devices per worker); exit status 1 "
         "when anything is wrong.")
     p.add_argument("--redis-url", help="Redis URL with the doctor user's credentials "
                    "(default: $BERTH_REDIS_URL, else `berth up`'s, as its doctor user)")

@@ -126,11 +126,12 @@ class Stack:
         return proc
 
     def start_worker(self, worker_id: str, cpu: float = 2, memory_mb: int = 2048,
-                     *extra: str) -> subprocess.Popen[bytes]:
+                     *extra: str, env: dict[str, str] | None = None
+                     ) -> subprocess.Popen[bytes]:
         """A local worker; `extra` are more `berth run worker` flags (devices, attributes)."""
         return self.start_service("worker", "--id", worker_id, "--cpu", str(cpu),
                                   "--memory-mb", str(memory_mb), "--address", "127.0.0.1",
-                                  *extra, label=worker_id, scope=worker_id)
+                                  *extra, label=worker_id, scope=worker_id, env=env)
 
     def stop_child(self, label: str, timeout: float = 15) -> None:
         proc = self.children.pop(label)
@@ -347,7 +348,10 @@ def start_services(
         for name in ("submitter", "scheduler", "dashboard"):
             stack.start_service(name)
         for i in range(workers):
-            stack.start_worker(f"local-{i}", worker_cpu, worker_memory_mb)
+            # Each worker offers every GPU it discovers: on a GPU host only the first may,
+            # or two workers would give one GPU to two tasks (docs/gpus.md).
+            stack.start_worker(f"local-{i}", worker_cpu, worker_memory_mb,
+                               env={"CUDA_VISIBLE_DEVICES": ""} if i else None)
         wait_for_api(stack)
     except BaseException:
         stack.stop()

@@ -5,7 +5,7 @@ log, at any moment. `check` is pure (folded state and a Redis read in, violation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
@@ -16,7 +16,8 @@ from shared.lifecycle import ClusterState
 from shared.reservations import GroupUsage, HostUsage, ReservationStore
 
 # Violations that must never happen, not even for a moment.
-NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice")
+NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
+         "devices_given_twice")
 # Disagreements between Redis and the log: real only when they persist.
 PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
 
@@ -27,6 +28,7 @@ class Report:
     groups_held_twice: list[str] = field(default_factory=list)
     hosts_shared_by_gangs: list[str] = field(default_factory=list)
     ports_given_twice: list[str] = field(default_factory=list)
+    devices_given_twice: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
     attempts_without_reservation: list[str] = field(default_factory=list)
     refused_double_bookings: int = 0
@@ -48,6 +50,11 @@ class Report:
     def double_booked_ports(self) -> int:
         """(address, port) pairs given to two live attempts, per the log or per Redis."""
         return len({line.split(" to ", 1)[0] for line in self.ports_given_twice})
+
+    @property
+    def double_booked_devices(self) -> int:
+        """(worker, device) pairs held by two live attempts, per the log or per Redis."""
+        return len({line.split(" to ", 1)[0] for line in self.devices_given_twice})
 
     def violations(self) -> list[str]:
         out = []
@@ -84,6 +91,7 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
     for w in state.workers.values():
         gangs: set[str] = set()
         ports = ports_by_address.setdefault(w.address or w.worker_id, {})
+        devices: dict[int, str] = {}
         for key, (job_id, index, attempt_id) in w.live_attempts.items():
             job = state.jobs[job_id]
             attempt = job.tasks[index].attempt(attempt_id)
@@ -94,11 +102,10 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
             cosched = job.spec.coscheduling
             if cosched is not None and not cosched.shareable:
                 gangs.add(job_id)
-            for port in attempt.ports.values():
-                if port in ports:
-                    report.ports_given_twice.append(
-                        f"{w.address or w.worker_id}: port {port} to {ports[port]} and {key}")
-                ports[port] = key
+            _hold(ports, attempt.ports.values(), key, f"{w.address or w.worker_id}: port",
+                  report.ports_given_twice)
+            _hold(devices, attempt.devices, key, f"{w.worker_id}: device",
+                  report.devices_given_twice)
         if len(gangs) > 1:
             report.hosts_shared_by_gangs.append(f"{w.worker_id}: {', '.join(sorted(gangs))}")
     for name, jobs in sorted(holders.items()):
@@ -113,14 +120,12 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                         f"{g.name}: owner {g.owner}, but {member} is held by {host.gang}")
     redis_ports: dict[str, dict[int, str]] = {}
     for h in hosts:
+        device_holders: dict[int, str] = {}
         for key, a in sorted(h.allocations.items()):
-            taken = redis_ports.setdefault(a.address or h.worker_id, {})
-            for port in a.ports:
-                if port in taken:
-                    report.ports_given_twice.append(
-                        f"{a.address or h.worker_id}: port {port} to {taken[port]} and {key} "
-                        "(redis)")
-                taken[port] = key
+            _hold(device_holders, a.devices, key, f"{h.worker_id}: device",
+                  report.devices_given_twice, " (redis)")
+            _hold(redis_ports.setdefault(a.address or h.worker_id, {}), a.ports, key,
+                  f"{a.address or h.worker_id}: port", report.ports_given_twice, " (redis)")
     # 3. Redis and the log agree on who holds what.
     for h in hosts:
         live = state.workers[h.worker_id].live_attempts if h.worker_id in state.workers else {}
@@ -131,6 +136,16 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
         report.attempts_without_reservation += [
             f"{w.worker_id}: {key}" for key in sorted(w.live_attempts) if key not in held]
     return report
+
+
+def _hold(holders: dict[int, str], items: Iterable[int], key: str, what: str,
+          twice: list[str], suffix: str = "") -> None:
+    """Records attempt `key` holding each of `items` (ports, devices); one already held by
+    another is a violation line: "<what> <item> to <holder> and <key>"."""
+    for item in items:
+        if item in holders:
+            twice.append(f"{what} {item} to {holders[item]} and {key}{suffix}")
+        holders[item] = key
 
 
 async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: float = 1.0

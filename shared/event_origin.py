@@ -20,6 +20,7 @@ from shared import subjects
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    DeviceHealthChanged,
     Heartbeat,
     JobCancelRequested,
     JobSubmitted,
@@ -55,7 +56,7 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.PENDING_REASONS
         case WorkerDeclaredDead():
             ok = subject == subjects.worker_verdicts(event.worker_id)
-        case WorkerRegistered() | WorkerStopped():
+        case WorkerRegistered() | WorkerStopped() | DeviceHealthChanged():
             ok = subject == subjects.worker_events(event.worker_id)
         case AttemptReported():
             ok = subject == subjects.attempt_reports(event.worker_id)

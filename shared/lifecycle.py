@@ -20,6 +20,9 @@ from shared.event_origin import epoch_refusal
 from shared.messages import (
     AnyEvent,
     AttemptReported,
+    DeviceHealthChanged,
+    DeviceInfo,
+    GpuTelemetry,
     JobCancelRequested,
     JobSpec,
     JobSubmitted,
@@ -59,6 +62,8 @@ class AttemptView(msgspec.Struct, kw_only=True):
     ports: dict[str, int] = {}
     group: str = ""
     coordinator: str = ""
+    devices: list[int] = []  # indices of the worker's devices it holds
+    gpu: GpuTelemetry | None = None  # what it used of them, from its exit report
 
 
 class TaskView(msgspec.Struct, kw_only=True):
@@ -132,10 +137,26 @@ class WorkerView(msgspec.Struct, kw_only=True):
     live_attempts: dict[str, tuple[str, int, int]] = {}
     ports_used: dict[int, str] = {}  # port -> attempt key
     holder: str | None = None  # the job whose gang holds a group this worker belongs to
+    devices: list[DeviceInfo] = []  # its accelerators, one per device it offers
+    devices_used: dict[int, str] = {}  # device index -> attempt key
+    unhealthy: dict[int, str] = {}  # device index -> why it takes no new attempts
 
     @property
     def free(self) -> Amounts:
         return self.resources.amounts - self.used
+
+    @property
+    def free_devices(self) -> list[int]:
+        return [d.index for d in self.devices
+                if d.index not in self.devices_used and d.index not in self.unhealthy]
+
+
+def registered_devices(event: WorkerRegistered) -> list[DeviceInfo]:
+    """A worker's devices: as it registered them, or (from a worker that predates device
+    pinning, or offers TPU chips) numbered 0..count-1."""
+    if event.devices:
+        return list(event.devices)
+    return [DeviceInfo(index=i) for i in range(event.resources.amounts.dev)]
 
 
 class GroupView(msgspec.Struct, kw_only=True):
@@ -217,6 +238,8 @@ class ClusterState:
                 self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts, ""))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
+            case DeviceHealthChanged():
+                self._device_health(event, effects)
             case WorkerDeclaredDead() if event.epoch < self.epoch:
                 pass  # a deposed leader's verdict is void
             case WorkerStopped() | WorkerDeclaredDead():
@@ -339,10 +362,46 @@ class ClusterState:
             host=event.host,
             address=event.address or event.host,
             registered_at=event.ts,
+            devices=registered_devices(event),
+            # A restarted agent does not heal a card: it stays out until it is returned.
+            unhealthy=dict(old.unhealthy) if old is not None else {},
         )
         # A group held by a gang still holds this worker if its other members keep it.
         worker.holder = next((g.job_id for g in self.groups.values()
                               if g.exclusive and worker.worker_id in g.members), None)
+
+    def _device_health(self, event: DeviceHealthChanged, effects: list[Effect]) -> None:
+        """An unhealthy device takes no new attempts, and the attempts running on it end
+        as a worker failure (killed, retried under their preemption budget, never counted
+        as the user's failure); they hold the device until their exit is confirmed."""
+        worker = self.workers.get(event.worker_id)
+        if worker is None:
+            return
+        if event.healthy:
+            worker.unhealthy.pop(event.index, None)
+            return
+        why = f"device {event.index} of {worker.worker_id} is unhealthy: " + (
+            event.reason or "unhealthy")
+        worker.unhealthy[event.index] = event.reason or "unhealthy"
+        key = worker.devices_used.get(event.index)
+        if key is None or key not in worker.live_attempts:
+            return
+        job_id, index, attempt_id = worker.live_attempts[key]
+        task = self.task(job_id, index)
+        attempt = task.attempt(attempt_id) if task is not None else None
+        if task is None or attempt is None or attempt.kill_requested:
+            return
+        job = self.jobs[job_id]
+        attempt.kill_requested = True
+        attempt.worker_failure = True
+        attempt.error = why
+        effects.append(Kill(worker.worker_id, worker.incarnation, job_id, index, attempt_id,
+                            why))
+        if attempt is task.current_attempt and task_rules.can_transition(
+                task.state, S.WORKER_FAILED):
+            self._preempt(task, job, why, event.ts)
+            self._cascade_gang(job, task, event.ts, effects)
+            self._update_job(job, event.ts, effects)
 
     def _task_assigned(self, event: TaskAssigned, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
@@ -360,6 +419,7 @@ class ClusterState:
             ports=dict(event.ports),
             group=event.group,
             coordinator=event.coordinator,
+            devices=list(event.devices),
         )
         # A committed assignment is a fact whatever the task's state: the reservation exists
         # and the command went out, so the attempt holds resources until it is confirmed gone.
@@ -369,6 +429,8 @@ class ClusterState:
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         for port in event.ports.values():
             worker.ports_used[port] = key
+        for index in event.devices:
+            worker.devices_used[index] = key
         if event.group:
             self._hold_group(event.group, job, key)
         # The worker may have died or restarted between the placement and this event: the
@@ -429,6 +491,7 @@ class ClusterState:
             attempt.exit_code = event.exit_code
             attempt.error = event.error
             attempt.finished_at = event.ts
+            attempt.gpu = event.gpu
             # The process is gone whatever its state said: its resources are free.
             self._attempt_exited(attempt, event.job_id, event.task_index, effects)
 
@@ -503,6 +566,9 @@ class ClusterState:
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]
+            for index in attempt.devices:
+                if worker.devices_used.get(index) == key:
+                    del worker.devices_used[index]
             if attempt.group:
                 self._let_go_of_group(attempt.group, key)
         effects.append(Release(attempt.worker_id, key))

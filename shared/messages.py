@@ -299,6 +299,21 @@ class JobCancelRequested(Event, tag="job_cancel_requested"):
     user: str = ""
 
 
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One accelerator of a worker, as it discovered it (NVML) or was told (--gpu)."""
+
+    index: int  # NVML's index (nvidia-smi's), the order of the PCI bus
+    uuid: str = ""  # "GPU-..."; "" when not discovered
+    model: str = ""  # "NVIDIA H100 80GB HBM3"; "" when not discovered
+    memory_mb: int = 0
+
+    @property
+    def visible_id(self) -> str:
+        """How CUDA_VISIBLE_DEVICES names it: its UUID (stable whatever CUDA's own device
+        order), else its index."""
+        return self.uuid or str(self.index)
+
+
 class WorkerRegistered(Event, tag="worker_registered"):
     worker_id: str
     incarnation: str
@@ -306,6 +321,20 @@ class WorkerRegistered(Event, tag="worker_registered"):
     attributes: dict[str, str] = {}
     host: str = ""
     address: str = ""  # where tasks on this worker are reached (coordinator addresses)
+    # Its accelerators, one per device of `resources.device`; empty from a worker that
+    # predates device pinning (the fold then numbers them 0..count-1).
+    devices: list[DeviceInfo] = []
+
+
+class DeviceHealthChanged(Event, tag="device_health_changed"):
+    """One of a worker's devices became unhealthy (an NVML error, uncorrectable ECC errors,
+    gone from the bus: its worker saw it) or was returned to service (an operator's
+    `berth device enable`). No new attempt is placed on an unhealthy device."""
+
+    worker_id: str
+    index: int
+    healthy: bool
+    reason: Reason = ""
 
 
 class WorkerStopped(Event, tag="worker_stopped"):
@@ -341,6 +370,9 @@ class TaskAssigned(Event, tag="task_assigned"):
     ports: dict[str, int] = {}
     group: str = ""  # the coscheduling group ("tpu-name=slice-a") a gang's task holds
     coordinator: str = ""  # host:port of the gang's task 0, for BERTH_COORDINATOR_ADDRESS
+    # The indices of the worker's devices this attempt holds (reserved in the same Lua
+    # commit as the host): one per device it asked for.
+    devices: list[int] = []
 
 
 class TaskUnschedulable(Event, tag="task_unschedulable"):
@@ -366,6 +398,15 @@ class PendingReasonsChanged(Event, tag="pending_reasons_changed"):
     epoch: int
 
 
+class GpuTelemetry(msgspec.Struct, frozen=True, kw_only=True):
+    """What an attempt's processes used of its GPUs, sampled by its worker through NVML."""
+
+    peak_memory_mb: int  # the most GPU memory its processes held at once, all devices
+    mean_utilization: float | None = None  # percent of SM time, over its samples
+    peak_utilization: int | None = None
+    samples: int = 0
+
+
 class AttemptReported(Event, tag="attempt_reported"):
     """A worker's report of one attempt's transition: the only way a worker changes state."""
 
@@ -378,6 +419,7 @@ class AttemptReported(Event, tag="attempt_reported"):
     error: str = ""
     # KILLED because it ran past the task's `timeout` (a resumable task is then retried).
     timed_out: bool = False
+    gpu: GpuTelemetry | None = None  # with the exit report of an attempt that had GPUs
 
 
 AnyEvent = (
@@ -385,6 +427,7 @@ AnyEvent = (
     | SubmitRejected
     | JobCancelRequested
     | WorkerRegistered
+    | DeviceHealthChanged
     | WorkerStopped
     | WorkerDeclaredDead
     | LeaderElected
@@ -415,6 +458,10 @@ class RunAttempt(Command, tag="run"):
     bundle: str | None = None
     setup: list[str] = []
     build_timeout: float | None = None
+    # CUDA_VISIBLE_DEVICES for the attempt: the ids (UUIDs, else indices) of exactly the
+    # devices it holds, [] for a task that asked for none. None from a scheduler that
+    # predates device pinning.
+    devices: list[str] | None = None
 
 
 class KillAttempt(Command, tag="kill"):
@@ -442,6 +489,15 @@ class LeaderAnnouncement(msgspec.Struct, kw_only=True):
     scheduler_id: str
 
 
+class DeviceStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One device's figures at a heartbeat (NVML): for operators, to see an idle card."""
+
+    index: int
+    utilization: int | None = None  # percent of the last sample period the GPU was busy
+    memory_used_mb: int | None = None
+    temperature_c: int | None = None
+
+
 class HeartbeatAck(msgspec.Struct, kw_only=True):
     """The leader's answer to a heartbeat, on the worker's own reply subject: the leader
     heard it (the worker's fence moves) and leads at `epoch`. Only a responder that got the
@@ -465,6 +521,8 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     # `attempts` only once its exit is reported, so a scheduler whose fold has reached this
     # sequence knows every attempt missing from the list has exited or never arrived.
     reported_seq: int = 0
+    # Its discovered GPUs' figures (bounded: one small entry per device offered).
+    devices: list[DeviceStats] = []
     # `attempts` lists every attempt whose key k has covers_from <= k < covers_to ("" for
     # covers_to: no upper end); the defaults, every attempt. A worker with more attempts
     # than fit in one message lists them in windows over successive heartbeats

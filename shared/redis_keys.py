@@ -10,15 +10,17 @@ EPOCH = f"{PREFIX}:epoch"  # monotonically increasing fencing epoch
 
 def host(worker_id: str) -> str:
     """Hash: <dim>_cap (the worker's capacity) and <dim>_used (committed) for dim in cpu
-    (millicores), mem, disk (MiB), dev (devices); dev_kind; gang: the job whose gang holds
-    a group this host belongs to, while it does."""
+    (millicores), mem, disk (MiB), dev (devices); dev_kind; dev_ids (JSON list of its
+    device indices); gang: the job whose gang holds a group this host belongs to, while it
+    does."""
     return f"{PREFIX}:host:{worker_id}"
 
 
 def host_allocations(worker_id: str) -> str:
-    """Hash: attempt key -> JSON {job, cpu, mem, disk, dev, ports, pk, group} for every
-    reservation held on the host (pk: the address_ports hash its ports are in; group: the
-    group hash key, or "")."""
+    """Hash: attempt key -> JSON {job, cpu, mem, disk, dev, ports, pk, devs, dk, group} for
+    every reservation held on the host (pk: the address_ports hash its ports are in; devs:
+    the device indices it holds, dk: the host_devices hash they are in; group: the group
+    hash key, or "")."""
     return f"{PREFIX}:alloc:{worker_id}"
 
 
@@ -28,6 +30,12 @@ def address_ports(address: str) -> str:
     (`berth up` runs all its workers on 127.0.0.1), and a port is free only once no live
     attempt of any of them holds it."""
     return f"{PREFIX}:addrports:{address}"
+
+
+def host_devices(worker_id: str) -> str:
+    """Hash: device index -> attempt key, for every device of the host a live attempt
+    holds (the per-host counterpart of address_ports)."""
+    return f"{PREFIX}:hostdevs:{worker_id}"
 
 
 def group(name: str) -> str:

@@ -44,6 +44,7 @@ class Reservation:
     # The host address its ports are reserved on ("" for the worker id): ports belong to an
     # address, which several workers may share.
     address: str = ""
+    devices: tuple[int, ...] = ()  # the host's device indices it holds, one per need.dev
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Allocation:
     ports: tuple[int, ...]
     group: str  # group name, "" if none
     address: str = ""  # the address its ports are reserved on
+    devices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def _check(result: list[str]) -> int:
 
 def _host_keys(worker_id: str, address: str) -> list[str]:
     return [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id),
-            redis_keys.address_ports(address or worker_id)]
+            redis_keys.address_ports(address or worker_id), redis_keys.host_devices(worker_id)]
 
 
 def _worker_of_host_key(key: str) -> str:
@@ -133,10 +135,12 @@ class ReservationStore:
         return int(await self._fenced(self._lease, keys, [scheduler_id, ttl_ms, floor]))
 
     async def register_host(self, epoch: int, worker_id: str, capacity: Amounts,
-                            device_kind: str) -> None:
+                            device_kind: str, devices: Sequence[int] | None = None) -> None:
+        """`devices`: its device indices (default 0..capacity.dev-1)."""
         keys = [redis_keys.EPOCH, redis_keys.host(worker_id), redis_keys.HOSTS]
+        ids = list(range(capacity.dev)) if devices is None else list(devices)
         args: list[str | int] = [epoch, worker_id, capacity.cpu, capacity.mem, capacity.disk,
-                                 capacity.dev, device_kind]
+                                 capacity.dev, device_kind, json.dumps(ids)]
         _check(await self._fenced(self._register, keys, args))
 
     async def reserve(self, epoch: int, placements: Sequence[Reservation],
@@ -162,6 +166,7 @@ class ReservationStore:
             "hosts": list(hosts),
             "r": [{"h": hosts[p.worker_id], "key": p.attempt_key, "job": p.job_id,
                    **p.need.as_dict(), "kind": p.device_kind, "ports": list(p.ports),
+                   "devs": list(p.devices),
                    "g": group_index[p.group] if p.group else -1} for p in placements],
             "g": [{"name": g.name, "job": g.job_id, "members": [hosts[m] for m in g.members],
                    "exclusive": g.exclusive} for g in groups],
@@ -239,9 +244,11 @@ def _amounts(h: dict[str, str], suffix: str) -> Amounts:
 def _allocation(raw: str) -> Allocation:
     a = json.loads(raw)
     ports = a.get("ports") or []  # Lua's cjson encodes an empty list as {}
+    devices = a.get("devs") or []
     return Allocation(
         job_id=a["job"], need=Amounts(a["cpu"], a["mem"], a["disk"], a["dev"]),
         ports=tuple(int(p) for p in ports) if isinstance(ports, list) else (),
         group=_group_name_of_key(a["group"]) if a.get("group") else "",
         address=str(a.get("pk", "")).removeprefix(redis_keys.address_ports("")),
+        devices=tuple(int(d) for d in devices) if isinstance(devices, list) else (),
     )

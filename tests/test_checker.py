@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.placement import Host, Unit, place
 from shared.capacity import Amounts
 from shared.checker import check
-from shared.lifecycle import ClusterState
+from shared.lifecycle import ClusterState, Kill
 from shared.messages import (
     AnyEvent,
+    AttemptReported,
     Coscheduling,
+    DeviceHealthChanged,
+    GpuDevice,
+    GpuTelemetry,
     JobSpec,
     JobSubmitted,
     Resources,
     TaskAssigned,
     WorkerRegistered,
+    parse_attempt_key,
 )
 from shared.reservations import Allocation, GroupUsage, HostUsage
+from shared.states import TaskState
 
 CAP = Amounts(4000, 1000, 0, 0)
 NEED = Amounts(1000, 100, 0, 0)
@@ -90,3 +100,138 @@ def test_a_port_given_twice_on_one_address_is_double_booked() -> None:
     redis = [host({"j1/0/0": Allocation("j1", NEED, (30000,), "", "w1")}, None, "w1"),
              host({"j2/0/0": Allocation("j2", NEED, (30000,), "", "w2")}, None, "w2")]
     assert check(state, redis, []).double_booked_ports == 0
+
+
+GPU = Resources(cpu=1, memory_mb=100, device=GpuDevice(variant="h100", count=1))
+
+
+def gpu_worker(worker_id: str = "g1", count: int = 2) -> WorkerRegistered:
+    return WorkerRegistered(worker_id=worker_id, incarnation="i", resources=Resources(
+        cpu=64, memory_mb=64000, device=GpuDevice(variant="h100", count=count)))
+
+
+def gpu_job(job_id: str, replicas: int = 1) -> JobSubmitted:
+    return JobSubmitted(job_id=job_id, submit_seq=int(job_id[1:]), spec=JobSpec(
+        name="t", command=["x"], replicas=replicas, resources=GPU))
+
+
+def test_a_device_given_twice_is_double_booked() -> None:
+    state = fold(gpu_worker(), gpu_job("j1"), gpu_job("j2"),
+                 TaskAssigned(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[1]),
+                 TaskAssigned(job_id="j2", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[1]))
+    one = Amounts(1000, 100, 0, 1)
+    redis = [HostUsage("g1", Amounts(64000, 64000, 0, 2), Amounts(2000, 200, 0, 2), "gpu:h100",
+                       None, {"j1/0/0": Allocation("j1", one, (), "", devices=(1,)),
+                              "j2/0/0": Allocation("j2", one, (), "", devices=(1,))})]
+    report = check(state, redis, [])
+    assert report.devices_given_twice == ["g1: device 1 to j1/0/0 and j2/0/0",
+                                          "g1: device 1 to j1/0/0 and j2/0/0 (redis)"]
+    assert report.double_booked_devices == 1 and not report.ok
+
+
+def redis_view(state: ClusterState) -> list[HostUsage]:
+    """What the Lua commits would hold for the fold's live attempts."""
+    hosts = []
+    for w in state.workers.values():
+        allocs = {}
+        for key, (job_id, index, attempt_id) in w.live_attempts.items():
+            attempt = state.jobs[job_id].tasks[index].attempt(attempt_id)
+            assert attempt is not None
+            allocs[key] = Allocation(job_id, state.jobs[job_id].spec.resources.amounts, (), "",
+                                     devices=tuple(attempt.devices))
+        hosts.append(HostUsage(w.worker_id, w.resources.amounts, w.used, "gpu:h100", None,
+                               allocs))
+    return hosts
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.lists(st.integers(0, 30), max_size=4)),
+                min_size=1, max_size=8))
+def test_placing_from_the_fold_never_double_books_a_device(
+        rounds: list[tuple[int, list[int]]]) -> None:
+    """The scheduler's loop without transport: each round places pending one-GPU tasks on
+    the fold's free devices, folds the assignments, and lets some attempts exit; the
+    checker never finds a device held twice, and every live GPU attempt holds one."""
+    events: list[AnyEvent] = [gpu_worker("g1", 2), gpu_worker("g2", 3)]
+    state = fold(*events)
+    seq = len(events)
+    for n, (new_jobs, exits) in enumerate(rounds):
+        for k in range(new_jobs):
+            seq += 1
+            state.apply(seq, gpu_job(f"j{10 * n + k + 1}", replicas=2))
+        hosts = [Host(w.worker_id, w.free, w.resources.device_kind,
+                      free_devices=w.free_devices) for w in state.workers.values()]
+        units = [Unit(job_id, (index,), GPU.amounts, GPU.device_kind)
+                 for job_id, index in state.pending]
+        for a in place(units, hosts).assignments:
+            seq += 1
+            state.apply(seq, TaskAssigned(
+                job_id=a.job_id, task_index=a.task_index, attempt_id=0, worker_id=a.worker_id,
+                incarnation="i", epoch=1, devices=list(a.devices)))
+        report = check(state, redis_view(state), [])
+        assert report.double_booked_devices == 0 and report.ok, report
+        for worker in state.workers.values():  # one device per live attempt, freed on exit
+            assert sorted(worker.devices_used.values()) == sorted(worker.live_attempts)
+        live = [(w.worker_id, key) for w in state.workers.values() for key in w.live_attempts]
+        for pick in exits:
+            if live:
+                worker_id, key = live.pop(pick % len(live))
+                job_id, index, attempt_id = parse_attempt_key(key)
+                seq += 1
+                state.apply(seq, AttemptReported(job_id=job_id, task_index=index,
+                                                 attempt_id=attempt_id, worker_id=worker_id,
+                                                 state=TaskState.SUCCEEDED, exit_code=0))
+
+
+def test_an_unhealthy_device_takes_no_new_attempts_until_it_is_returned() -> None:
+    state = fold(gpu_worker("g1", 2), gpu_job("j1"),
+                 DeviceHealthChanged(worker_id="g1", index=0, healthy=False,
+                                     reason="3 uncorrectable ECC errors"))
+    g1 = state.workers["g1"]
+    assert g1.free_devices == [1] and g1.unhealthy == {0: "3 uncorrectable ECC errors"}
+    host = Host("g1", g1.free, "gpu:h100", free_devices=g1.free_devices)
+    both = place([Unit("j1", (0,), GPU.amounts, GPU.device_kind),
+                  Unit("j2", (0,), GPU.amounts, GPU.device_kind)], [host])
+    assert [a.devices for a in both.assignments] == [(1,)]
+    assert "need 1, largest free 0" in both.pending_reasons[("j2", 0)]
+    # A restarted agent does not heal the card; an operator's enable does.
+    state.apply(10, WorkerRegistered(worker_id="g1", incarnation="i2",
+                                     resources=gpu_worker().resources))
+    assert state.workers["g1"].free_devices == [1]
+    state.apply(11, DeviceHealthChanged(worker_id="g1", index=0, healthy=True))
+    assert state.workers["g1"].free_devices == [0, 1]
+
+
+def test_an_attempts_gpu_figures_land_on_it_with_its_exit() -> None:
+    used = GpuTelemetry(peak_memory_mb=10610, mean_utilization=61.5, peak_utilization=99,
+                        samples=12)
+    state = fold(gpu_worker(), gpu_job("j1"),
+                 TaskAssigned(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[0]),
+                 AttemptReported(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                                 state=TaskState.SUCCEEDED, exit_code=0, gpu=used))
+    attempt = state.jobs["j1"].tasks[0].attempts[0]
+    assert attempt.gpu == used and state.workers["g1"].free_devices == [0, 1]
+
+
+def test_attempts_on_a_device_that_turns_unhealthy_end_as_a_worker_failure() -> None:
+    state = fold(gpu_worker("g1", 2), gpu_job("j1"),
+                 TaskAssigned(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[1]))
+    effects = state.apply(10, DeviceHealthChanged(worker_id="g1", index=1, healthy=False,
+                                                  reason="GPU is lost"))
+    why = "device 1 of g1 is unhealthy: GPU is lost"
+    assert effects == [Kill("g1", "i", "j1", 0, 0, why)]
+    task = state.jobs["j1"].tasks[0]
+    # Retried elsewhere under its preemption budget: not the user's failure.
+    assert (task.state, task.preemption_count, task.failure_count) == (
+        TaskState.PENDING, 1, 0)
+    assert (task.attempts[0].worker_failure, task.attempts[0].error) == (True, why)
+    # The device stays held until the process is confirmed gone, then out of service.
+    assert state.workers["g1"].devices_used == {1: "j1/0/0"}
+    state.apply(11, AttemptReported(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                                    state=TaskState.KILLED, error=why))
+    assert state.workers["g1"].devices_used == {} and state.workers["g1"].free_devices == [0]
+    assert task.state == TaskState.PENDING

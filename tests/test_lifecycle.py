@@ -12,6 +12,7 @@ from shared.messages import (
     AnyEvent,
     AttemptReported,
     Coscheduling,
+    DeviceHealthChanged,
     JobCancelRequested,
     JobSpec,
     JobSubmitted,
@@ -365,6 +366,10 @@ REPORTABLE = [S.PENDING, S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED]
 J1, J2 = "j1-aaaa", "j2-bbbb"
 
 
+def device_of(job: str, index: int, attempt: int) -> int:
+    return 100 * (job == J2) + 10 * attempt + index
+
+
 def test_a_resumable_task_killed_at_its_timeout_is_retried_on_its_own_budget() -> None:
     why = "timed out: ran longer than the task timeout of 1s"
     events: list[AnyEvent] = [registered(), submitted(resumable=True, max_resumes=2)]
@@ -403,7 +408,7 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
     ]
     incarnations = {"w1": 1, "w2": 1}
     kinds = ["assign", "report", "report", "report", "dead", "dup", "cancel", "unschedulable",
-             "reasons"]
+             "reasons", "device"]
     for _ in range(draw(st.integers(0, 40))):
         kind = draw(st.sampled_from(kinds))
         worker = draw(st.sampled_from(["w1", "w2"]))
@@ -413,9 +418,15 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
         attempt = draw(st.integers(0, 4))
         if kind == "assign":
             event = assigned(attempt, index, worker, incarnation=inc, job=job)
+            # One device per attempt, never another's (the reserve commit's guarantee).
+            event = msgspec.structs.replace(event, devices=[device_of(job, index, attempt)])
             if job == J2:
                 event = msgspec.structs.replace(event, group="rack=r1")
             events.append(event)
+        elif kind == "device":
+            events.append(DeviceHealthChanged(
+                worker_id=worker, index=device_of(job, index, attempt),
+                healthy=draw(st.booleans()), reason="3 uncorrectable ECC errors"))
         elif kind == "report":
             state = draw(st.sampled_from(REPORTABLE))
             events.append(report(attempt, state, draw(st.sampled_from([None, 0, 1])), index,
@@ -496,6 +507,14 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
             holders = {g.job_id for g in state.groups.values()
                        if g.exclusive and worker.worker_id in g.members}
             assert holders == ({worker.holder} if worker.holder else set())
+        # A device is held exactly by the live attempt it was given to.
+        for worker in state.workers.values():
+            holding = {}
+            for key, (job_id, index, attempt_id) in worker.live_attempts.items():
+                live = state.jobs[job_id].tasks[index].attempt(attempt_id)
+                assert live is not None
+                holding.update({d: key for d in live.devices})
+            assert worker.devices_used == holding
         # Committed resources equal the sum over live attempts, never negative.
         for worker in state.workers.values():
             assert worker.used.cpu == 1000 * len(worker.live_attempts)

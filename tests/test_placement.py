@@ -288,3 +288,44 @@ def test_a_limit_stops_placing_without_splitting_a_gang_and_says_so() -> None:
 
 def singles_of(job_id: str, n: int) -> Unit:
     return Unit(job_id, tuple(range(n)), Amounts(cpu=1000, mem=10))
+
+
+def test_one_gpu_tasks_get_distinct_free_devices_and_a_third_waits_naming_the_gpus() -> None:
+    host = Host("g", Amounts(4000, 1000, 0, 2), "gpu:h100", free_devices=[0, 1])
+    need = Amounts(1000, 10, 0, 1)
+    result = place([task("j", 0, 1, 2, need=need, device_kind="gpu:h100")], [host])
+    assert [a.devices for a in result.assignments] == [(0,), (1,)]
+    assert result.pending_reasons[("j", 2)] == (
+        "insufficient h100 GPUs: need 1, largest free 0 on 1 worker")
+
+
+def test_devices_held_by_live_attempts_are_never_given_again() -> None:
+    # Devices 0 and 2 held: the free ones are 1 and 3, whatever the count says.
+    host = Host("g", Amounts(4000, 1000, 0, 3), "gpu:h100", free_devices=[3, 1])
+    result = place([task("j", 0, need=Amounts(100, 1, 0, 2), device_kind="gpu:h100"),
+                    task("k", 0, need=Amounts(100, 1, 0, 1), device_kind="gpu:h100")], [host])
+    assert [a.devices for a in result.assignments] == [(1, 3)]
+    assert "need 1, largest free 0" in result.pending_reasons[("k", 0)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.booleans()), max_size=20),
+       st.lists(st.lists(st.integers(0, 7), max_size=8, unique=True), min_size=1, max_size=4))
+def test_no_device_is_ever_given_twice(needs: list[tuple[int, bool]],
+                                       free: list[list[int]]) -> None:
+    """Singles and two-task gangs on hosts with arbitrary free device sets: each assignment
+    gets exactly its count of distinct devices, all free before, none given twice."""
+    hosts = [Host(f"h{i}", Amounts(64000, 64000, 0, len(f)), "gpu:x", {"rack": "r"},
+                  free_devices=list(f)) for i, f in enumerate(free)]
+    units = [Unit(f"j{i}", (0, 1) if gang else (0,), Amounts(10, 1, 0, n), "gpu:x",
+                  gang=Coscheduling(group_by="rack", shareable=True) if gang else None)
+             for i, (n, gang) in enumerate(needs)]
+    result = place(units, hosts)
+    given: set[tuple[str, int]] = set()
+    for a in result.assignments:
+        need = next(u.need.dev for u in units if u.job_id == a.job_id)
+        assert len(a.devices) == need == len(set(a.devices))
+        for d in a.devices:
+            assert d in free[int(a.worker_id[1:])]
+            assert (a.worker_id, d) not in given
+            given.add((a.worker_id, d))

@@ -158,3 +158,70 @@ async def test_a_deposed_leader_cannot_write(store: ReservationStore) -> None:
         await store.register_host(old, "h1", Amounts(99999, 99999), "")
     (usage,) = await store.host_usage()
     assert usage.capacity == HOST and usage.allocations == {}
+
+
+async def test_devices_are_pinned_in_the_commit_and_freed_by_release(
+        store: ReservationStore) -> None:
+    epoch = await store.acquire_lease("a", 60_000)
+    await store.register_host(epoch, "g1", HOST, "gpu:h100", [0, 1, 2, 3])
+
+    def pin(key: str, *devices: int) -> Reservation:
+        return replace(res("g1", key, 10, dev=len(devices), kind="gpu:h100"), devices=devices)
+
+    await store.reserve(epoch, [pin("a/0/0", 0), pin("b/0/0", 2, 3)])
+    with pytest.raises(ReservationConflict, match="device 1 of g1 is taken"):
+        await store.reserve(epoch, [pin("c/0/0", 1), pin("d/0/0", 1)])  # twice in one commit
+    with pytest.raises(ReservationConflict, match="device 3 of g1 is taken"):
+        await store.reserve(epoch, [pin("c/0/0", 3)])
+    with pytest.raises(ReservationConflict, match="host g1 has no device 7"):
+        await store.reserve(epoch, [pin("c/0/0", 7)])
+    with pytest.raises(ReservationConflict, match="names 1 devices for 2"):
+        await store.reserve(epoch, [replace(pin("c/0/0", 1), need=Amounts(10, 100, 0, 2))])
+    (g1,) = await store.host_usage()
+    assert {k: a.devices for k, a in g1.allocations.items()} == {"a/0/0": (0,),
+                                                                 "b/0/0": (2, 3)}
+    await store.release(epoch, [("g1", "b/0/0")])
+    await store.reserve(epoch, [pin("c/0/0", 3)])
+    assert await store.client.hgetall("berth:hostdevs:g1") == {"0": "a/0/0", "3": "c/0/0"}
+
+
+async def test_random_commits_and_releases_never_give_a_device_twice(
+        store: ReservationStore) -> None:
+    """Commits naming random devices (free, taken, repeated within a commit, unknown) and
+    random releases: whatever Redis accepts, no device is held by two reservations, the
+    device hash agrees with them, and a refused commit changes nothing."""
+    import random
+
+    rng = random.Random(20)
+    epoch = await store.acquire_lease("a", 60_000)
+    for host in ("g1", "g2"):
+        await store.register_host(epoch, host, Amounts(64000, 64000, 0, 4), "gpu:h100",
+                                  [0, 1, 2, 3])
+    held: list[tuple[str, str]] = []
+    refused = 0
+    for n in range(60):
+        commit = []
+        for k in range(rng.randint(1, 3)):
+            host = rng.choice(["g1", "g2"])
+            devices = tuple(rng.choice([0, 1, 2, 3, 3, 5]) for _ in range(rng.randint(1, 2)))
+            commit.append(replace(res(host, f"j{n}/{k}/0", 10, 1, len(devices), kind="gpu:h100"),
+                                  devices=devices))
+        before = await store.usage()
+        try:
+            await store.reserve(epoch, commit)
+        except ReservationConflict:
+            refused += 1
+            assert await store.usage() == before  # all or nothing
+        else:
+            held += [(r.worker_id, r.attempt_key) for r in commit]
+        if held and rng.random() < 0.4:
+            await store.release(epoch, [held.pop(rng.randrange(len(held)))])
+        hosts, _ = await store.usage()
+        for h in hosts:
+            taken = [d for a in h.allocations.values() for d in a.devices]
+            assert len(taken) == len(set(taken)) and set(taken) <= {0, 1, 2, 3}
+            in_hash = await store.client.hgetall(f"berth:hostdevs:{h.worker_id}")
+            assert in_hash == {str(d): key for key, a in h.allocations.items()
+                               for d in a.devices}
+            assert h.used.dev == len(taken)
+    assert held and refused  # both kinds of commit were tried

@@ -236,7 +236,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     def worker_out(worker_id: str) -> views.WorkerOut:
         w = projection.state.workers[worker_id]
         return views.worker_out(w, projection.last_heartbeat.get(worker_id),
-                                projection.worker_healthy(worker_id))
+                                projection.worker_healthy(worker_id),
+                                projection.device_stats.get(worker_id, ()))
 
     @get("/workers", sync_to_thread=False)
     def list_workers() -> list[views.WorkerOut]:

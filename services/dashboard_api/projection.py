@@ -22,7 +22,7 @@ from shared import nats_io, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
 from shared.event_origin import RefusedEvent, read_heartbeat
 from shared.lifecycle import ClusterState, JobView
-from shared.messages import JobSubmitted
+from shared.messages import DeviceStats, JobSubmitted
 from shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
@@ -60,6 +60,8 @@ class Projection:
         self.js: JetStreamContext = nc.jetstream()
         self.state = ClusterState()
         self.last_heartbeat: dict[str, float] = {}
+        # Each worker's GPUs' figures from its latest heartbeat (not events: not folded).
+        self.device_stats: dict[str, list[DeviceStats]] = {}
         self.worker_dead_after = worker_dead_after
         self.snapshot_path = snapshot_path
         self.snapshot_interval = snapshot_interval
@@ -192,6 +194,7 @@ class Projection:
         except RefusedEvent:
             return
         self.last_heartbeat[hb.worker_id] = hb.ts
+        self.device_stats[hb.worker_id] = hb.devices
 
     def worker_healthy(self, worker_id: str) -> bool:
         worker = self.state.workers.get(worker_id)

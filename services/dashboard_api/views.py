@@ -3,10 +3,12 @@ their display names (`running`, `worker_failed`), as on the dashboard."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
-from shared.messages import JobSpec, Reason, Resources, User
+from shared.messages import DeviceStats, GpuTelemetry, JobSpec, Reason, Resources, User
 from shared.states import TaskState
 
 
@@ -24,6 +26,8 @@ class AttemptOut(msgspec.Struct):
     ports: dict[str, int]
     group: str
     coordinator: str
+    devices: list[int] = []  # indices of its worker's devices (GPUs) it holds
+    gpu: GpuTelemetry | None = None  # peak GPU memory and utilisation, once it has ended
 
 
 class TaskOut(msgspec.Struct):
@@ -75,6 +79,19 @@ class JobDetail(JobSummary):
     tasks: list[TaskOut]
 
 
+class DeviceOut(msgspec.Struct):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    held_by: str | None  # the attempt key holding it, if any
+    unhealthy: str | None = None  # why it takes no new attempts, if it does not
+    # From the worker's latest heartbeat (NVML), where it discovered the device:
+    utilization: int | None = None  # percent
+    memory_used_mb: int | None = None
+    temperature_c: int | None = None
+
+
 class WorkerOut(msgspec.Struct):
     worker_id: str
     incarnation: str
@@ -91,6 +108,7 @@ class WorkerOut(msgspec.Struct):
     registered_at: float
     last_heartbeat: float | None
     running_attempts: list[str]
+    devices: list[DeviceOut] = []
 
 
 class SubmitOutcome(msgspec.Struct):
@@ -123,7 +141,8 @@ def attempt_out(a: AttemptView) -> AttemptOut:
         attempt_id=a.attempt_id, worker_id=a.worker_id, state=a.state.display,
         assigned_at=a.assigned_at, started_at=a.started_at, finished_at=a.finished_at,
         exit_code=a.exit_code, error=a.error, worker_failure=a.worker_failure, exited=a.exited,
-        ports=a.ports, group=a.group, coordinator=a.coordinator,
+        ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
+        gpu=a.gpu,
     )
 
 
@@ -167,12 +186,20 @@ def job_detail(job: JobView, spec: JobSpec | None = None) -> JobDetail:
     )
 
 
-def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool) -> WorkerOut:
+def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool,
+               stats: Sequence[DeviceStats] = ()) -> WorkerOut:
+    now = {s.index: s for s in stats}
+    empty = DeviceStats(index=-1)
     return WorkerOut(
         worker_id=w.worker_id, incarnation=w.incarnation, host=w.host, healthy=healthy,
         resources=w.resources, cpu_free=w.free.cpu / 1000,
-        memory_free_mb=w.free.mem, disk_free_mb=w.free.disk, devices_free=w.free.dev,
+        memory_free_mb=w.free.mem, disk_free_mb=w.free.disk,
+        devices_free=min(w.free.dev, len(w.free_devices)),  # out of service: not free
         address=w.address, held_by_gang=w.holder, attributes=w.attributes,
         registered_at=w.registered_at, last_heartbeat=last_heartbeat,
         running_attempts=sorted(w.live_attempts),
+        devices=[DeviceOut(d.index, d.uuid, d.model, d.memory_mb, w.devices_used.get(d.index),
+                           w.unhealthy.get(d.index), s.utilization, s.memory_used_mb,
+                           s.temperature_c)
+                 for d in w.devices for s in (now.get(d.index, empty),)],
     )

@@ -6,7 +6,9 @@ are taken in priority order (the caller sorts: band, then FIFO); each placement 
 sees the capacity, ports and group claims of the ones before it, so one call never
 over-commits a host, never gives one port of an address twice, and never gives one group
 to two gangs. Named ports belong to a host's address, not to a worker: workers that share
-an address (several workers on one machine) draw their ports from one set."""
+an address (several workers on one machine) draw their ports from one set. A task that asks
+for N devices gets N specific free devices of its host (the lowest indices), never one
+another live attempt holds."""
 
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ class Host:
     # Ports taken on this host's address (by any worker there); hosts sharing an address
     # share this set during a call to `place`.
     ports_used: set[int] = field(default_factory=set)
+    # Indices of its free devices, lowest first; None: devices 0..free.dev-1 (a host whose
+    # devices are not tracked one by one). Only as many as free.dev are ever given out.
+    free_devices: list[int] | None = None
 
     @property
     def port_domain(self) -> str:
@@ -59,6 +64,7 @@ class Assignment:
     ports: dict[str, int]
     group: str = ""  # "tpu-name=slice-a" for a gang's task
     coordinator: str = ""  # host:port of the gang's task 0
+    devices: tuple[int, ...] = ()  # indices of the host's devices it gets
 
 
 @dataclass
@@ -87,8 +93,15 @@ def _free_ports(host: Host, names: Sequence[str]) -> dict[str, int]:
     return ports
 
 
-def _take(host: Host, need: Amounts) -> None:
+def _take(host: Host, need: Amounts) -> tuple[int, ...]:
+    """Takes `need` from the host; returns the devices it gets."""
     host.free = host.free - need
+    if not need.dev:
+        return ()
+    free = host.free_devices if host.free_devices is not None else list(
+        range(host.free.dev + need.dev))
+    host.free_devices = free[need.dev:]
+    return tuple(free[:need.dev])
 
 
 def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
@@ -108,12 +121,19 @@ def _why_not(unit: Unit, hosts: Sequence[Host], candidates: Sequence[Host]) -> s
     n = len(candidates)
     need = unit.need
     for dim, label, fmt in (("cpu", "cpu", _cores), ("mem", "memory", _mib),
-                            ("disk", "disk", _mib), ("dev", "devices", str)):
+                            ("disk", "disk", _mib), ("dev", _devices(unit.device_kind), str)):
         best = max(getattr(h.free, dim) for h in candidates)
         if getattr(need, dim) > best:
             return (f"insufficient {label}: need {fmt(getattr(need, dim))}, largest free "
                     f"{fmt(best)} on {n} worker{'s' if n != 1 else ''}")
     return "no single worker has every resource free together"
+
+
+def _devices(kind: str) -> str:
+    """"gpu:h100" -> "h100 GPUs", "tpu:v5p:2x2x1" -> "v5p 2x2x1 TPU chips"."""
+    family, _, variant = kind.partition(":")
+    what = {"gpu": "GPUs", "tpu": "TPU chips"}.get(family, "devices")
+    return f"{variant.replace(':', ' ')} {what}".strip()
 
 
 def _cores(milli: int) -> str:
@@ -161,8 +181,9 @@ class _SingleTasks:
             out.pending_reasons[(unit.job_id, index)] = reason
             return
         ports = _free_ports(best, unit.ports)
-        _take(best, unit.need)
-        out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports))
+        devices = _take(best, unit.need)
+        out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports,
+                                          devices=devices))
 
     def _best(self, heap: list[tuple[int, str, int]], need: Amounts) -> Host | None:
         passed_over: list[tuple[int, str, int]] = []
@@ -226,9 +247,9 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
             if zero_port is not None:
                 coordinator = f"{zero.address or zero.worker_id}:{zero_port}"
         for i, host in chosen.items():
-            _take(host, unit.need)
-            out.assignments.append(
-                Assignment(unit.job_id, i, host.worker_id, ports[i], name, coordinator))
+            devices = _take(host, unit.need)
+            out.assignments.append(Assignment(unit.job_id, i, host.worker_id, ports[i], name,
+                                              coordinator, devices))
         if not gang.shareable:
             for host in members:
                 host.holder = unit.job_id
@@ -244,6 +265,13 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         out.pending_reasons[(unit.job_id, i)] = reason
 
 
+def _free_amounts(host: Host) -> Amounts:
+    """Its free amounts, devices counted no higher than the devices free one by one."""
+    if host.free_devices is None or len(host.free_devices) >= host.free.dev:
+        return host.free
+    return Amounts(host.free.cpu, host.free.mem, host.free.disk, len(host.free_devices))
+
+
 def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
           ) -> Placement:
     """Places units in the given order. Single tasks go to the matching host with the most
@@ -255,8 +283,10 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     taken: dict[str, set[int]] = {}
     for h in hosts:
         taken.setdefault(h.port_domain, set()).update(h.ports_used)
-    free = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
-                 taken[h.port_domain]) for h in hosts]
+    free = [Host(h.worker_id, _free_amounts(h), h.device_kind, h.attributes, h.address,
+                 h.holder, taken[h.port_domain],
+                 None if h.free_devices is None else sorted(h.free_devices))
+            for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)
     for unit in units:

@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, heartbeats, placement
+from services.scheduler import fencing, frameworks, heartbeats, placement
 from shared import bounded, nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
@@ -36,6 +36,7 @@ from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskV
 from shared.messages import (
     AnyEvent,
     Command,
+    DeviceHealthChanged,
     Heartbeat,
     HeartbeatAck,
     KillAttempt,
@@ -290,7 +291,7 @@ class Leader:
         worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
                            tuple(attempt.ports.values()), attempt.group,
-                           worker.address if worker else "")
+                           worker.address if worker else "", tuple(attempt.devices))
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -320,6 +321,8 @@ class Leader:
                 self.wake.set()
 
     async def _on_event(self, event: AnyEvent | None) -> None:
+        if isinstance(event, DeviceHealthChanged) and event.healthy:
+            self.wake.set()  # a device back in service may let waiting work in
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
@@ -330,7 +333,8 @@ class Leader:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
         leader or a new worker gets the full grace before it can be declared dead)."""
         await self.store.register_host(self.epoch, worker.worker_id, worker.resources.amounts,
-                                       worker.resources.device_kind)
+                                       worker.resources.device_kind,
+                                       [d.index for d in worker.devices])
         self.last_heartbeat[worker.worker_id] = time.monotonic()
 
     async def _carry_out(self, effects: list[Effect]) -> None:
@@ -478,7 +482,7 @@ class Leader:
     def _hosts(self) -> list[placement.Host]:
         return [
             placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                           w.address, w.holder, set(w.ports_used))
+                           w.address, w.holder, set(w.ports_used), w.free_devices)
             for w in self._live_workers()
         ]
 
@@ -546,11 +550,12 @@ class Leader:
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
                 res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
+                a.devices,
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
                 worker_id=a.worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
-                ports=a.ports, group=a.group, coordinator=a.coordinator,
+                ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
             ))
         span.set_attributes({
             "berth.epoch": self.epoch,
@@ -698,11 +703,16 @@ class Leader:
             env["BERTH_GROUP"] = attempt.group
         if attempt.coordinator:
             env["BERTH_COORDINATOR_ADDRESS"] = attempt.coordinator
+        # The spec's own values win: a user may rendezvous differently.
+        env = {**frameworks.variables(spec, task.index, worker.address, attempt.ports,
+                                      attempt.coordinator), **env}
+        ids = {d.index: d.visible_id for d in worker.devices}
         await self._send(worker.worker_id, RunAttempt(
             epoch=self.epoch, incarnation=worker.incarnation, job_id=task.job_id,
             task_index=task.index, attempt_id=attempt_id, command=list(spec.command), env=env,
             resources=spec.resources, timeout=spec.timeout, bundle=spec.bundle,
             setup=list(spec.setup), build_timeout=spec.build_timeout,
+            devices=[ids.get(i, str(i)) for i in attempt.devices],
         ))
 
     async def _send_kill(self, kill: Kill) -> None:

@@ -22,17 +22,21 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import build, simulation, task_dirs
+from services.worker_agent import build, gpus, simulation, task_dirs
 from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
 from services.worker_agent.epochs import EpochView
+from services.worker_agent.gpu_watch import GpuWatch
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from services.worker_agent.task_dirs import TaskDirs
-from services.worker_agent.task_env import task_environment
+from services.worker_agent.task_env import gpu_devices, task_environment
 from shared import bounded, bundles, dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
     AttemptReported,
+    DeviceHealthChanged,
+    DeviceInfo,
+    GpuDevice,
     Heartbeat,
     HeartbeatAck,
     KillAttempt,
@@ -54,6 +58,7 @@ from shared.states import TaskState
 log = logging.getLogger("berth.worker")
 tracer = telemetry.tracer("berth.worker")
 MAX_REMEMBERED_ATTEMPTS = 10000
+FINAL_REPORTS = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED)
 
 
 @dataclass
@@ -77,6 +82,8 @@ class WorkerAgent:
         address: str = "",
         simulate: Callable[[], Runnable] | None = None,
         reports: nats_io.EventPublisher | None = None,
+        devices: tuple[DeviceInfo, ...] = (),
+        nvml: gpus.Nvml | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -87,6 +94,10 @@ class WorkerAgent:
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
         self.attributes = attributes
+        self.devices = devices
+        # Watches the discovered GPUs (use, health); None where there are none.
+        self.gpu_watch = (GpuWatch(nvml, devices)
+                          if nvml is not None and any(d.uuid for d in devices) else None)
         self.address = address or _default_address()
         self.epochs = EpochView()
         # A heartbeat sent out of turn to check a claimed epoch; its claimants await it.
@@ -130,6 +141,8 @@ class WorkerAgent:
         leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
                       if follow_leader else None)
         await self._register()
+        watch = (asyncio.create_task(self.gpu_watch.run(self._gpu_roots, self._report_device))
+                 if self.gpu_watch is not None else None)
         await service.wait_or_stop(stop, first_heartbeat_after)
         while not stop.is_set():
             await self._heartbeat()
@@ -137,6 +150,8 @@ class WorkerAgent:
         await cmd_sub.unsubscribe()
         if leader_sub is not None:
             await leader_sub.unsubscribe()
+        if watch is not None:
+            watch.cancel()
         await self._shutdown()
 
     async def _register(self) -> None:
@@ -149,13 +164,27 @@ class WorkerAgent:
             WorkerRegistered(
                 worker_id=self.worker_id, incarnation=self.incarnation, resources=self.resources,
                 attributes=self.attributes, host=socket.gethostname(), address=self.address,
-                ts=time.time(),
+                devices=list(self.devices), ts=time.time(),
             ),
             msg_id=f"register:{self.worker_id}:{self.incarnation}",
         )
         self.fence_deadline = max(self.fence_deadline, sent + self.settings.fence_after)
-        log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB",
-                 self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb)
+        log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB, %s",
+                 self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb,
+                 gpus.describe(self.devices))
+
+    def _gpu_roots(self) -> dict[int, str]:
+        """Supervisor pid -> attempt key of the running attempts that have GPUs."""
+        return {a.process.pid: key for key, a in self.running.items()
+                if a.process is not None and a.process.pid is not None
+                and isinstance(a.command.resources.device, GpuDevice)}
+
+    async def _report_device(self, index: int, why: str) -> None:
+        await nats_io.publish_event(
+            self.js, subjects.worker_events(self.worker_id),
+            DeviceHealthChanged(worker_id=self.worker_id, index=index, healthy=False,
+                                reason=why, ts=time.time()),
+            msg_id=f"device:{self.worker_id}:{index}:{time.time_ns()}")
 
     async def _stop_everything(self, reason: str) -> None:
         self.winding_down = True
@@ -258,6 +287,9 @@ class WorkerAgent:
         hb = heartbeat_of(self.worker_id, self.incarnation, self.running, self.hb_cursor)
         hb.reported_seq = self.reported_seq
         self.hb_cursor = hb.covers_to
+        if self.gpu_watch is not None:
+            # At most 1,024 small entries: within the room MAX_MESSAGE_BYTES leaves.
+            hb.devices = self.gpu_watch.stats
         return hb
 
     def _extend_fence(self, deadline: float) -> None:
@@ -371,10 +403,13 @@ class WorkerAgent:
         if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
+        gpu = None
+        if self.gpu_watch is not None and state in FINAL_REPORTS:
+            gpu = self.gpu_watch.finish(key)
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
-            timed_out=timed_out, ts=time.time(),
+            timed_out=timed_out, ts=time.time(), gpu=gpu,
         )
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
@@ -393,6 +428,8 @@ class WorkerAgent:
             await self._report(cmd, TaskState.FAILED, error=f"worker error: {exc}")
         finally:
             self.running.pop(key, None)
+            if self.gpu_watch is not None:
+                self.gpu_watch.forget(key)
 
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command
@@ -406,7 +443,8 @@ class WorkerAgent:
         dirs = TaskDirs.of(self.home, cmd.job_id, cmd.task_index, cmd.attempt_id)
         try:
             dirs.create()
-            env = task_environment(os.environ, cmd.env, self.worker_id)
+            env = task_environment(os.environ, cmd.env, self.worker_id,
+                                   gpu_devices(cmd.resources, cmd.devices))
             env.update(dirs.env())
             if not await self._build_phase(key, attempt, dirs, env):
                 return
@@ -588,7 +626,10 @@ def heartbeat_of(worker_id: str, incarnation: str, running: Collection[str], sta
     return hb
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = True
+               ) -> argparse.Namespace:
+    """`nvml`: the NVML binding to discover GPUs with (True: the real one, if installed;
+    False: discover none, e.g. for simulated hosts)."""
     parser = argparse.ArgumentParser(
         prog="berth run worker",
         description="Run a berth worker agent: registers this host, runs assigned tasks.",
@@ -603,7 +644,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="scratch disk offered in MiB (default: 0)")
     device = parser.add_mutually_exclusive_group()
     device.add_argument("--gpu", metavar="VARIANT:COUNT",
-                        help="GPUs offered, e.g. --gpu h100:8")
+                        help="GPUs offered, e.g. --gpu h100:8 (default: every GPU NVML "
+                        "finds; without NVML, devices 0..COUNT-1 unchecked)")
     device.add_argument("--tpu", metavar="VARIANT:TOPOLOGY:COUNT",
                         help="TPU chips offered, e.g. --tpu v5p:2x2x1:4")
     parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
@@ -648,10 +690,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.attributes = attributes
     offer: dict[str, object] = {"cpu": args.cpu, "memory_mb": args.memory_mb,
                                  "disk_mb": args.disk_mb}
-    if args.gpu:
-        variant, _, count = args.gpu.partition(":")
-        offer["device"] = {"type": "gpu", "variant": variant, "count": _count(parser, count)}
-    elif args.tpu:
+    args.devices = ()
+    if not args.tpu:
+        flag = None
+        if args.gpu:
+            variant, _, count = args.gpu.partition(":")
+            flag = (variant, _count(parser, count))
+        binding = gpus.real_nvml() if nvml is True else (nvml or None)
+        # Simulated hosts are not this host: they offer only what --gpu says.
+        found = (gpus.Gpus(note="simulated hosts") if args.simulate else gpus.restrict(
+            gpus.discover(binding), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        try:
+            variant, args.devices = gpus.offered(found, flag)
+        except gpus.OfferError as exc:
+            parser.error(str(exc))
+        if args.devices:
+            offer["device"] = {"type": "gpu", "variant": variant, "count": len(args.devices)}
+    else:
         parts = args.tpu.split(":")
         if len(parts) != 3:
             parser.error(f"--tpu {args.tpu!r}: expected VARIANT:TOPOLOGY:COUNT")
@@ -694,7 +749,8 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
             await run_simulated(settings, args, nc, stop)
         else:
             await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
-                              args.address).serve(stop)
+                              args.address, devices=args.devices,
+                              nvml=gpus.real_nvml()).serve(stop)
     finally:
         await nats_io.close(nc)
 

@@ -3,7 +3,8 @@
 -- group's last reservation goes, the group and its hosts are free for another gang.
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
 -- KEYS[3+2k], KEYS[4+2k]: host hash, allocation hash of release k. A reservation's ports
--- are released from the address port hash it recorded (pk), as its group from its group key.
+-- are released from the address port hash it recorded (pk), its devices from the device
+-- hash it recorded (dk), as its group from its group key.
 -- ARGV[1] the caller's epoch; ARGV[k+2] the attempt key of release k (k = 0 ..)
 -- Returns {"ok", released} or {"stale_epoch", current}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -23,6 +24,11 @@ for k = 0, #ARGV - 2 do
     if type(a.ports) == 'table' and a.pk then
       for _, p in ipairs(a.ports) do
         if redis.call('HGET', a.pk, p) == key then redis.call('HDEL', a.pk, p) end
+      end
+    end
+    if type(a.devs) == 'table' and a.dk then
+      for _, d in ipairs(a.devs) do
+        if redis.call('HGET', a.dk, d) == key then redis.call('HDEL', a.dk, d) end
       end
     end
     if a.group ~= '' and redis.call('HINCRBY', a.group, 'live', -1) <= 0 then

@@ -3,14 +3,18 @@
 -- gang ownership of coscheduling groups. Nothing is written unless everything holds.
 -- Named ports belong to the host's address, not to the worker: workers sharing an address
 -- share one port hash, so a port goes to one live attempt per address.
+-- Devices are pinned the same way, per host: an attempt asking for N devices names N of the
+-- host's registered device indices, each free in the host's device hash, and holds them
+-- there until its release (so no device is ever given to two live attempts).
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
--- KEYS[3+3i], KEYS[4+3i], KEYS[5+3i]: host hash, allocation hash, and the port hash of the
---   address of host i (i = 0 .. #hosts-1; hosts sharing an address repeat the same key);
---   then KEYS[3+3H+j]: the group hash of group j (j = 0 ..).
+-- KEYS[3+4i], KEYS[4+4i], KEYS[5+4i], KEYS[6+4i]: host hash, allocation hash, the port
+--   hash of the address of host i (hosts sharing an address repeat the same key) and its
+--   device hash (i = 0 .. #hosts-1); then KEYS[3+4H+j]: the group hash of group j (j = 0 ..).
 -- ARGV[1] the caller's epoch; ARGV[2] JSON:
 --   {"hosts": [worker ids], "r": [{"h": host index, "key": attempt key, "job": job id,
 --     "cpu", "mem", "disk", "dev": amounts, "kind": device kind, "ports": [numbers],
---     "g": group index or -1}],
+--     "devs": [device indices, one per dev; empty only for an attempt logged before
+--     devices were pinned], "g": group index or -1}],
 --    "g": [{"name", "job", "members": [host indices], "exclusive": bool}]}
 -- Returns {"ok", n} or {"stale_epoch", current} or {"conflict", why}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -19,11 +23,29 @@ if tonumber(ARGV[1]) ~= current then
 end
 local req = cjson.decode(ARGV[2])
 local H = #req.hosts
-local function hkey(i) return KEYS[3 + 3 * i] end
-local function akey(i) return KEYS[4 + 3 * i] end
-local function pkey(i) return KEYS[5 + 3 * i] end
-local function gkey(j) return KEYS[3 + 3 * H + j] end
+local function hkey(i) return KEYS[3 + 4 * i] end
+local function akey(i) return KEYS[4 + 4 * i] end
+local function pkey(i) return KEYS[5 + 4 * i] end
+local function dkey(i) return KEYS[6 + 4 * i] end
+local function gkey(j) return KEYS[3 + 4 * H + j] end
 local function name(i) return req.hosts[i + 1] end
+
+-- The device indices host i registered (dev_ids), or 0..dev_cap-1 if it registered none.
+local known = {}
+local function has_device(i, d)
+  if known[i] == nil then
+    local ids = {}
+    local raw = redis.call('HGET', hkey(i), 'dev_ids')
+    if raw then
+      for _, x in ipairs(cjson.decode(raw)) do ids[tostring(x)] = true end
+    else
+      local cap = tonumber(redis.call('HGET', hkey(i), 'dev_cap') or '0')
+      for x = 0, cap - 1 do ids[tostring(x)] = true end
+    end
+    known[i] = ids
+  end
+  return known[i][tostring(d)] == true
+end
 
 -- A group goes to one gang at a time, and no host of it may be held by another gang.
 for j0, g in ipairs(req.g) do
@@ -42,6 +64,7 @@ end
 local dims = {'cpu', 'mem', 'disk', 'dev'}
 local want = {}
 local ports_seen = {}
+local devs_seen = {}
 for _, r in ipairs(req.r) do
   local h = r.h
   if redis.call('EXISTS', hkey(h)) == 0 then
@@ -66,6 +89,19 @@ for _, r in ipairs(req.r) do
     end
     ports_seen[seen] = true
   end
+  if #r.devs > 0 and #r.devs ~= r.dev then
+    return {'conflict', 'attempt ' .. r.key .. ' names ' .. #r.devs .. ' devices for ' .. r.dev}
+  end
+  for _, d in ipairs(r.devs) do
+    local seen = h .. ':' .. d
+    if not has_device(h, d) then
+      return {'conflict', 'host ' .. name(h) .. ' has no device ' .. d}
+    end
+    if devs_seen[seen] or redis.call('HEXISTS', dkey(h), d) == 1 then
+      return {'conflict', 'device ' .. d .. ' of ' .. name(h) .. ' is taken'}
+    end
+    devs_seen[seen] = true
+  end
   local w = want[h] or {cpu = 0, mem = 0, disk = 0, dev = 0}
   for _, d in ipairs(dims) do w[d] = w[d] + r[d] end
   want[h] = w
@@ -88,9 +124,11 @@ for _, r in ipairs(req.r) do
     redis.call('HINCRBY', group, 'live', 1)
   end
   redis.call('HSET', akey(h), r.key, cjson.encode({job = r.job, cpu = r.cpu, mem = r.mem,
-    disk = r.disk, dev = r.dev, ports = r.ports, pk = pkey(h), group = group}))
+    disk = r.disk, dev = r.dev, ports = r.ports, pk = pkey(h), devs = r.devs, dk = dkey(h),
+    group = group}))
   for _, d in ipairs(dims) do redis.call('HINCRBY', hkey(h), d .. '_used', r[d]) end
   for _, p in ipairs(r.ports) do redis.call('HSET', pkey(h), p, r.key) end
+  for _, d in ipairs(r.devs) do redis.call('HSET', dkey(h), d, r.key) end
 end
 for j0, g in ipairs(req.g) do
   local members = {}

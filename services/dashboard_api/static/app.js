@@ -90,7 +90,7 @@ function attemptRows(task) {
   return task.attempts.map((a) => `<tr class="attempt" data-attempt="${a.attempt_id}">
       <td></td><td>attempt ${a.attempt_id}</td>
       <td>${badge(a.state)}${a.worker_failure ? ' <span class="worker-failure">(worker failure)</span>' : ""}</td>
-      <td>on ${esc(a.worker_id)}</td>
+      <td>on ${esc(a.worker_id)}${a.devices && a.devices.length ? ` (devices ${a.devices.join(",")})` : ""}${a.gpu ? `<div class="muted">GPU memory peak ${a.gpu.peak_memory_mb} MiB${a.gpu.mean_utilization === null ? "" : `, utilisation mean ${Math.round(a.gpu.mean_utilization)}% peak ${a.gpu.peak_utilization}%`}</div>` : ""}</td>
       <td>${a.exit_code ?? ""}</td>
       <td>${when(a.started_at)}${a.finished_at ? ` → ${when(a.finished_at)}` : ""}</td>
       <td class="error">${esc(a.error)}</td>
@@ -134,6 +134,15 @@ async function jobPage(jobId) {
 
 let logView = null; // "index/attempt" whose logs are shown on the job page
 
+// Each device (GPU) of a worker: its index, model, and the attempt holding it.
+function deviceList(devices) {
+  if (!devices || !devices.length) return "";
+  const now = (d) => [d.utilization === null ? "" : `${d.utilization}% busy`,
+    d.memory_used_mb === null ? "" : `${d.memory_used_mb} MiB used`,
+    d.temperature_c === null ? "" : `${d.temperature_c} °C`].filter(Boolean).join(", ");
+  return `<div class="muted">${devices.map((d) => `${d.index}${d.uuid ? ` <span title="${esc(d.uuid)}">${esc(d.model || "")}</span>` : ""}: ${d.held_by ? esc(d.held_by) : "free"}${d.unhealthy ? ` <span class="error">unhealthy: ${esc(d.unhealthy)}</span>` : ""}${now(d) ? ` (${now(d)})` : ""}`).join("<br>")}</div>`;
+}
+
 async function workersPage() {
   const workers = await api("/api/workers");
   const rows = workers.map((w) => `<tr data-worker="${esc(w.worker_id)}">
@@ -142,7 +151,7 @@ async function workersPage() {
       <td>${esc(w.address)}</td>
       <td>${w.cpu_free} / ${w.resources.cpu}</td>
       <td>${w.memory_free_mb} / ${w.resources.memory_mb}</td>
-      <td>${w.resources.device.type === "cpu" ? "" : `${w.devices_free} / ${w.resources.device.count} ${esc(w.resources.device.variant)}`}</td>
+      <td>${w.resources.device.type === "cpu" ? "" : `${w.devices_free} / ${w.resources.device.count} ${esc(w.resources.device.variant)}`}${deviceList(w.devices)}</td>
       <td>${Object.entries(w.attributes).map(([k, v]) => `${esc(k)}=${esc(v)}`).join(" ")}</td>
       <td>${w.running_attempts.length}</td><td>${w.held_by_gang ? jobLink(w.held_by_gang) : ""}</td>
       <td>${ago(w.last_heartbeat)}</td></tr>`).join("");
