@@ -116,9 +116,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
     print(outcome.job_id)
+    waits = _waits_for(payload)
+    if waits:  # stdout stays the job id alone, for scripts
+        print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
     if args.wait:
         return _wait_and_show(api_url, str(outcome.job_id), args.timeout)
     return 0
+
+
+def _waits_for(payload: bytes) -> str:
+    """The dependencies an accepted submit waits for, in words ("" for none)."""
+    spec = json.loads(payload)  # the submitter accepted it: a valid spec
+    parts = [f"{', '.join(spec['after'])} to succeed"] if spec.get("after") else []
+    parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
+    return " and ".join(parts)
 
 
 def _clock(ts: float | None) -> str:
@@ -154,6 +165,10 @@ def _format_job(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
     if job.get("error"):
         lines.append(f"  error: {job['error'].partition(chr(10))[0]}")
+    if job.get("failure_reason"):
+        lines.append(f"  failure_reason: {job['failure_reason']}")
+    if job.get("waiting_for"):
+        lines.append(f"  waiting for: {job['waiting_for']}")
     if job.get("parent"):
         lines.append(f"  parent: {job['parent']}")
     if job.get("children"):

@@ -29,6 +29,7 @@ from shared.messages import (
     LeaderElected,
     PendingReasonsChanged,
     Resources,
+    StopCriteria,
     SubmitRejected,
     TaskAssigned,
     TaskUnschedulable,
@@ -109,6 +110,12 @@ class JobView(msgspec.Struct, kw_only=True):
     finished_at: float | None = None
     error: str = ""
     children: list[str] = []
+    # Jobs that name this one in `after`/`after_any` (re-checked when this one ends).
+    dependents: list[str] = []
+    # Why it ended other than by its tasks (task_rules.DEPENDENCY), or "".
+    failure_reason: str = ""
+    # The job its tasks wait for before they may be placed, or "".
+    waiting_for: str = ""
     # How many of its tasks are in each state, kept as they change (ClusterState._set_state).
     state_counts: dict[TaskState, int] = {}
 
@@ -201,9 +208,10 @@ class ClusterState:
         self.pending: dict[tuple[str, int], None] = {}
         self.groups: dict[str, GroupView] = {}
         self.seen_incarnations: set[tuple[str, str]] = set()
-        # Jobs to cancel (job id, reason, time), drained at the end of each apply: a cascade
-        # through generations of children is a loop, never a deep recursion.
-        self._cancellations: deque[tuple[str, str, float]] = deque()
+        # Jobs to cancel (job id, reason, time, failure_reason), drained at the end of each
+        # apply: a cascade through generations of children (or of dependents) is a loop,
+        # never a deep recursion.
+        self._cancellations: deque[tuple[str, str, float, str]] = deque()
 
     # --- entry point ----------------------------------------------------------------------
 
@@ -227,7 +235,7 @@ class ClusterState:
                 self.cancel_by_submit[event.submit_seq] = event.job_id
                 who = f" by {event.user}" if event.user else ""
                 why = f": {event.reason}" if event.reason else ""
-                self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts))
+                self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts, ""))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
             case DeviceHealthChanged():
@@ -256,13 +264,14 @@ class ClusterState:
             case PendingReasonsChanged():
                 for item in event.reasons:
                     task = self.task(item.job_id, item.task_index)
-                    if task is not None and task.state == S.PENDING:
+                    # A task waiting for its dependencies keeps saying so.
+                    if task is not None and task.key in self.pending:
                         task.pending_reason = item.reason
             case AttemptReported():
                 self._attempt_reported(event, effects)
         while self._cancellations:
-            job_id, reason, ts = self._cancellations.popleft()
-            self._cancel(job_id, reason, ts, effects)
+            job_id, reason, ts, failure_reason = self._cancellations.popleft()
+            self._cancel(job_id, reason, ts, effects, failure_reason)
         return effects
 
     def task(self, job_id: str, index: int) -> TaskView | None:
@@ -287,20 +296,55 @@ class ClusterState:
         )
         self.jobs[event.job_id] = job
         self.job_by_submit[event.submit_seq] = event.job_id
-        for task in job.tasks:
-            self.pending[task.key] = None
+        for dep_id in {*event.spec.after, *event.spec.after_any}:
+            dep = self.jobs.get(dep_id)
+            if dep is not None:
+                dep.dependents.append(job.job_id)
+        self._check_dependencies(job, event.ts)
         parent_id = event.spec.parent
         if parent_id is None:
             return
         parent = self.jobs.get(parent_id)
         if parent is None:  # the submitter checks; only a recreated stream gets here
             self._cancellations.append((job.job_id, f"parent job {parent_id} does not exist",
-                                        event.ts))
+                                        event.ts, ""))
             return
         parent.children.append(job.job_id)
         if parent.state in JOB_TERMINAL and parent.state != JobState.SUCCEEDED:
             self._cancellations.append(
-                (job.job_id, f"parent job {parent_id} is {parent.state.display}", event.ts))
+                (job.job_id, f"parent job {parent_id} is {parent.state.display}", event.ts, ""))
+
+    def _check_dependencies(self, job: JobView, ts: float) -> None:
+        """Releases a job's tasks for placement once its dependencies allow (until then
+        they stay PENDING out of `pending`, with a reason), or ends it if they never will.
+        Called at submission and whenever a job it depends on ends: derived from the log
+        alone, so a new leader knows exactly which jobs still wait."""
+        if job.state in JOB_TERMINAL:
+            return
+
+        def states(ids: list[str]) -> dict[str, JobState | None]:
+            return {i: (d.state if (d := self.jobs.get(i)) else None) for i in ids}
+
+        outcome, about = task_rules.dependency_outcome(
+            states(job.spec.after), states(job.spec.after_any))
+        if outcome == task_rules.DependencyOutcome.BROKEN:
+            dep = self.jobs.get(about)
+            what = dep.state.display if dep is not None else "unknown"
+            self._cancellations.append(
+                (job.job_id, f"dependency {about} is {what}", ts, task_rules.DEPENDENCY))
+            job.waiting_for = ""
+            return
+        job.waiting_for = about
+        for task in job.tasks:
+            if task.state != S.PENDING:
+                continue
+            if outcome == task_rules.DependencyOutcome.READY:
+                task.pending_reason = ""
+                # scheduling_timeout counts from when it could first be placed.
+                task.pending_since = ts
+                self.pending[task.key] = None
+            else:
+                task.pending_reason = f"waiting for {about}"
 
     def _worker_registered(self, event: WorkerRegistered, effects: list[Effect]) -> None:
         old = self.workers.get(event.worker_id)
@@ -393,10 +437,13 @@ class ClusterState:
         # attempt then fails at once, exactly as if it had been running (any fold order of
         # the two events gives the same state).
         gone = not worker.alive or worker.incarnation != event.incarnation
-        if attempt is not task.current_attempt or not task_rules.can_transition(
-            task.state, S.ASSIGNED
+        if attempt is not task.current_attempt or job.waiting_for or not (
+            task_rules.can_transition(task.state, S.ASSIGNED)
         ):
-            # Superseded, or the task finished (e.g. was killed) before this was folded.
+            # Superseded, the task finished (e.g. was killed) before this was folded, or
+            # its job still waits for a dependency: no leader offers such a task for
+            # placement (the release precedes any assignment in the log), so nothing
+            # may start early.
             attempt.kill_requested = True
             if not gone:
                 effects.append(
@@ -630,13 +677,16 @@ class ClusterState:
         if decision == task_rules.RetryDecision.SHOULD_RETRY:
             self._requeue(job, task, ts)
 
-    def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect]) -> None:
+    def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect],
+                failure_reason: str = "") -> None:
         """Kills the job's unfinished tasks; the job becomes KILLED, which cancels its
         children in turn (see _update_job). A finished job is left as it is."""
         job = self.jobs.get(job_id)
         if job is None or job.state in JOB_TERMINAL:
             return
         job.error = reason
+        job.failure_reason = failure_reason
+        job.waiting_for = ""
         self._kill_remaining(job, reason, effects)
         self._update_job(job, ts, effects)
 
@@ -645,6 +695,9 @@ class ClusterState:
             return
         new_state = task_rules.job_state_from_counts(
             job.state_counts, len(job.tasks), job.spec.max_task_failures)
+        if task_rules.master_done(job.spec.stop_criteria == StopCriteria.MASTER_DONE,
+                                  job.tasks[0].state):
+            new_state = JobState.SUCCEEDED
         if new_state == job.state:
             return
         job.state = new_state
@@ -653,7 +706,13 @@ class ClusterState:
         if new_state not in JOB_TERMINAL:
             return
         job.finished_at = ts
+        for dependent in job.dependents:
+            dep = self.jobs.get(dependent)
+            if dep is not None and dep.waiting_for:
+                self._check_dependencies(dep, ts)
         if new_state == JobState.SUCCEEDED:
+            # master-done: the job is done; its other tasks are stopped, not failed.
+            self._kill_remaining(job, "job succeeded (stop_criteria master-done)", effects)
             return
         # Any other end (failed, unschedulable, a killed task) takes the whole job down:
         # the surviving tasks are killed and the children cancelled, as in the seed.
@@ -661,7 +720,7 @@ class ClusterState:
         self._kill_remaining(job, f"job {new_state.display}", effects)
         for child_id in job.children:
             self._cancellations.append(
-                (child_id, f"parent job {job.job_id} {new_state.display}", ts))
+                (child_id, f"parent job {job.job_id} {new_state.display}", ts, ""))
 
     @staticmethod
     def _first_error(job: JobView, state: JobState) -> str:

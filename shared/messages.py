@@ -145,6 +145,13 @@ class Coscheduling(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """Only for jobs without accelerators: let other jobs use the group's free capacity."""
 
 
+class StopCriteria(enum.StrEnum):
+    """When a job may end before all its tasks do (dstack's `stop_criteria`)."""
+
+    ALL_DONE = "all-done"
+    MASTER_DONE = "master-done"
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The submit message: publish it as JSON to `berth.submit.job`."""
 
@@ -205,6 +212,20 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     max_resumes: Annotated[
         int, Meta(ge=0, le=100000, description="Resumes after a timeout (with resumable).")
     ] = 10
+    after: Annotated[
+        list[JobId], Meta(max_length=64, description="Jobs (your own, already submitted) "
+                          "that must all succeed before this job starts; if one ends any "
+                          "other way, this job ends killed with failure_reason DEPENDENCY.")
+    ] = []
+    after_any: Annotated[
+        list[JobId], Meta(max_length=64, description="Jobs (your own, already submitted) "
+                          "that must all have ended, in any state, before this job starts.")
+    ] = []
+    stop_criteria: Annotated[
+        StopCriteria, Meta(description="all-done: the job ends when all its tasks do. "
+                           "master-done: it succeeds when task 0 succeeds, and its other "
+                           "tasks are killed.")
+    ] = StopCriteria.ALL_DONE
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -227,6 +248,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         for i, line in enumerate(self.setup):
             if "\0" in line:
                 raise ValueError(f"setup[{i}]: contains a NUL byte (no shell line can)")
+        for field, ids in (("after", self.after), ("after_any", self.after_any)):
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{field}: job ids must be unique")
         if len(set(self.ports)) != len(self.ports):
             raise ValueError("ports: names must be unique")
         if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:

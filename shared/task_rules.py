@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import Enum
 
-from shared.states import JobState, TaskState
+from shared.states import JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 
@@ -156,3 +156,36 @@ def job_state_from_counts(counts: Mapping[TaskState, int], total: int,
     if any(counts.get(s, 0) for s in (S.ASSIGNED, S.BUILDING, S.RUNNING)):
         return JobState.RUNNING
     return JobState.PENDING
+
+
+# --- dependencies and stop criteria (issue 16) ----------------------------------------------
+
+DEPENDENCY = "DEPENDENCY"  # the failure_reason of a job whose `after` dependency failed
+
+
+class DependencyOutcome(Enum):
+    WAIT = "wait"
+    READY = "ready"
+    BROKEN = "broken"
+
+
+def dependency_outcome(
+    after: Mapping[str, JobState | None], after_any: Mapping[str, JobState | None]
+) -> tuple[DependencyOutcome, str]:
+    """Whether a job may start, given the states of the jobs it names (None: no such job).
+    `after` jobs must succeed, `after_any` jobs only end. Returns the outcome and the job it
+    is about: the first one still waited for (WAIT) or the `after` one that failed it
+    (BROKEN, which wins over waiting: the job can never start, so it ends at once)."""
+    for job_id, state in after.items():
+        if state is None or (state in JOB_TERMINAL and state != JobState.SUCCEEDED):
+            return DependencyOutcome.BROKEN, job_id
+    for job_id, state in [*after.items(), *after_any.items()]:
+        if state is not None and state not in JOB_TERMINAL:
+            return DependencyOutcome.WAIT, job_id
+    return DependencyOutcome.READY, ""
+
+
+def master_done(master_done_criteria: bool, task0_state: TaskState) -> bool:
+    """stop_criteria master-done: the job is done (SUCCEEDED) once task 0 has succeeded,
+    whatever its other tasks are doing."""
+    return master_done_criteria and task0_state == S.SUCCEEDED

@@ -56,6 +56,10 @@ class JobSummary(msgspec.Struct):
     started_at: float | None
     finished_at: float | None
     error: str
+    # Why it ended other than by its own tasks: "DEPENDENCY" (an `after` job failed), or "".
+    failure_reason: str
+    # The job it waits for before its tasks may be placed (`after`/`after_any`), or "".
+    waiting_for: str
 
 
 class JobPage(msgspec.Struct):
@@ -164,7 +168,8 @@ def _summary_fields(job: JobView) -> dict[str, object]:
         job_id=job.job_id, name=job.spec.name, user=job.spec.user, state=job.state.display,
         replicas=job.spec.replicas, parent=job.spec.parent, task_counts=job.task_counts(),
         submitted_at=job.submitted_at, started_at=job.started_at,
-        finished_at=job.finished_at, error=job.error,
+        finished_at=job.finished_at, error=job.error, failure_reason=job.failure_reason,
+        waiting_for=job.waiting_for,
     )
 
 

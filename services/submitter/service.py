@@ -88,17 +88,23 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
     check waits for `earlier` outcomes to be stored first, as if handled one by one."""
     seq = msg.metadata.sequence.stream
     user = subjects.submit_user(msg.subject)
-    # A user may name (as parent, or to cancel) only a job of their own.
+    # A user may name (as parent, dependency, or to cancel) only a job of their own.
     yours = f" of {user!r}" if user else ""
     if user == "":
         return unknown_subject(msg.subject, seq)
     if msg.subject == subjects.submit_job(user):
         outcome: JobSubmitted | JobCancelRequested | SubmitRejected = intake(
             msg.data, seq, _stored_ns(msg), max_bytes, user)
-        parent = outcome.spec.parent if isinstance(outcome, JobSubmitted) else None
-        if parent is not None and not await job_exists(js, parent, earlier, user):
-            return SubmitRejected(submit_seq=seq, ts=outcome.ts,
-                                  reason=f"parent: no job {parent!r}{yours}")
+        if not isinstance(outcome, JobSubmitted):
+            return outcome
+        # Dependencies must exist already, so no cycle can ever form.
+        named = [("parent", outcome.spec.parent)] if outcome.spec.parent else []
+        named += [(f"after[{i}]", job_id) for i, job_id in enumerate(outcome.spec.after)]
+        named += [(f"after_any[{i}]", job_id) for i, job_id in enumerate(outcome.spec.after_any)]
+        for field, job_id in named:
+            if not await job_exists(js, job_id, earlier, user):
+                return SubmitRejected(submit_seq=seq, ts=outcome.ts,
+                                      reason=f"{field}: no job {job_id!r}{yours}")
         return outcome
     if msg.subject == subjects.submit_cancel(user):
         outcome = intake_cancel(msg.data, seq, max_bytes, user)

@@ -117,7 +117,11 @@ async function jobPage(jobId) {
       ${job.finished_at ? `<dt>finished</dt><dd>${when(job.finished_at)}</dd>` : ""}
       ${job.parent ? `<dt>parent</dt><dd>${jobLink(job.parent)}</dd>` : ""}
       ${children ? `<dt>children</dt><dd>${children}</dd>` : ""}
+      ${job.spec.after.length ? `<dt>after</dt><dd>${job.spec.after.map(jobLink).join(", ")}</dd>` : ""}
+      ${job.spec.after_any.length ? `<dt>after any</dt><dd>${job.spec.after_any.map(jobLink).join(", ")}</dd>` : ""}
+      ${job.waiting_for ? `<dt>waiting for</dt><dd>${jobLink(job.waiting_for)}</dd>` : ""}
       ${job.error ? `<dt>error</dt><dd class="error">${esc(job.error)}</dd>` : ""}
+      ${job.failure_reason ? `<dt>failure reason</dt><dd class="error">${esc(job.failure_reason)}</dd>` : ""}
       <dt>command</dt><dd><code>${esc(job.spec.command.join(" "))}</code></dd>
     </dl>
     ${TERMINAL.has(job.state) ? "" : `<p><button id="cancel" data-job="${esc(job.job_id)}">cancel job</button>
