@@ -82,15 +82,6 @@ class Result:
         return out
 
 
-class AttemptSampler(Sampler):
-    """The fault suite's sampler, less processes without BERTH_ATTEMPT_ID (attempt "?"):
-    every attempt's task has it; one was seen for a single sample at a task's start
-    (probably its environment read mid-exec) and counted as a second copy of that task."""
-
-    def sample(self) -> list[tuple[str, str, str]]:
-        return [found for found in super().sample() if found[2] != "?"]
-
-
 class Bus:
     """What the test hears on the bus (through the NATS portal, never cut): commands and
     their epochs, leader elections, death verdicts."""
@@ -130,7 +121,7 @@ class Run:
         self.result = Result(name)
         self.tag = f"{TOKEN}-{uuid.uuid4().hex[:8]}"
         self.stop_file = cluster.data_dir / f"stop-{self.tag}"
-        self.sampler = AttemptSampler(self.tag)
+        self.sampler = Sampler(self.tag)
         self.bus = Bus()
         self.jobs: dict[str, str] = {}  # job id -> token
         self.nc: Any = None
