@@ -34,9 +34,9 @@ from tests import bed_scenarios, netbed, partitions
 
 COLUMNS = ("acked", *(c for c in partitions.COUNTS if c != "two_copies"), "two_copies",
            "two_copies_s")
-MEASURED = ("old_copies_gone_s", "first_retry_s", "rejoined_after_heal_s", "take_over_s",
-            "probe_placed_s", "placed_during_cut_s", "all_placed_after_heal_s", "resets",
-            "retries")
+MEASURED = ("old_copies_gone_s", "first_retry_s", "rejoined_after_heal_s", "cut_s",
+            "take_over_s", "take_over_after_heal_s", "probe_placed_s", "placed_during_cut_s",
+            "all_placed_after_heal_s", "resets", "retries")
 
 
 def main() -> int:

@@ -29,4 +29,9 @@ async def test_partition_scenario_counts_nothing_bad(name: str, tmp_path: Path) 
     else:
         assert result.notes["take_over_s"] is not None, "the standby never took over"
         assert result.notes["probe_placed_s"] is not None, "nothing placed during the cut"
+        # The cut lasts what it says (plus the checker's run at its end): a wait that
+        # stretched it once read as a leader slow to return after the heal.
+        cut_s = result.notes["cut_s"]
+        assert cut_s < partitions.DEFAULT_CUT + 4, (
+            f"a {partitions.DEFAULT_CUT:g} s cut lasted {cut_s} s")
     assert not netbed.our_namespaces(os.getpid()), "the bed left namespaces behind"
