@@ -653,7 +653,9 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
                         help="GPUs offered, e.g. --gpu h100:8 (default: every GPU NVML "
                         "finds; without NVML, devices 0..COUNT-1 unchecked)")
     device.add_argument("--tpu", metavar="VARIANT:TOPOLOGY:COUNT",
-                        help="TPU chips offered, e.g. --tpu v5p:2x2x1:4")
+                        help="TPU chips offered, e.g. --tpu v5p:2x2x1:4 (default: the chips "
+                        "a TPU VM exposes, docs/tpus.md; none found: chips 0..COUNT-1 "
+                        "unchecked)")
     parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
                         help="a worker attribute, e.g. -a zone=us-east5-a, -a tpu-name=slice-a "
                         "-a tpu-worker-id=0 (repeatable)")
