@@ -4,6 +4,10 @@ and the variables that confine a task to its chips."""
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -146,3 +150,57 @@ def test_a_task_that_asked_for_no_tpu_sees_none() -> None:
     # A run command from a scheduler that predates pinning names no chips: left unset.
     assert "TPU_VISIBLE_CHIPS" not in task_environment({}, {}, "w", "",
                                                        tpus.visibility(True, None))
+
+
+# What a v4-16 TPU VM's metadata server answers (attribute -> value), as torch_xla's and
+# Ray's TPU code read it.
+METADATA = {"accelerator-type": "v4-16", "agent-worker-number": "1",
+            "worker-network-endpoints": "t-w-0:uid0:10.0.0.2,t-w-1:uid1:10.0.0.3",
+            "tpu-env": "ACCELERATOR_TYPE: 'v4-16'\nTOPOLOGY: '2x2x2'\nWORKER_ID: '1'\n"}
+
+
+class MetadataHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        key = self.path.rsplit("/", 1)[-1]
+        ok = key in METADATA and self.headers.get("Metadata-Flavor") == "Google"
+        body = METADATA[key].encode() if ok else b"not found"
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metadata_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), MetadataHandler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/computeMetadata/v1/instance/attributes/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_tpu_vm_is_described_by_its_metadata_server_when_asked(
+        tmp_path: Path, metadata_url: str) -> None:
+    assert tpus.metadata_environment(metadata_url) == {
+        "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_WORKER_ID": "1",
+        "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3", "TPU_TOPOLOGY": "2x2x2"}
+    root = dev_files(tmp_path, "accel0", "accel1", "accel2", "accel3")
+    args = parse_args(["--id", "w", "--tpu-metadata", metadata_url], nvml=None,
+                      tpu_root=root, environ={})
+    assert args.resources.device == TpuDevice(variant="v4", topology="2x2x2", count=4)
+    assert args.attributes == {"tpu-worker-id": "1"}
+    # Not asked: the server is not consulted, and unnamed chips are not offered.
+    assert parse_args(["--id", "w"], nvml=None, tpu_root=root, environ={}).devices == ()
+
+
+def test_no_metadata_server_means_no_variables() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/"
+    assert tpus.metadata_environment(closed, timeout=0.5) == {}

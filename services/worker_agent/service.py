@@ -656,6 +656,10 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
                         help="TPU chips offered, e.g. --tpu v5p:2x2x1:4 (default: the chips "
                         "a TPU VM exposes, docs/tpus.md; none found: chips 0..COUNT-1 "
                         "unchecked)")
+    parser.add_argument("--tpu-metadata", nargs="?", const=tpus.GCE_ATTRIBUTES, default=None,
+                        metavar="URL", help="also read the TPU's type, topology and worker "
+                        "number from the GCE metadata server (a TPU VM where the TPU_* "
+                        "variables are not set; default URL: the GCE server; 1 s timeout)")
     parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
                         help="a worker attribute, e.g. -a zone=us-east5-a, -a tpu-name=slice-a "
                         "-a tpu-worker-id=0 (repeatable)")
@@ -701,6 +705,9 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
     args.devices = ()
     environ = os.environ if environ is None else environ
     # Simulated hosts are not this host: they offer only what the flags say.
+    if args.tpu_metadata and not args.simulate:
+        # The variables, where set (GKE), win over the metadata server.
+        environ = {**tpus.metadata_environment(args.tpu_metadata), **environ}
     found_tpus = (tpus.discover(tpu_root, environ) if tpu_root is not None
                   and not args.simulate else tpus.Tpus(note="not discovered"))
     if args.tpu or (not args.gpu and found_tpus.devices):

@@ -2,17 +2,22 @@
 or taken from `--tpu VARIANT:TOPOLOGY:COUNT` where nothing is found; and the variables that
 give one task exactly its chips of the host (docs/tpus.md names every source).
 
-Discovery reads only the environment and files under a root directory (`/` on a real host,
-a fixture directory in tests): never the GCE metadata server, so a worker that is not on
-Google Cloud never waits on a network call that cannot answer."""
+Discovery reads the environment and files under a root directory (`/` on a real host, a
+fixture directory in tests). The GCE metadata server is asked only when the operator says
+so (`--tpu-metadata`), with a short timeout: a worker off Google Cloud must never wait on a
+network call that cannot answer."""
 
 from __future__ import annotations
 
 import logging
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from shared.messages import DeviceInfo
 
@@ -92,6 +97,48 @@ def describe(devices: Sequence[DeviceInfo]) -> str:
     """One line for the registration log."""
     what = devices[0].model if devices and devices[0].model else "unchecked"
     return f"{len(devices)} TPU chip{'s' if len(devices) != 1 else ''} ({what})"
+
+
+# Where a TPU VM's metadata server keeps the instance attributes (`--tpu-metadata`'s default).
+GCE_ATTRIBUTES = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+METADATA_TIMEOUT = 1.0  # seconds per attribute: the server answers locally or not at all
+
+
+def _attribute(base: str, key: str, timeout: float) -> str:
+    request = urllib.request.Request(base.rstrip("/") + "/" + key,
+                                     headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return str(response.read().decode()).strip()
+    except (urllib.error.URLError, OSError, UnicodeDecodeError) as exc:
+        log.debug("TPU metadata %s: %s", key, exc)
+        return ""
+
+
+def metadata_environment(base: str = GCE_ATTRIBUTES, timeout: float = METADATA_TIMEOUT
+                         ) -> dict[str, str]:
+    """The TPU_* variables discovery reads, from a TPU VM's metadata attributes (what a GCE
+    TPU VM offers where GKE would set the variables): `accelerator-type`,
+    `agent-worker-number`, `worker-network-endpoints` ("host:uid:ip,..."), and TOPOLOGY in
+    the `tpu-env` YAML. Attributes that do not answer are left out."""
+    env: dict[str, str] = {}
+    accelerator = _attribute(base, "accelerator-type", timeout)
+    if not accelerator:
+        return env  # not a TPU VM (or no server): ask no further
+    env["TPU_ACCELERATOR_TYPE"] = accelerator
+    if worker := _attribute(base, "agent-worker-number", timeout):
+        env["TPU_WORKER_ID"] = worker
+    endpoints = _attribute(base, "worker-network-endpoints", timeout)
+    ips = [parts[2] for e in endpoints.split(",") if len(parts := e.split(":")) >= 3]
+    if ips:
+        env["TPU_WORKER_HOSTNAMES"] = ",".join(ips)
+    try:
+        tpu_env = yaml.safe_load(_attribute(base, "tpu-env", timeout) or "{}")
+    except yaml.YAMLError:
+        tpu_env = None
+    if isinstance(tpu_env, dict) and tpu_env.get("TOPOLOGY"):
+        env["TPU_TOPOLOGY"] = str(tpu_env["TOPOLOGY"])
+    return env
 
 
 class OfferError(ValueError):
