@@ -136,7 +136,7 @@ def test_a_tpu_task_sees_exactly_its_chips_as_one_process(
         chips: list[str], expected: dict[str, str]) -> None:
     spec_env = {"TPU_VISIBLE_CHIPS": "0,1,2,3,4,5,6,7"}  # a spec cannot widen its share
     env = task_environment({"PATH": "/bin"}, spec_env, "w", "",
-                           tpus.visibility(True, chips))
+                           tpus.visibility(True, chips, 16))
     assert {k: env[k] for k in expected} == expected
     assert (env["TPU_PROCESS_BOUNDS"], env["CLOUD_TPU_TASK_ID"]) == ("1,1,1", "0")
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # and no GPU
@@ -144,12 +144,19 @@ def test_a_tpu_task_sees_exactly_its_chips_as_one_process(
 
 def test_a_task_that_asked_for_no_tpu_sees_none() -> None:
     env = task_environment({"PATH": "/bin", "TPU_VISIBLE_CHIPS": "0,1,2,3"},
-                           {"TPU_VISIBLE_CHIPS": "0"}, "w", "", tpus.visibility(False, []))
+                           {"TPU_VISIBLE_CHIPS": "0"}, "w", "", tpus.visibility(False, [], 4))
     assert env["TPU_VISIBLE_CHIPS"] == ""
     assert "TPU_PROCESS_BOUNDS" not in env
     # A run command from a scheduler that predates pinning names no chips: left unset.
     assert "TPU_VISIBLE_CHIPS" not in task_environment({}, {}, "w", "",
-                                                       tpus.visibility(True, None))
+                                                       tpus.visibility(True, None, 4))
+
+
+def test_a_task_holding_every_chip_keeps_libtpus_defaults_to_join_its_slice() -> None:
+    # A gang over a tpu-name slice: each task holds its whole host, and the hosts' libtpus
+    # must form one slice, which one-process bounds would forbid.
+    env = task_environment({}, {}, "w", "", tpus.visibility(True, ["0", "1", "2", "3"], 4))
+    assert not {k for k in env if k.startswith(("TPU_", "CLOUD_TPU"))}
 
 
 # What a v4-16 TPU VM's metadata server answers (attribute -> value), as torch_xla's and

@@ -447,7 +447,8 @@ class WorkerAgent:
             dirs.create()
             env = task_environment(
                 os.environ, cmd.env, self.worker_id, gpu_devices(cmd.resources, cmd.devices),
-                tpus.visibility(isinstance(cmd.resources.device, TpuDevice), cmd.devices))
+                tpus.visibility(isinstance(cmd.resources.device, TpuDevice), cmd.devices,
+                                len(self.devices)))
             env.update(dirs.env())
             if not await self._build_phase(key, attempt, dirs, env):
                 return

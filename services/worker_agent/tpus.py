@@ -181,17 +181,23 @@ CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
 BASE_PORT = 8476
 
 
-def visibility(is_tpu_task: bool, chips: Sequence[str] | None) -> dict[str, str]:
-    """The variables that confine a task to its chips: TPU_VISIBLE_CHIPS (the chips'
-    indices), one process over them (TPU_PROCESS_BOUNDS 1,1,1, CLOUD_TPU_TASK_ID 0) shaped
-    by TPU_CHIPS_PER_PROCESS_BOUNDS, on its own port (TPU_PROCESS_PORT, BASE_PORT + its
-    lowest chip: chips are never shared, so neither is the port). A task that asked for no
-    TPU gets TPU_VISIBLE_CHIPS="" ; a TPU task from a scheduler that named no chips, nothing."""
+def visibility(is_tpu_task: bool, chips: Sequence[str] | None, host_chips: int
+               ) -> dict[str, str]:
+    """The variables that confine a task to part of its host's `host_chips` chips:
+    TPU_VISIBLE_CHIPS (the chips' indices), one process over them (TPU_PROCESS_BOUNDS
+    1,1,1, CLOUD_TPU_TASK_ID 0) shaped by TPU_CHIPS_PER_PROCESS_BOUNDS, on its own port
+    (TPU_PROCESS_PORT, BASE_PORT + its lowest chip: chips are never shared, so neither is
+    the port). A task holding every chip gets none of them: libtpu's defaults are the whole
+    host, joined with the slice's other hosts, which a gang over a `tpu-name` slice needs
+    (as Ray leaves them for a task holding the whole node). A task that asked for no TPU
+    gets TPU_VISIBLE_CHIPS=""; a TPU task from a scheduler that named no chips, nothing."""
     if not is_tpu_task:
         return {"TPU_VISIBLE_CHIPS": ""}
     if chips is None:
         return {}
     indices = sorted(int(c) for c in chips if c.isdigit())
+    if len(indices) >= host_chips:
+        return {}
     port = str(BASE_PORT + (indices[0] if indices else 0))
     env = {"TPU_VISIBLE_CHIPS": ",".join(map(str, indices)),
            "TPU_PROCESS_BOUNDS": "1,1,1", "CLOUD_TPU_TASK_ID": "0",
