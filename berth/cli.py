@@ -34,8 +34,9 @@ from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
+from shared.states import JOB_TERMINAL_NAMES
 
-TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
+TERMINAL = JOB_TERMINAL_NAMES
 
 
 def _urls(args: argparse.Namespace) -> tuple[str, str]:
