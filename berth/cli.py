@@ -29,7 +29,7 @@ from berth.client import (
 )
 from berth.creds_cli import cli_connection, cli_credentials
 from berth.stack_info import nats_url, read_stack_info
-from shared import subjects
+from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
@@ -41,7 +41,7 @@ TERMINAL = JOB_TERMINAL_NAMES
 
 def _urls(args: argparse.Namespace) -> tuple[str, str]:
     """NATS and API URLs: flags, then BERTH_* variables, then a running `berth up`."""
-    api_url = args.api_url or os.environ.get("BERTH_API_URL") or str(
+    api_url = args.api_url or config.cli_api_url() or str(
         read_stack_info(args.data_dir).get("api_url", "http://127.0.0.1:8080"))
     return nats_url(args.nats_url, args.data_dir), api_url
 
@@ -585,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="berth: a cluster job scheduler. Start a local cluster with `berth up`, "
         "submit with `berth submit job.yaml`, watch with `berth status`.",
     )
-    parser.add_argument("--data-dir", default=os.environ.get("BERTH_DATA_DIR", ".berth"),
+    parser.add_argument("--data-dir", default=config.cli_data_dir(),
                         help="where `berth up` keeps NATS/Redis data and logs (default: .berth)")
     parser.add_argument("--nats-url", help="NATS URL, or several comma-separated (default: "
                         "$BERTH_NATS_URL or `berth up`'s)")
