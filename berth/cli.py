@@ -34,7 +34,7 @@ from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
-from shared.states import JOB_TERMINAL_NAMES
+from shared.states import JOB_TERMINAL_NAMES, JobState, TaskState
 
 TERMINAL = JOB_TERMINAL_NAMES
 
@@ -176,7 +176,7 @@ def _format_job(job: dict[str, Any]) -> str:
         lines.append(f"  children: {', '.join(job['children'])}")
     for task in job["tasks"]:
         line = f"  task {task['index']}: {task['state']}"
-        if task["state"] == "pending" and task["pending_reason"]:
+        if task["state"] == TaskState.PENDING.display and task["pending_reason"]:
             line += f"  (waiting: {task['pending_reason']})"
         elif task["error"]:
             line += f"  ({task['error'].partition(chr(10))[0]})"
@@ -217,7 +217,7 @@ def _wait_for_end(api_url: str, job_id: str, timeout: float) -> dict[str, Any] |
 def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
     """Exit status 0 when the job succeeded."""
     job = _wait_for_end(api_url, job_id, timeout)
-    return 0 if job is not None and job["state"] == "succeeded" else 1
+    return 0 if job is not None and job["state"] == JobState.SUCCEEDED.display else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
