@@ -306,9 +306,10 @@ class JobCancelRequested(Event, tag="job_cancel_requested"):
 
 
 class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One accelerator of a worker, as it discovered it (NVML) or was told (--gpu)."""
+    """One accelerator of a worker, as it discovered it (NVML, a TPU VM's files) or was told
+    (--gpu, --tpu)."""
 
-    index: int  # NVML's index (nvidia-smi's), the order of the PCI bus
+    index: int  # NVML's index (nvidia-smi's), the order of the PCI bus; a TPU chip's number
     uuid: str = ""  # "GPU-..."; "" when not discovered
     model: str = ""  # "NVIDIA H100 80GB HBM3"; "" when not discovered
     memory_mb: int = 0
@@ -465,8 +466,8 @@ class RunAttempt(Command, tag="run"):
     setup: list[str] = []
     build_timeout: float | None = None
     # CUDA_VISIBLE_DEVICES for the attempt: the ids (UUIDs, else indices) of exactly the
-    # devices it holds, [] for a task that asked for none. None from a scheduler that
-    # predates device pinning.
+    # devices it holds (TPU chips: their indices), [] for a task that asked for none. None
+    # from a scheduler that predates device pinning.
     devices: list[str] | None = None
 
 

@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import build, gpus, simulation, task_dirs
+from services.worker_agent import build, gpus, simulation, task_dirs, tpus
 from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
 from services.worker_agent.epochs import EpochView
 from services.worker_agent.gpu_watch import GpuWatch
@@ -44,6 +44,7 @@ from shared.messages import (
     ResetWorker,
     Resources,
     RunAttempt,
+    TpuDevice,
     WorkerRegistered,
     WorkerStopped,
     attempt_key,
@@ -171,7 +172,8 @@ class WorkerAgent:
         self.fence_deadline = max(self.fence_deadline, sent + self.settings.fence_after)
         log.info("worker %s (incarnation %s) registered: %g cpu, %d MiB, %s",
                  self.worker_id, self.incarnation, self.resources.cpu, self.resources.memory_mb,
-                 gpus.describe(self.devices))
+                 tpus.describe(self.devices) if isinstance(self.resources.device, TpuDevice)
+                 else gpus.describe(self.devices))
 
     def _gpu_roots(self) -> dict[int, str]:
         """Supervisor pid -> attempt key of the running attempts that have GPUs."""
@@ -443,8 +445,10 @@ class WorkerAgent:
         dirs = TaskDirs.of(self.home, cmd.job_id, cmd.task_index, cmd.attempt_id)
         try:
             dirs.create()
-            env = task_environment(os.environ, cmd.env, self.worker_id,
-                                   gpu_devices(cmd.resources, cmd.devices))
+            env = task_environment(
+                os.environ, cmd.env, self.worker_id, gpu_devices(cmd.resources, cmd.devices),
+                tpus.visibility(isinstance(cmd.resources.device, TpuDevice), cmd.devices,
+                                len(self.devices)))
             env.update(dirs.env())
             if not await self._build_phase(key, attempt, dirs, env):
                 return
@@ -626,10 +630,13 @@ def heartbeat_of(worker_id: str, incarnation: str, running: Collection[str], sta
     return hb
 
 
-def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = True
+def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = True,
+               tpu_root: Path | None = Path("/"), environ: Mapping[str, str] | None = None
                ) -> argparse.Namespace:
     """`nvml`: the NVML binding to discover GPUs with (True: the real one, if installed;
-    False: discover none, e.g. for simulated hosts)."""
+    False: discover none, e.g. for simulated hosts). `tpu_root`: where to look for TPU
+    chips (a fixture directory in tests; None: discover none), described by `environ`
+    (default: this process's environment)."""
     parser = argparse.ArgumentParser(
         prog="berth run worker",
         description="Run a berth worker agent: registers this host, runs assigned tasks.",
@@ -647,7 +654,13 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
                         help="GPUs offered, e.g. --gpu h100:8 (default: every GPU NVML "
                         "finds; without NVML, devices 0..COUNT-1 unchecked)")
     device.add_argument("--tpu", metavar="VARIANT:TOPOLOGY:COUNT",
-                        help="TPU chips offered, e.g. --tpu v5p:2x2x1:4")
+                        help="TPU chips offered, e.g. --tpu v5p:2x2x1:4 (default: the chips "
+                        "a TPU VM exposes, docs/tpus.md; none found: chips 0..COUNT-1 "
+                        "unchecked)")
+    parser.add_argument("--tpu-metadata", nargs="?", const=tpus.GCE_ATTRIBUTES, default=None,
+                        metavar="URL", help="also read the TPU's type, topology and worker "
+                        "number from the GCE metadata server (a TPU VM where the TPU_* "
+                        "variables are not set; default URL: the GCE server; 1 s timeout)")
     parser.add_argument("--attribute", "-a", action="append", default=[], metavar="KEY=VALUE",
                         help="a worker attribute, e.g. -a zone=us-east5-a, -a tpu-name=slice-a "
                         "-a tpu-worker-id=0 (repeatable)")
@@ -691,27 +704,42 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
     offer: dict[str, object] = {"cpu": args.cpu, "memory_mb": args.memory_mb,
                                  "disk_mb": args.disk_mb}
     args.devices = ()
-    if not args.tpu:
+    environ = os.environ if environ is None else environ
+    # Simulated hosts are not this host: they offer only what the flags say.
+    if args.tpu_metadata and not args.simulate:
+        # The variables, where set (GKE), win over the metadata server.
+        environ = {**tpus.metadata_environment(args.tpu_metadata), **environ}
+    found_tpus = (tpus.discover(tpu_root, environ) if tpu_root is not None
+                  and not args.simulate else tpus.Tpus(note="not discovered"))
+    if args.tpu or (not args.gpu and found_tpus.devices):
+        tpu_flag = None
+        if args.tpu:
+            parts = args.tpu.split(":")
+            if len(parts) != 3:
+                parser.error(f"--tpu {args.tpu!r}: expected VARIANT:TOPOLOGY:COUNT")
+            tpu_flag = (parts[0], parts[1], _count(parser, parts[2]))
+        try:
+            variant, topology, args.devices = tpus.offered(found_tpus, tpu_flag)
+        except tpus.OfferError as exc:
+            parser.error(str(exc))
+        offer["device"] = {"type": "tpu", "variant": variant, "topology": topology,
+                           "count": len(args.devices)}
+        # An operator's -a wins over what was discovered.
+        args.attributes = {**tpus.attributes(found_tpus), **attributes}
+    else:
         flag = None
         if args.gpu:
             variant, _, count = args.gpu.partition(":")
             flag = (variant, _count(parser, count))
         binding = gpus.real_nvml() if nvml is True else (nvml or None)
-        # Simulated hosts are not this host: they offer only what --gpu says.
         found = (gpus.Gpus(note="simulated hosts") if args.simulate else gpus.restrict(
-            gpus.discover(binding), os.environ.get("CUDA_VISIBLE_DEVICES")))
+            gpus.discover(binding), environ.get("CUDA_VISIBLE_DEVICES")))
         try:
             variant, args.devices = gpus.offered(found, flag)
         except gpus.OfferError as exc:
             parser.error(str(exc))
         if args.devices:
             offer["device"] = {"type": "gpu", "variant": variant, "count": len(args.devices)}
-    else:
-        parts = args.tpu.split(":")
-        if len(parts) != 3:
-            parser.error(f"--tpu {args.tpu!r}: expected VARIANT:TOPOLOGY:COUNT")
-        offer["device"] = {"type": "tpu", "variant": parts[0], "topology": parts[1],
-                           "count": _count(parser, parts[2])}
     try:
         args.resources = msgspec.convert(offer, Resources)
     except msgspec.ValidationError as exc:

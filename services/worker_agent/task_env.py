@@ -5,7 +5,8 @@ is user code, and the cluster's secrets would let it act as the cluster.
 
 GPU isolation is set here last, so neither the spec's `env` nor the worker's own
 environment can widen it: a task sees exactly the GPUs reserved for it, and a task that
-asked for none sees none (CUDA_VISIBLE_DEVICES="")."""
+asked for none sees none (CUDA_VISIBLE_DEVICES=""). TPU chips likewise (tpus.visibility:
+TPU_VISIBLE_CHIPS and the process bounds libtpu reads)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def gpu_devices(resources: Resources, devices: Sequence[str] | None) -> str | No
 
 
 def task_environment(worker_env: Mapping[str, str], task_env: Mapping[str, str],
-                     worker_id: str, visible_gpus: str | None = "") -> dict[str, str]:
+                     worker_id: str, visible_gpus: str | None = "",
+                     tpu_env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {name: worker_env[name] for name in INHERITED if name in worker_env}
     env.update(task_env)
     env["BERTH_WORKER_ID"] = worker_id
@@ -40,4 +42,5 @@ def task_environment(worker_env: Mapping[str, str], task_env: Mapping[str, str],
             # Indices (where no UUID is known) then mean what nvidia-smi and NVML number,
             # not CUDA's default fastest-first order.
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.update(tpu_env or {})
     return env
