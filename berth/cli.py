@@ -29,18 +29,19 @@ from berth.client import (
 )
 from berth.creds_cli import cli_connection, cli_credentials
 from berth.stack_info import nats_url, read_stack_info
-from shared import subjects
+from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
+from shared.states import JOB_TERMINAL_NAMES, JobState, TaskState
 
-TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
+TERMINAL = JOB_TERMINAL_NAMES
 
 
 def _urls(args: argparse.Namespace) -> tuple[str, str]:
     """NATS and API URLs: flags, then BERTH_* variables, then a running `berth up`."""
-    api_url = args.api_url or os.environ.get("BERTH_API_URL") or str(
+    api_url = args.api_url or config.cli_api_url() or str(
         read_stack_info(args.data_dir).get("api_url", "http://127.0.0.1:8080"))
     return nats_url(args.nats_url, args.data_dir), api_url
 
@@ -175,7 +176,7 @@ def _format_job(job: dict[str, Any]) -> str:
         lines.append(f"  children: {', '.join(job['children'])}")
     for task in job["tasks"]:
         line = f"  task {task['index']}: {task['state']}"
-        if task["state"] == "pending" and task["pending_reason"]:
+        if task["state"] == TaskState.PENDING.display and task["pending_reason"]:
             line += f"  (waiting: {task['pending_reason']})"
         elif task["error"]:
             line += f"  ({task['error'].partition(chr(10))[0]})"
@@ -216,7 +217,7 @@ def _wait_for_end(api_url: str, job_id: str, timeout: float) -> dict[str, Any] |
 def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
     """Exit status 0 when the job succeeded."""
     job = _wait_for_end(api_url, job_id, timeout)
-    return 0 if job is not None and job["state"] == "succeeded" else 1
+    return 0 if job is not None and job["state"] == JobState.SUCCEEDED.display else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -584,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="berth: a cluster job scheduler. Start a local cluster with `berth up`, "
         "submit with `berth submit job.yaml`, watch with `berth status`.",
     )
-    parser.add_argument("--data-dir", default=os.environ.get("BERTH_DATA_DIR", ".berth"),
+    parser.add_argument("--data-dir", default=config.cli_data_dir(),
                         help="where `berth up` keeps NATS/Redis data and logs (default: .berth)")
     parser.add_argument("--nats-url", help="NATS URL, or several comma-separated (default: "
                         "$BERTH_NATS_URL or `berth up`'s)")

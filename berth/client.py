@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +14,7 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from shared import subjects
+from shared import config, subjects
 from shared.messages import (
     CancelRequest,
     JobCancelRequested,
@@ -119,7 +118,7 @@ def api_get(api_url: str, path: str, timeout: float = 10) -> Any:
 def api_fetch(api_url: str, path: str, timeout: float = 10) -> bytes:
     """The body of GET `path`; any failure is an ApiError saying what went wrong."""
     # Needed only where the dashboard runs with BERTH_API_CLOSED_READS.
-    token = os.environ.get("BERTH_API_TOKEN")
+    token = config.cli_api_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(api_url.rstrip("/") + path, headers=headers)
     try:

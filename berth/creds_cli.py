@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 from nats.aio.client import Client as NATS
 
 from berth.stack_info import read_stack_info
-from shared import servers
+from shared import config, servers
 from shared.credentials import (
     NAME_PATTERN,
     AuthDir,
@@ -42,7 +41,7 @@ def local_user() -> str | None:
 def cli_credentials(data_dir: str, admin: bool = False) -> Credentials:
     """Who the `berth` command is on the bus: BERTH_NATS_CREDS if set; else, beside a local
     `berth up`, the local user (or, for `admin`, the admin identity) it made."""
-    given = os.environ.get("BERTH_NATS_CREDS")
+    given = config.cli_nats_creds()
     auth = _local_auth(Path(data_dir).resolve())
     candidates = [Path(given)] if given else []
     user = local_user()

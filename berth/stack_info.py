@@ -4,9 +4,10 @@ its servers' pids, its auth folder). Written by berth/stack.py; read only here."
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from shared import config
 
 STACK_INFO = "stack.json"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -24,5 +25,5 @@ def read_stack_info(data_dir: str | Path) -> dict[str, Any]:
 def nats_url(flag: str | None, data_dir: str | Path) -> str:
     """The NATS URL(s) a command uses: its flag, then BERTH_NATS_URL, then a running
     `berth up`'s."""
-    return (flag or os.environ.get("BERTH_NATS_URL")
+    return (flag or config.cli_nats_url()
             or str(read_stack_info(data_dir).get("nats_url", DEFAULT_NATS_URL)))

@@ -68,7 +68,7 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
     if role is Role.WORKER:
         return Permissions(
             publish=(subjects.attempt_reports(scope), subjects.worker_events(scope),
-                     subjects.heartbeat(scope), f"berth.logs.{scope}.>",
+                     subjects.heartbeat(scope), subjects.worker_logs(scope),
                      # Fetching bundles: read-only (an ordered consumer on the bucket).
                      *_bundle_lookup(), *_readers(BUNDLES)),
             subscribe=(subjects.worker_commands(scope), subjects.LEADER, replies),

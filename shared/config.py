@@ -63,6 +63,40 @@ def api_tokens_file(data_dir: str) -> str:
         data_dir, "auth", "api-tokens.json")
 
 
+def log_level() -> str:
+    """BERTH_LOG_LEVEL: the services' log level."""
+    return os.environ.get("BERTH_LOG_LEVEL", "INFO").upper()
+
+
+# What the `berth` command reads. Each is a function on its own, not a Settings field:
+# Settings.from_env checks the services' settings, and a bad scheduler setting in the
+# environment must not stop `berth status`.
+
+def cli_data_dir() -> str:
+    """BERTH_DATA_DIR for the `berth` command: relative, as given (the default of --data-dir)."""
+    return os.environ.get("BERTH_DATA_DIR", ".berth")
+
+
+def cli_nats_url() -> str | None:
+    """BERTH_NATS_URL when set (else the command looks beside `berth up`)."""
+    return os.environ.get("BERTH_NATS_URL") or None
+
+
+def cli_api_url() -> str | None:
+    """BERTH_API_URL when set (else the command looks beside `berth up`)."""
+    return os.environ.get("BERTH_API_URL") or None
+
+
+def cli_api_token() -> str | None:
+    """BERTH_API_TOKEN when set: the bearer token the command sends to the HTTP API."""
+    return os.environ.get("BERTH_API_TOKEN") or None
+
+
+def cli_nats_creds() -> str | None:
+    """BERTH_NATS_CREDS when set: the credentials file the command uses on the bus."""
+    return os.environ.get("BERTH_NATS_CREDS") or None
+
+
 def bundle_max_bytes() -> int:
     """The size limit of one workspace bundle (BERTH_BUNDLE_MAX_MB, for `berth submit`)."""
     value = _env_float("BERTH_BUNDLE_MAX_MB", 256.0)

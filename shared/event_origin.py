@@ -47,7 +47,7 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
     kind = type(event).__name__
     match event:
         case JobSubmitted() | SubmitRejected() | JobCancelRequested():
-            ok = subject.startswith("berth.events.submit.")
+            ok = subjects.is_submit_outcome(subject)
         case LeaderElected():
             ok = subject == subjects.LEADER_EVENTS
         case TaskAssigned() | TaskUnschedulable():

@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
+from shared import job_ids
 from shared.capacity import Amounts
 from shared.states import TaskState
 
@@ -27,7 +28,7 @@ Name = Annotated[
 NonNegInt = Annotated[int, Meta(ge=0)]
 JobId = Annotated[
     str,
-    Meta(pattern=r"^j[0-9]+-[0-9a-f]{4}$", description="A job id, as berth assigned it."),
+    Meta(pattern=job_ids.PATTERN, description="A job id, as berth assigned it."),
 ]
 # A job's id names a subject (berth.events.task.<job>): one that is not a single subject
 # token would make the scheduler publish where no one may, and its event publishes then
@@ -584,12 +585,6 @@ def cancel_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "berth cancel message (publish to berth.submit.cancel)"
     return schema
-
-
-def submit_seq_of(job_id: str) -> int | None:
-    """The submit sequence a job id was derived from (`j<seq>-<hex>`), or None."""
-    head, _, _ = job_id.partition("-")
-    return int(head[1:]) if head[:1] == "j" and head[1:].isdigit() else None
 
 
 def attempt_key(job_id: str, task_index: int, attempt_id: int) -> str:

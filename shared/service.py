@@ -12,12 +12,12 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shared import telemetry
+from shared import config, telemetry
 
 
 def setup_logging(service: str) -> None:
     logging.basicConfig(
-        level=os.environ.get("BERTH_LOG_LEVEL", "INFO").upper(),
+        level=config.log_level(),
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -60,3 +60,13 @@ ATTEMPT_LIVE = frozenset({TaskState.ASSIGNED, TaskState.BUILDING, TaskState.RUNN
 JOB_TERMINAL = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.UNSCHEDULABLE}
 )
+
+
+def job_state_names() -> list[str]:
+    """The job states by display name, in proto order: what `GET /api/jobs?state=` accepts
+    and the dashboard's filter offers (it asks `GET /api/states` rather than keep a copy)."""
+    return [s.display for s in JobState]
+
+
+# By display name, for clients that see states as the API's strings.
+JOB_TERMINAL_NAMES = frozenset(s.display for s in JOB_TERMINAL)

@@ -67,6 +67,11 @@ def submit_outcomes(user: str | None) -> str:
     return f"berth.events.submit.{user or ADMIN_SUBMITTER}.*"
 
 
+def is_submit_outcome(subject: str) -> bool:
+    """Whether `subject` is one of submit_outcome's (the submitter alone writes there)."""
+    return subject.startswith(SUBMIT_OUTCOMES_ALL[:-1])
+
+
 def task_events(job_id: str) -> str:
     return f"berth.events.task.{job_id}"
 
@@ -96,6 +101,11 @@ def heartbeat(worker_id: str) -> str:
 def attempt_logs(worker_id: str, job_id: str, task_index: int, attempt_id: int) -> str:
     """An attempt's output, under the worker that ran it (a worker may write only its own)."""
     return f"berth.logs.{worker_id}.{job_id}.{task_index}.{attempt_id}"
+
+
+def worker_logs(worker_id: str) -> str:
+    """Every attempt_logs subject of one worker."""
+    return f"berth.logs.{worker_id}.>"
 
 
 def inbox_prefix(identity: str) -> str:

@@ -52,6 +52,11 @@ async def test_submit_from_the_page_and_watch_it_succeed_without_reload(
             page = await browser.new_page(viewport={"width": 1400, "height": 900})
             await page.goto(stack.api_url + "/")
             await page.wait_for_selector("#live.on")  # the event stream is open
+            # The state filter offers exactly the states the API's filter accepts.
+            await page.wait_for_selector("select[name=state] option", state="attached")
+            offered = await page.eval_on_selector_all(
+                "select[name=state] option", "els => els.map((e) => e.value)")
+            assert offered == ["", *get_json(stack, "/api/states")["job"]]
             await page.evaluate("window.__sameDocument = true")
             await page.fill("#token", stack.api_token)
             await page.dispatch_event("#token", "change")

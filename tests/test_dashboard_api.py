@@ -59,6 +59,18 @@ async def test_job_list_filters_and_pages_newest_first(make_stack: Any, nc: NATS
     summary = get_json(stack, "/api/jobs?user=bob")["jobs"][0]
     assert summary["task_counts"] == {"failed": 1} and "exited with code 1" in summary["error"]
 
+    # The page's state filter offers what /api/states lists (test_browser checks the page):
+    # each is accepted, and a task-only state is refused by name.
+    names = get_json(stack, "/api/states")
+    assert names["job"] == ["pending", "running", "succeeded", "failed", "killed",
+                            "unschedulable"]
+    assert set(names["job_terminal"]) < set(names["job"]) <= set(names["task"])
+    assert all(httpx.get(f"{stack.api_url}/api/jobs?state={s}", timeout=10).status_code == 200
+               for s in names["job"])
+    for task_only in set(names["task"]) - set(names["job"]):
+        resp = httpx.get(f"{stack.api_url}/api/jobs?state={task_only}", timeout=10)
+        assert resp.status_code == 400 and "state" in resp.text, (task_only, resp.text)
+
     for query, field in [("state=bogus", "state"), ("cursor=abc", "cursor"),
                          ("limit=0", "limit"), ("limit=5000", "limit")]:
         resp = httpx.get(f"{stack.api_url}/api/jobs?{query}", timeout=10)

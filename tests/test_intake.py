@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from services.submitter.intake import intake, intake_cancel, job_id_for, unknown_subject
-from shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected, submit_seq_of
+from services.submitter.intake import intake, intake_cancel, unknown_subject
+from shared.job_ids import job_id_for, submit_seq_of
+from shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
 
 
 def test_valid_submit_becomes_a_job_with_a_stable_id() -> None:
@@ -42,6 +43,11 @@ def test_an_empty_command_or_a_nul_byte_is_rejected_with_the_field_named() -> No
 def test_job_ids_name_their_submit_sequence() -> None:
     assert submit_seq_of(job_id_for(42, 1)) == 42
     assert submit_seq_of("x42-abcd") is None and submit_seq_of("j-abcd") is None
+    assert submit_seq_of("j42-zzzz") is None  # parsed by the same rule a message validates
+    # What the submitter builds, a cancel message accepts as a job id.
+    made = job_id_for(7, 99)
+    out = intake_cancel(f'{{"job_id": "{made}", "reason": "r"}}'.encode(), 9, 1000)
+    assert isinstance(out, JobCancelRequested) and out.job_id == made
 
 
 def test_cancel_requests() -> None:

@@ -31,7 +31,7 @@ from shared import nats_io, subjects
 from shared.api_tokens import Role
 from shared.lifecycle import JobView, TaskView
 from shared.messages import CancelRequest, JobSpec, encode
-from shared.states import JOB_TERMINAL, JobState
+from shared.states import JOB_TERMINAL, job_state_names
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000
@@ -84,9 +84,10 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         """Jobs, newest first, one page at a time."""
         wanted_state: str | None = None
         if state_filter is not None:
-            if state_filter.upper() not in JobState.__members__:
-                names = ", ".join(s.display for s in JobState)
-                raise ValidationException(f"state: {state_filter!r} is not one of {names}")
+            names = job_state_names()
+            if state_filter.lower() not in names:
+                raise ValidationException(
+                    f"state: {state_filter!r} is not one of {', '.join(names)}")
             wanted_state = state_filter.lower()
         before: int | None = None
         if cursor is not None:
@@ -116,6 +117,11 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         return views.JobPage(
             jobs=[views.job_summary(j) for j in page],
             next_cursor=str(page[-1].submit_seq) if more else None)
+
+    @get("/states", sync_to_thread=False)
+    def states() -> views.StateNames:
+        """The state names: `job` are the values the `state` filter of /api/jobs accepts."""
+        return views.state_names()
 
     @get("/jobs/{job_id:str}", sync_to_thread=False)
     def job_detail(job_id: str, request: Request) -> views.JobDetail:  # type: ignore[type-arg]
@@ -282,7 +288,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     api = Router(
         path="/api",
         guards=[auth.read_guard(tokens, closed_reads)],
-        route_handlers=[list_jobs, job_detail, task_detail, submit, cancel, task_logs,
+        route_handlers=[list_jobs, states, job_detail, task_detail, submit, cancel, task_logs,
                         list_workers, worker_detail, submit_outcome, events],
     )
 

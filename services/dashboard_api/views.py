@@ -9,7 +9,7 @@ import msgspec
 
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
 from shared.messages import DeviceStats, GpuTelemetry, JobSpec, Reason, Resources, User
-from shared.states import TaskState
+from shared.states import JOB_TERMINAL, JobState, TaskState, job_state_names
 
 
 class AttemptOut(msgspec.Struct):
@@ -60,6 +60,19 @@ class JobSummary(msgspec.Struct):
     failure_reason: str
     # The job it waits for before its tasks may be placed (`after`/`after_any`), or "".
     waiting_for: str
+
+
+class StateNames(msgspec.Struct):
+    """The state names this API speaks: `job` are those `GET /api/jobs?state=` accepts."""
+    job: list[str]
+    job_terminal: list[str]
+    task: list[str]
+
+
+def state_names() -> StateNames:
+    return StateNames(job=job_state_names(),
+                      job_terminal=[s.display for s in JobState if s in JOB_TERMINAL],
+                      task=[s.display for s in TaskState if s is not TaskState.UNSPECIFIED])
 
 
 class JobPage(msgspec.Struct):

@@ -3,12 +3,12 @@ without a server. Never raises on input."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import TypeVar
 
 import msgspec
 
+from shared.job_ids import job_id_for
 from shared.messages import (
     JobCancelRequested,
     JobSubmitted,
@@ -17,14 +17,6 @@ from shared.messages import (
     decode,
     job_spec_decoder,
 )
-
-
-def job_id_for(submit_seq: int, stored_at_ns: int) -> str:
-    """Deterministic, so a redelivered submit gets the same id (and the same event dedup
-    id); the digest of the stored time keeps ids unique if the submit stream is recreated."""
-    digest = hashlib.sha1(f"{stored_at_ns}:{submit_seq}".encode()).hexdigest()[:4]
-    return f"j{submit_seq}-{digest}"
-
 
 # Spec-file fields that `berth submit` resolves before sending (berth/workspace.py).
 CLIENT_FIELDS = {"workspace": "pack and upload the directory, then send its digest as "

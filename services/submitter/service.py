@@ -16,6 +16,7 @@ from services.submitter.intake import intake, intake_cancel, unknown_subject
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
+from shared.job_ids import submit_seq_of
 from shared.messages import (
     AnyEvent,
     JobCancelRequested,
@@ -23,7 +24,6 @@ from shared.messages import (
     SubmitRejected,
     decode,
     event_decoder,
-    submit_seq_of,
 )
 
 log = logging.getLogger("berth.submitter")

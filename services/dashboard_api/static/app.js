@@ -2,7 +2,6 @@
 // workers) rendered from the JSON API, re-rendered on each Server-Sent Event.
 "use strict";
 
-const TERMINAL = new Set(["succeeded", "failed", "killed", "worker_failed", "unschedulable"]);
 const EXAMPLE_SPEC = {
   name: "hello", command: ["sh", "-c", "echo hello from $BERTH_TASK_INDEX; sleep 2"],
   replicas: 2, resources: { cpu: 0.5, memory_mb: 64 },
@@ -47,6 +46,14 @@ async function api(path, options = {}) {
   return body;
 }
 
+// State names come from the API (GET /api/states), so the filter offers exactly what
+// /api/jobs?state= accepts; fetched once per page load.
+let stateNames = null;
+async function states() {
+  if (!stateNames) stateNames = await api("/api/states");
+  return stateNames;
+}
+
 // --- pages ---------------------------------------------------------------------------------
 
 let jobsCursor = null; // the page of the jobs list being shown (null: the newest)
@@ -62,11 +69,10 @@ async function jobsPage() {
       <td>${jobLink(j.job_id)}</td><td>${esc(j.name)}</td><td>${esc(j.user)}</td>
       <td class="job-state">${badge(j.state)}</td><td>${counts(j.task_counts)}</td>
       <td>${when(j.submitted_at)}</td><td class="error">${esc(j.error)}</td></tr>`).join("");
-  const states = ["", "pending", "building", "running", "succeeded", "failed", "killed",
-                  "worker_failed", "unschedulable"];
+  const options = ["", ...(await states()).job];
   return `<h1>Jobs</h1>
     <form class="filters" id="filters">
-      <label>state <select name="state">${states.map((s) =>
+      <label>state <select name="state">${options.map((s) =>
         `<option ${f.get("state") === s ? "selected" : ""}>${s}</option>`).join("")}</select></label>
       <label>name prefix <input name="name_prefix" value="${esc(f.get("name_prefix"))}"></label>
       <label>user <input name="user" value="${esc(f.get("user"))}"></label>
@@ -99,6 +105,7 @@ function attemptRows(task) {
 
 async function jobPage(jobId) {
   const job = await api(`/api/jobs/${encodeURIComponent(jobId)}`);
+  const ended = (await states()).job_terminal.includes(job.state);
   const tasks = job.tasks.map((t) => `<tr class="task" data-task="${t.index}">
       <td>${t.index}</td><td></td>
       <td class="task-state">${badge(t.state)}${t.state === "pending" && t.pending_reason
@@ -124,7 +131,7 @@ async function jobPage(jobId) {
       ${job.failure_reason ? `<dt>failure reason</dt><dd class="error">${esc(job.failure_reason)}</dd>` : ""}
       <dt>command</dt><dd><code>${esc(job.spec.command.join(" "))}</code></dd>
     </dl>
-    ${TERMINAL.has(job.state) ? "" : `<p><button id="cancel" data-job="${esc(job.job_id)}">cancel job</button>
+    ${ended ? "" : `<p><button id="cancel" data-job="${esc(job.job_id)}">cancel job</button>
       <span id="cancel-result"></span></p>`}
     <h2>Tasks</h2>
     <table id="tasks"><thead><tr><th>task</th><th></th><th>state</th><th>retries</th><th>exit</th>
