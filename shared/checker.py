@@ -1,6 +1,6 @@
-"""The placement checker: proves DESIGN.md's placement invariants from Redis plus the event
-log, at any moment. `check` is pure (folded state and a Redis read in, violations out);
-`check_cluster` does the reading, and is what `berth doctor` and the tests run."""
+"""The placement checker: proves the placement invariants (docs/invariants.md) from Redis
+plus the event log, at any moment. `check` is pure (folded state and a Redis read in,
+violations out); `check_cluster` does the reading, and is what `berth doctor` and the tests run."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     error: str = ""
     # The process is confirmed gone (worker report, or worker declared dead/stopped): only
-    # then are its resources released (DESIGN.md invariant 3).
+    # then are its resources released (docs/invariants.md, invariant 3).
     exited: bool = False
     kill_requested: bool = False
     worker_failure: bool = False

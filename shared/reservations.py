@@ -1,7 +1,7 @@
 """The scheduler's only way to write placement: fenced, atomic Lua calls on Redis.
 
 Every call carries the leader's epoch; a deposed leader's call is refused by the script
-(DESIGN.md invariant 4), never half-applied.
+(docs/invariants.md, invariant 4), never half-applied.
 """
 
 from __future__ import annotations

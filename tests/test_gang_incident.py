@@ -1,4 +1,4 @@
-"""The placement collision incident (../shared/seeds/iris-placement-collision-incident.txt),
+"""The placement collision incident (docs/placement.md tells it),
 as tests: real NATS, real Redis, real scheduler(s) and worker processes on loopback, TPU
 slices simulated by worker attributes and device counts. Each test runs the checker."""
 

@@ -1,5 +1,6 @@
-"""Ports belong to an address, not to a worker (DESIGN.md invariant 6): the embedded stack's
-workers all run on 127.0.0.1, so a job's tasks there must get distinct named ports."""
+"""Ports belong to an address, not to a worker (docs/invariants.md, invariant 6): the
+embedded stack's workers all run on 127.0.0.1, so a job's tasks there must get distinct
+named ports."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ out a Redis outage without dying.
 Redis's epoch key is the fence, but a replica promoted by Sentinel may have missed the last
 increment: the epoch it hands out next may be one a leader already used. The event log
 (JetStream, replicated on its own) remembers every `leader_elected`, so a new leader takes
-an epoch above the newest one logged (DESIGN.md invariant 11), and logs its own only if no
+an epoch above the newest one logged (docs/invariants.md, invariant 11), and logs its own only if no
 other leader was logged in between."""
 
 from __future__ import annotations
