@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.worker_agent.device_offer import GPU, offered_devices
 from shared.messages import DeviceInfo
 
 log = logging.getLogger("berth.worker")
@@ -154,31 +155,14 @@ def restrict(gpus: Gpus, visible: str | None) -> Gpus:
     return Gpus(kept, gpus.variant if kept else "", gpus.note)
 
 
-class OfferError(ValueError):
-    """A --gpu flag that asks for what the host does not have (one line, for the user)."""
-
-
 def offered(gpus: Gpus, flag: tuple[str, int] | None) -> tuple[str, tuple[DeviceInfo, ...]]:
-    """The (variant, devices) a worker offers: what was discovered, or `flag`'s
-    (variant, count). Where NVML found nothing, the flag's devices are numbered 0..COUNT-1
-    (with a warning: nothing checks they exist); where it found GPUs, the flag may offer
-    fewer of them (the first COUNT) but not more, nor another variant."""
+    """The (variant, devices) a worker offers: what NVML discovered, or `flag`'s
+    (variant, count) under device_offer's rule."""
     if flag is None:
         return gpus.variant, gpus.devices
     variant, count = flag
-    if count < 1:
-        raise OfferError(f"--gpu {variant}:{count}: COUNT must be at least 1")
-    if not gpus.devices:
-        log.warning("--gpu %s:%d: no GPU discovered (%s); offering devices 0..%d unchecked",
-                    variant, count, gpus.note or "none found", count - 1)
-        return variant, tuple(DeviceInfo(index=i) for i in range(count))
-    if count > len(gpus.devices):
-        raise OfferError(f"--gpu {variant}:{count}: asks for {count} GPUs, NVML found "
-                         f"{len(gpus.devices)} ({gpus.devices[0].model})")
-    if variant != gpus.variant:
-        raise OfferError(f"--gpu {variant}:{count}: NVML found {gpus.variant} GPUs "
-                         f"({gpus.devices[0].model}), not {variant}")
-    return variant, gpus.devices[:count]
+    return variant, offered_devices(GPU, f"--gpu {variant}:{count}", variant, count,
+                                    gpus.variant, gpus.devices, gpus.note)
 
 
 def describe(devices: Sequence[DeviceInfo]) -> str:

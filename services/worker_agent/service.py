@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import build, gpus, simulation, task_dirs, tpus
+from services.worker_agent import build, device_offer, gpus, simulation, task_dirs, tpus
 from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
 from services.worker_agent.epochs import EpochView
 from services.worker_agent.gpu_watch import GpuWatch
@@ -720,7 +720,7 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
             tpu_flag = (parts[0], parts[1], _count(parser, parts[2]))
         try:
             variant, topology, args.devices = tpus.offered(found_tpus, tpu_flag)
-        except tpus.OfferError as exc:
+        except device_offer.OfferError as exc:
             parser.error(str(exc))
         offer["device"] = {"type": "tpu", "variant": variant, "topology": topology,
                            "count": len(args.devices)}
@@ -736,7 +736,7 @@ def parse_args(argv: list[str] | None = None, nvml: gpus.Nvml | bool | None = Tr
             gpus.discover(binding), environ.get("CUDA_VISIBLE_DEVICES")))
         try:
             variant, args.devices = gpus.offered(found, flag)
-        except gpus.OfferError as exc:
+        except device_offer.OfferError as exc:
             parser.error(str(exc))
         if args.devices:
             offer["device"] = {"type": "gpu", "variant": variant, "count": len(args.devices)}

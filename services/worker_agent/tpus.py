@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from services.worker_agent.device_offer import TPU, offered_devices
 from shared.messages import DeviceInfo
 
 log = logging.getLogger("berth.worker")
@@ -141,32 +142,16 @@ def metadata_environment(base: str = GCE_ATTRIBUTES, timeout: float = METADATA_T
     return env
 
 
-class OfferError(ValueError):
-    """A --tpu flag that asks for what the host does not have (one line, for the user)."""
-
-
 def offered(tpus: Tpus, flag: tuple[str, str, int] | None
             ) -> tuple[str, str, tuple[DeviceInfo, ...]]:
-    """The (variant, topology, chips) a worker offers: what was discovered, or the flag's.
-    Where nothing was discovered the flag's chips are numbered 0..COUNT-1 unchecked (with a
-    warning); where chips were found the flag may offer fewer (the first COUNT) but not
-    more, nor another variant."""
+    """The (variant, topology, chips) a worker offers: what was discovered, or `flag`'s
+    (variant, topology, count) under device_offer's rule."""
     if flag is None:
         return tpus.variant, tpus.topology, tpus.devices
     variant, topology, count = flag
-    if count < 1:
-        raise OfferError(f"--tpu {variant}:{topology}:{count}: COUNT must be at least 1")
-    if not tpus.devices:
-        log.warning("--tpu %s:%s:%d: no TPU discovered (%s); offering chips 0..%d unchecked",
-                    variant, topology, count, tpus.note or "none found", count - 1)
-        return variant, topology, tuple(DeviceInfo(index=i) for i in range(count))
-    if count > len(tpus.devices):
-        raise OfferError(f"--tpu {variant}:{topology}:{count}: asks for {count} chips, "
-                         f"found {len(tpus.devices)} ({tpus.devices[0].model})")
-    if variant != tpus.variant:
-        raise OfferError(f"--tpu {variant}:{topology}:{count}: found {tpus.variant} chips "
-                         f"({tpus.devices[0].model}), not {variant}")
-    return variant, topology, tpus.devices[:count]
+    return variant, topology, offered_devices(
+        TPU, f"--tpu {variant}:{topology}:{count}", variant, count, tpus.variant, tpus.devices,
+        tpus.note)
 
 
 def attributes(tpus: Tpus) -> dict[str, str]:
