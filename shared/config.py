@@ -63,6 +63,13 @@ def api_tokens_file(data_dir: str) -> str:
         data_dir, "auth", "api-tokens.json")
 
 
+def _metrics_port() -> int:
+    port = _env_int("BERTH_METRICS_PORT", 0)
+    if not 0 <= port < 65536:
+        raise SystemExit(f"BERTH_METRICS_PORT={port} is not a port (1-65535; 0 or unset: off)")
+    return port
+
+
 def log_level() -> str:
     """BERTH_LOG_LEVEL: the services' log level."""
     return os.environ.get("BERTH_LOG_LEVEL", "INFO").upper()
@@ -135,6 +142,10 @@ class Settings:
     max_builds: int = 4
     task_dir_max_age: float = 7 * 24 * 3600.0
     task_dir_max_bytes: int = 0
+    # The Prometheus endpoint (docs/metrics.md): off (0) unless a port is set, and on the
+    # loopback unless a host is, since metrics name jobs' users, workers and hosts.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
 
     @property
     def fence_after(self) -> float:
@@ -178,6 +189,8 @@ class Settings:
             max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
+            metrics_host=os.environ.get("BERTH_METRICS_HOST") or "127.0.0.1",
+            metrics_port=_metrics_port(),
         )
 
 
