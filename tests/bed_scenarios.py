@@ -35,7 +35,7 @@ import redis as sync_redis
 from berth.client import publish_submit, wait_for_outcome
 from shared import redis_keys, subjects
 from shared.messages import Constraint, Coscheduling, JobSpec, Op, Resources, encode
-from tests.bed_cluster import BedCluster, Layout, start_cluster
+from tests.bed_cluster import NATS_CLUSTER_PORT, BedCluster, Layout, start_cluster
 from tests.netbed import Bed
 from tests.partitions import ENV, TERMINAL, Result, Run
 
@@ -164,6 +164,7 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
         else:
             raise RuntimeError("the submit stream has no leader")
     majority = [h for h in NATS3 if h != victim]
+    routes_tls = _routes_need_tls(bed, NATS3)
     async with Run(cluster, f"NATS node cut from the other two, {submits} submits, "
                             f"{cut:g} s", via=majority[0]) as run:
         minority_nc = await cluster.admin(via=victim)
@@ -210,6 +211,7 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
         bed.partition([victim], majority)
         cut_at.append(time.monotonic())
         run.result.notes["cut_node"] = victim
+        run.result.notes["routes_tls"] = routes_tls
         # Writes through the cut-off node, while the burst goes on through the majority.
         minority: list[asyncio.Task[None]] = []
         while time.monotonic() < cut_at[0] + cut:
@@ -360,6 +362,9 @@ async def hosts(bed: Bed, data_dir: Path, port_tasks: int) -> Result:
         # valkey runs berth's ACL: without credentials nothing gets in.
         run.result.notes["anonymous_refused"] = _refuses_anonymous(
             cluster.redis_portals[cluster.layout.redis])
+        # NATS speaks TLS only, so every service that got through above spoke TLS.
+        with socket.create_connection(("127.0.0.1", cluster.nats_portals["nats"]), 5) as conn:
+            run.result.notes["nats_plain_refused"] = _refuses_plain_nats(conn)
         result = await run.finish()
         result.port_collisions = sum(
             1 for i in (ids[holders.name], ids[spread.name])
@@ -374,6 +379,36 @@ def _refuses_anonymous(port: int) -> bool:
         conn.sendall(b"*2\r\n$3\r\nGET\r\n$" + str(len(redis_keys.EPOCH)).encode()
                      + b"\r\n" + redis_keys.EPOCH.encode() + b"\r\n")
         return conn.recv(256).startswith(b"-NOAUTH")
+
+
+def _nats_info(conn: socket.socket) -> tuple[dict[str, Any], Any]:
+    """The INFO a NATS port sends first, and the connection as a file to go on with."""
+    conn.settimeout(5)
+    stream = conn.makefile("rwb")
+    return json.loads(stream.readline().split(b" ", 1)[1]), stream
+
+
+def _refuses_plain_nats(conn: socket.socket) -> bool:
+    """Whether the NATS client port behind `conn` refuses a client speaking plain text: its
+    INFO says TLS is required, and a plain CONNECT is closed or answered -ERR."""
+    info, stream = _nats_info(conn)
+    stream.write(b'CONNECT {"verbose":false}\r\nPING\r\n')
+    stream.flush()
+    try:
+        answer = stream.readline()
+    except OSError:
+        answer = b""
+    return bool(info.get("tls_required")) and not answer.startswith(b"PONG")
+
+
+def _routes_need_tls(bed: Bed, hosts: tuple[str, ...]) -> bool:
+    """Whether every node's route port, dialled from another node's host, asks for TLS."""
+    for i, host in enumerate(hosts):
+        peer = hosts[i - 1]
+        with bed.connect(peer, bed.address(host), NATS_CLUSTER_PORT, 5) as conn:
+            if not _nats_info(conn)[0].get("tls_required"):
+                return False
+    return True
 
 
 async def _submit(run: Run, spec: JobSpec) -> str:
