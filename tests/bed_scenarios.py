@@ -7,6 +7,8 @@ tests/partitions.py, whose Run and Result these reuse, so each counts the same t
 - `redis_failover`: the Redis primary cut off from its replica and the Sentinels (the
   schedulers still reach it) during placement, Sentinel promoting the replica: no leader
   elected twice with one epoch, no reservation of a running attempt lost, placement resumes.
+  `redis-isolated`: the same with the primary cut off from every host, the schedulers too
+  (they must follow the Sentinels to the promoted replica).
 - `hosts`: a gang spread over four hosts, whose members connect over TCP to the coordinator
   address they were given (task 0 binds it: only its own host owns that address), and
   named ports on an address two workers share, bound for real by the tasks.
@@ -276,18 +278,24 @@ class EpochWatch:
                    for a, b in itertools.pairwise(values) if b < a)
 
 
-async def redis_failover(bed: Bed, data_dir: Path, cut: float) -> Result:
+async def redis_failover(bed: Bed, data_dir: Path, cut: float, isolate: bool = False
+                         ) -> Result:
+    """The primary cut from its replicas and Sentinels (the schedulers still reach it), or
+    (`isolate`) from every other host, the schedulers too."""
     cluster = start_cluster(bed, data_dir, _layout_sentinel(), ENV)
     layout = cluster.layout
     watch = EpochWatch(cluster)
     watch.thread.start()
+    whom = "everyone" if isolate else "replica and Sentinels"
     try:
-        async with Run(cluster, f"Redis primary cut from replica and Sentinels, {cut:g} s"
-                       ) as run:
+        async with Run(cluster, f"Redis primary cut from {whom}, {cut:g} s") as run:
             ids = await run.submit(4)
             await run.until("4 running", lambda: run.running(ids), 30)
             old = layout.redis
-            bed.partition([old], [*layout.replicas, *layout.sentinels])
+            if isolate:
+                bed.isolate(old)
+            else:
+                bed.partition([old], [*layout.replicas, *layout.sentinels])
             cut_at = time.monotonic()
             # Placement goes on through the cut: a job every half second.
             later: list[str] = []
@@ -310,6 +318,8 @@ async def redis_failover(bed: Bed, data_dir: Path, cut: float) -> Result:
             if run.report is not None:
                 run.result.reservations_lost = len(run.report.attempts_without_reservation)
             elected = [e for _, e in run.bus.elected]
+            taken = [t for t, _ in run.bus.elected if t > cut_at]
+            run.result.notes["take_over_s"] = round(taken[0] - cut_at, 1) if taken else None
             run.result.epoch_regressions = watch.regressions() + sum(
                 1 for a, b in itertools.pairwise(elected) if b <= a)
             run.result.notes["elected"] = elected
@@ -448,6 +458,8 @@ HOSTS = {
     "nats-minority": ["n1", "n2", "n3", "redis", "svc", "ctl", "ctl2", *WORKERS3],
     "redis-failover": ["nats", "r1", "r2", "r3", "s1", "s2", "s3", "svc", "ctl", "ctl2",
                        *WORKERS3],
+    "redis-isolated": ["nats", "r1", "r2", "r3", "s1", "s2", "s3", "svc", "ctl", "ctl2",
+                       *WORKERS3],
     "hosts": ["nats", "redis", "ctl", "g1", "g2", "g3", "g4"],
     "delayed-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
 }
@@ -462,6 +474,7 @@ def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
         "nats-minority": lambda bed, d: nats_minority(bed, d, submits, min(cut, 4) if quick
                                                       else cut),
         "redis-failover": lambda bed, d: redis_failover(bed, d, cut),
+        "redis-isolated": lambda bed, d: redis_failover(bed, d, cut, isolate=True),
         "hosts": lambda bed, d: hosts(bed, d, 4 if quick else 8),
         "delayed-worker": lambda bed, d: delayed_worker(bed, d, 0.2, 3 if quick else cut),
     }

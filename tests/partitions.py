@@ -403,9 +403,11 @@ def _count_ends_in_cut(run: Run, victim: str, ends: dict[str, str],
                             for n in runs[kind] if n > 1)
     r.notes["completed_on_victim_in_cut"] = sum(
         1 for tok in ends for _, worker in done.get(tok, ()) if worker == victim)
-    r.notes["late_reports"] = sum(1 for t, worker, *_, state in run.bus.reports
-                                  if worker == victim and t > healed
-                                  and state in ("SUCCEEDED", "FAILED", "KILLED"))
+    # Attempts whose end the victim reported after the heal (each publish is heard, its
+    # retries too: counted once).
+    r.notes["late_reports"] = len({(job, task, attempt) for t, worker, job, task, attempt, state
+                                   in run.bus.reports if worker == victim and t > healed
+                                   and state in ("SUCCEEDED", "FAILED", "KILLED")})
     for job_id, token in run.jobs.items():
         if token not in ends:
             continue
