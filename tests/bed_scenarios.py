@@ -412,11 +412,18 @@ def _refuses_plain_nats(conn: socket.socket) -> bool:
 
 
 def _routes_need_tls(bed: Bed, hosts: tuple[str, ...]) -> bool:
-    """Whether every node's route port, dialled from another node's host, asks for TLS."""
+    """Whether every node's route port, dialled from another node's host, takes TLS only:
+    a route port starts with the TLS handshake, so a peer that speaks plain text first gets
+    no INFO and is closed (a plain route port sends INFO at once)."""
     for i, host in enumerate(hosts):
-        peer = hosts[i - 1]
-        with bed.connect(peer, bed.address(host), NATS_CLUSTER_PORT, 5) as conn:
-            if not _nats_info(conn)[0].get("tls_required"):
+        with bed.connect(hosts[i - 1], bed.address(host), NATS_CLUSTER_PORT, 5) as conn:
+            conn.settimeout(5)
+            conn.sendall(b"PING\r\n")
+            try:
+                got = conn.recv(64)
+            except OSError:
+                got = b""
+            if got.startswith(b"INFO"):
                 return False
     return True
 
