@@ -400,7 +400,8 @@ def _nats_info(conn: socket.socket) -> tuple[dict[str, Any], Any]:
 
 def _refuses_plain_nats(conn: socket.socket) -> bool:
     """Whether the NATS client port behind `conn` refuses a client speaking plain text: its
-    INFO says TLS is required, and a plain CONNECT is closed or answered -ERR."""
+    INFO (sent once the server has waited servers.HANDSHAKE_FIRST_WAIT for a TLS handshake)
+    says TLS is required, and a plain CONNECT is closed or answered -ERR."""
     info, stream = _nats_info(conn)
     stream.write(b'CONNECT {"verbose":false}\r\nPING\r\n')
     stream.flush()
