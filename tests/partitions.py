@@ -334,8 +334,9 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
     while running tasks: its tasks must be stopped by its own fence before their retries
     start elsewhere, and after the heal it rejoins as a new incarnation."""
     async with Run(cluster, f"worker cut from NATS, {mode}, {cut:g} s") as run:
-        ids = await run.submit(6)
-        await run.until("6 running", lambda: run.running(ids), 30)
+        # 9 on 3 workers: the victim runs at least 3, one for each of ENDS.
+        ids = await run.submit(9)
+        await run.until("9 running", lambda: run.running(ids), 30)
         by_worker = {w["worker_id"]: w for w in run.workers()}
         # Each worker advertises its own host's address, as tasks on other hosts reach it.
         run.result.notes["addresses_advertised"] = all(

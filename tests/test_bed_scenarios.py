@@ -1,6 +1,7 @@
 """The quick forms of the multi-host scenarios (tests/bed_scenarios.py) on the test bed: a gang
 over four hosts reaching its coordinator, named ports on an address two workers share, a
-worker's slow link; one NATS node of three cut off during a burst of submits. Each starts a
+worker's slow link; one NATS node of three cut off during a burst of submits. NATS speaks TLS
+only there, routes included (each checks that a plain-text peer is refused). Each starts a
 fresh bed and cluster and must count 0 everywhere. bench/partitions.py runs the full forms."""
 
 from __future__ import annotations
