@@ -134,7 +134,7 @@ class BedCluster:
         return self.nats_url_via(self.layout.nats[0])
 
     def nats_url_via(self, host: str) -> str:
-        return f"tls://127.0.0.1:{self.nats_portals[host]}"
+        return nats_url("127.0.0.1", self.nats_portals[host])
 
     def redis_url_via(self, host: str, user: str = ADMIN) -> str:
         return self.redis_users.url(user, self.redis_portals[host])
@@ -214,6 +214,7 @@ class BedCluster:
 
 
 def nats_url(address: str, port: int = NATS_PORT) -> str:
+    """Every NATS URL of the bed: TLS only."""
     return f"tls://{address}:{port}"
 
 

@@ -397,13 +397,12 @@ def _count_ends_in_cut(run: Run, victim: str, ends: dict[str, str],
     done = run.completions()
     runs = {kind: [len(done.get(tok, [])) for tok, k in ends.items() if k == kind]
             for kind in ENDS}
+    # Per end, how many times each such task's command ran to completion.
     r.notes["ends_in_cut"] = {kind: n for kind, n in runs.items() if n}
     # Done before its fence: its retry runs it again, as nothing could tell the leader.
     r.notes["reran_after_ending"] = sum(1 for n in runs["before_fence"] if n > 1)
     r.completed_twice = sum(1 for kind in ("after_fence", "after_verdict")
                             for n in runs[kind] if n > 1)
-    r.notes["completed_on_victim_in_cut"] = sum(
-        1 for tok in ends for _, worker in done.get(tok, ()) if worker == victim)
     # Attempts whose end the victim reported after the heal (each publish is heard, its
     # retries too: counted once).
     r.notes["late_reports"] = len({(job, task, attempt) for t, worker, job, task, attempt, state
