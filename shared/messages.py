@@ -114,14 +114,24 @@ class Op(enum.StrEnum):
     LE = "LE"
 
 
+class ConstraintMode(enum.StrEnum):
+    """required: a worker must satisfy it. preferred: a worker that does is chosen over one
+    that does not, but one that does not still takes the task."""
+
+    REQUIRED = "required"
+    PREFERRED = "preferred"
+
+
 class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A condition on a worker attribute; a job's constraints must all hold. EQ/NE compare
-    `value`; IN takes `values`; GT/GE/LT/LE compare numbers; EXISTS/NOT_EXISTS take neither."""
+    """A condition on a worker attribute; a job's required constraints must all hold, its
+    preferred ones rank the workers that qualify. EQ/NE compare `value`; IN takes `values`;
+    GT/GE/LT/LE compare numbers; EXISTS/NOT_EXISTS take neither."""
 
     key: Annotated[str, Meta(min_length=1, max_length=128)]
     op: Op
     value: Annotated[str, Meta(max_length=1024)] | None = None
     values: list[Annotated[str, Meta(max_length=1024)]] | None = None
+    mode: ConstraintMode = ConstraintMode.REQUIRED
 
 
 class Priority(enum.StrEnum):
