@@ -430,7 +430,8 @@ class ClusterState:
         why = ": ".join(x for x in (who, event.reason) if x)
         match event.action:
             case NodeAction.CORDON:
-                worker.cordon = why
+                # The newest command wins: a cordon ends a drain (no deadline any more).
+                worker.cordon, worker.draining, worker.drain_deadline = why, False, None
             case NodeAction.DRAIN:
                 worker.cordon, worker.draining = why, True
                 worker.drain_deadline = event.deadline
