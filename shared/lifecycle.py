@@ -686,8 +686,11 @@ class ClusterState:
         keys: list[str] | None = None, host_fault: bool = False,
     ) -> None:
         """The worker's processes are gone (all of them, or those of `keys`); `host_fault`:
-        through the host's fault (a death, a crash), which its record of failures counts."""
+        through the host's fault (a death, a crash), which its record of failures counts
+        once, however many attempts it took down: one incident, not one per task, or a
+        single death of a busy host would quarantine it."""
         touched: dict[str, JobView] = {}
+        victim = ""
         for key in list(worker.live_attempts) if keys is None else keys:
             job_id, index, attempt_id = worker.live_attempts[key]
             task = self.task(job_id, index)
@@ -696,8 +699,8 @@ class ClusterState:
             attempt = task.attempt(attempt_id)
             if attempt is None:
                 continue
-            if host_fault and not attempt.kill_requested:
-                self._host_failed(worker, ts, job_id)
+            if not attempt.kill_requested:
+                victim = victim or job_id
             attempt.state = S.WORKER_FAILED
             attempt.worker_failure = True
             attempt.error = why
@@ -710,6 +713,8 @@ class ClusterState:
                 self._preempt(task, job, why, ts)
                 self._cascade_gang(job, task, ts, effects)
             touched[job_id] = job
+        if host_fault and victim:
+            self._host_failed(worker, ts, victim)
         for job in touched.values():
             self._update_job(job, ts, effects)
 

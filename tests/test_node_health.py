@@ -105,6 +105,11 @@ def test_deaths_and_worker_faults_are_the_hosts_failures_user_exits_and_stops_ar
                WorkerDeclaredDead(worker_id="w1", incarnation="i1")]
     state, _ = fold(events)
     assert [(f.job_id) for f in state.workers["w1"].failures] == ["j1", "j2"]
+    # One death is one incident, however many attempts it takes down.
+    state, _ = fold([registered(), submitted("j1", replicas=2), submitted("j2"),
+                     assigned(0, 0, job="j1"), assigned(0, 1, job="j1"), assigned(0, job="j2"),
+                     registered(incarnation="i2")])
+    assert [f.job_id for f in state.workers["w1"].failures] == ["j1"]
     # A worker stopped by its operator fails its attempts, not itself.
     state, _ = fold([registered(), submitted("j1"), assigned(0, job="j1"),
                      WorkerStopped(worker_id="w1", incarnation="i1")])
