@@ -146,3 +146,13 @@ def test_berth_workers_shows_why_a_worker_is_out_of_service() -> None:
                "started_at": None, "finished_at": None,
                "usage": {"cpu_seconds": 1.25, "peak_rss_mb": 84.5, "samples": 2}}
     assert "exit code 0, cpu 1.25s, peak RSS 84.5 MiB" in _format_attempt(attempt)
+
+
+def test_a_bad_drain_deadline_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from berth import node_cli
+
+    for bad in (-1.0, float("nan")):
+        assert node_cli.node_health("nats://127.0.0.1:1", "http://127.0.0.1:1", "/nonexistent",
+                                    "w1", NodeAction.DRAIN, deadline=bad) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("berth: deadline: ") and err.count("\n") == 1, err
