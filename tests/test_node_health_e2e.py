@@ -28,7 +28,7 @@ HUNGRY = ("import subprocess, time\n"
           "t = time.process_time()\n"
           "while time.process_time() - t < 0.5: pass\n"
           "subprocess.run(['python3', '-c', 'y = bytearray(40 * 2**20); "
-          "import time; time.sleep(1.2)'])\n")
+          "import time; time.sleep(1.5)'])\n")
 
 
 async def in_cli(stack: Stack, *args: str) -> str:

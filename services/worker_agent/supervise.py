@@ -86,8 +86,14 @@ class Usage:
         self.samples = 0
         self.last = 0.0
 
+    def due_in(self) -> float:
+        """Seconds until the next sample is due (the wait below ends by then)."""
+        if not self.path:
+            return LONGEST_WAIT
+        return max(0.0, self.last + LONGEST_WAIT - time.monotonic())
+
     def sample(self, me: int) -> None:
-        if not self.path or time.monotonic() - self.last < LONGEST_WAIT:
+        if not self.path or self.due_in() > 0:
             return
         self.last = time.monotonic()
         rss: dict[int, int] = {}
@@ -202,7 +208,7 @@ def main(argv: list[str]) -> None:
             usage.write()
             os._exit(137)
         usage.sample(me)
-        wait = min(LONGEST_WAIT, max(0.0, deadline - time.monotonic()))
+        wait = min(LONGEST_WAIT, max(0.0, deadline - time.monotonic()), usage.due_in())
         try:
             ready, _, _ = select.select([stdin, wake], [], [], wait)
         except InterruptedError:
