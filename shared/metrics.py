@@ -46,10 +46,19 @@ def pending_by_band(state: ClusterState) -> dict[str, int]:
     return counts
 
 
+WORKER_STATES = ("in_service", "cordoned", "draining", "quarantined", "dead")
+
+
 def workers_by_state(state: ClusterState) -> dict[str, int]:
-    counts = {"alive": 0, "dead": 0}
+    """Workers by state, every state present: dead, else why it takes no new work (the
+    first word of shared/node_health.py's reason, which also decides which one wins),
+    else in service."""
+    counts = dict.fromkeys(WORKER_STATES, 0)
     for worker in state.workers.values():
-        counts["alive" if worker.alive else "dead"] += 1
+        if not worker.alive:
+            counts["dead"] += 1
+        else:
+            counts[worker.out_of_service.partition(":")[0] or "in_service"] += 1
     return counts
 
 

@@ -75,7 +75,7 @@ def check_metrics(stack: Stack, placed_before: float) -> None:
     assert scheduler["berth_scheduler_leader"] == 1
     assert scheduler["berth_scheduler_tick_seconds_count"] >= 1
     assert scheduler['berth_pending_tasks{band="batch"}'] == 0
-    assert scheduler['berth_workers{state="alive"}'] == 2
+    assert scheduler['berth_workers{state="in_service"}'] == 2
     assert scheduler["berth_fold_lag"] >= 0
     assert scheduler["berth_events_folded_total"] >= scheduler["berth_fold_seq"] > 0
     assert 0 <= scheduler['berth_worker_heartbeat_age_seconds{worker="local-0"}'] < 3
@@ -93,7 +93,7 @@ def check_metrics(stack: Stack, placed_before: float) -> None:
     for url in (stack.metrics_urls["dashboard"], stack.api_url + "/metrics"):
         dashboard = scrape(url)
         assert dashboard["berth_dashboard_caught_up"] == 1
-        assert dashboard['berth_workers{state="alive"}'] == 2
+        assert dashboard['berth_workers{state="in_service"}'] == 2
         assert dashboard["berth_fold_lag"] >= 0
         assert any(k.startswith("berth_dashboard_request_duration_seconds_count{")
                    and 'path="/api/jobs/{job_id}"' in k for k in dashboard), \

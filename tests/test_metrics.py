@@ -40,7 +40,8 @@ def test_fold_gauges_count_pending_by_band_and_workers_by_state() -> None:
     state, _ = fold([registered("w1"), registered("w2", "i2"),
                      submitted("j1", replicas=2), submitted("j2", priority=Priority.PRODUCTION)])
     assert metrics.pending_by_band(state) == {"production": 1, "interactive": 2, "batch": 0}
-    assert metrics.workers_by_state(state) == {"alive": 2, "dead": 0}
+    assert metrics.workers_by_state(state) == {"in_service": 2, "cordoned": 0, "draining": 0,
+                                               "quarantined": 0, "dead": 0}
     samples = {(s.name, tuple(s.labels.values())): s.value
                for family in metrics.state_metrics(state, stream_last_seq=10)
                for s in family.samples}
