@@ -71,6 +71,14 @@ def _metrics_port() -> int:
     return port
 
 
+def log_format() -> str:
+    """BERTH_LOG_FORMAT: `text` (the default) or `json` (one object a line, with trace ids)."""
+    value = os.environ.get("BERTH_LOG_FORMAT", "").strip().lower() or "text"
+    if value not in ("text", "json"):
+        raise SystemExit(f"BERTH_LOG_FORMAT={value!r} is not one of text, json")
+    return value
+
+
 def log_level() -> str:
     """BERTH_LOG_LEVEL: the services' log level."""
     return os.environ.get("BERTH_LOG_LEVEL", "INFO").upper()
