@@ -19,7 +19,7 @@ from pathlib import Path
 from berth.creds_cli import local_user
 from berth.restarts import ChildHistory, RestartPolicy, after_exit, restarted
 from berth.stack_info import STACK_INFO
-from shared import dir_lock, redis_auth, servers
+from shared import config, dir_lock, redis_auth, servers
 from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
@@ -255,6 +255,8 @@ class Stack:
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
                 "pid": os.getpid(), "nats_pid": pids[0], "nats_pids": pids,
                 "auth_dir": str(self.auth.path), "children": self.process_table()}
+        if self.metrics_urls:
+            info["metrics_urls"] = self.metrics_urls
         if isinstance(self.redis, servers.ReplicatedRedis):
             info |= {"redis_sentinels": self.redis.sentinel_addresses,
                      "redis_master": self.redis.master}
@@ -338,8 +340,9 @@ def start_services(
 ) -> Stack:
     """The four services and `workers` local workers against servers already running. On a
     NATS cluster the streams get its replica count (3 from 3 nodes on) unless `extra_env`
-    says otherwise. `metrics`: each service serves Prometheus metrics on a port of its
-    own on the loopback (BERTH_METRICS_PORT), listed in `Stack.metrics_urls`."""
+    says otherwise. `metrics`: each service serves Prometheus metrics on a free port of
+    its own (BERTH_METRICS_PORT), listed in `Stack.metrics_urls`; so does a stack whose
+    environment sets BERTH_METRICS_PORT, on that port and the ones after it."""
     api_port = api_port or servers.free_port()
     env = servers.service_env(nats.url, redis.url, data_dir, **{
         "BERTH_API_PORT": str(api_port), "BERTH_STREAM_REPLICAS": str(nats.stream_replicas),
@@ -351,13 +354,17 @@ def start_services(
         if user := local_user():
             stack.creds_for(Role.SUBMIT, user)
         labels = ["submitter", "scheduler", "dashboard", *(f"local-{i}" for i in range(workers))]
-        ports = dict(zip(labels, servers.free_ports(len(labels)), strict=True)) if metrics else {}
+        # BERTH_METRICS_PORT given to the whole stack is where its range starts: handed to
+        # every child as it is, all but one would fail to bind it.
+        base = config.metrics_port(env)
+        ports = (dict(zip(labels, servers.free_ports(len(labels)), strict=True)) if metrics
+                 else {label: base + i for i, label in enumerate(labels)} if base else {})
 
         def metrics_env(label: str) -> dict[str, str]:
             if label not in ports:
                 return {}
             stack.metrics_urls[label] = f"http://127.0.0.1:{ports[label]}/metrics"
-            return {"BERTH_METRICS_PORT": str(ports[label]), "BERTH_METRICS_HOST": "127.0.0.1"}
+            return {"BERTH_METRICS_PORT": str(ports[label])}
 
         for name in ("submitter", "scheduler", "dashboard"):
             stack.start_service(name, env=metrics_env(name) or None)

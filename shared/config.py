@@ -4,6 +4,7 @@ is listed in `docs/configuration.md`; this is the only place that reads them."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shared.bounded import MAX_MESSAGE_BYTES
@@ -64,8 +65,15 @@ def api_tokens_file(data_dir: str) -> str:
         data_dir, "auth", "api-tokens.json")
 
 
-def _metrics_port() -> int:
-    port = _env_int("BERTH_METRICS_PORT", 0)
+def metrics_port(environ: Mapping[str, str] | None = None) -> int:
+    """BERTH_METRICS_PORT (0: off), from `environ` (default: this process's). `berth up`
+    reads the one it would hand its children: there it is the first of a range of ports,
+    one per child (berth/stack.py)."""
+    raw = (os.environ if environ is None else environ).get("BERTH_METRICS_PORT") or "0"
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SystemExit(f"BERTH_METRICS_PORT={raw!r} is not an integer") from None
     if not 0 <= port < 65536:
         raise SystemExit(f"BERTH_METRICS_PORT={port} is not a port (1-65535; 0 or unset: off)")
     return port
@@ -203,7 +211,7 @@ class Settings:
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
             quarantine=_quarantine_policy(),
             metrics_host=os.environ.get("BERTH_METRICS_HOST") or "127.0.0.1",
-            metrics_port=_metrics_port(),
+            metrics_port=metrics_port(),
         )
 
 
