@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from berth import cli, workspace
+from berth import cli_views, workspace
 from berth.client import submit_job
 from berth.stack import Stack
 from services.submitter.intake import intake
@@ -172,7 +172,7 @@ def test_status_shows_a_build_failures_output_tail_below_its_attempt() -> None:
            "error": f"job failed: task 0: {error}",
            "tasks": [{"index": 0, "state": "failed", "pending_reason": "", "error": error,
                       "refused_reports": [], "attempts": [attempt]}]}
-    assert cli._format_job(job).splitlines() == [
+    assert cli_views.format_job(job).splitlines() == [
         "job j1-aaaa (b): failed",
         "  error: job failed: task 0: build failed: make exited 2",
         "  task 0: failed  (build failed: make exited 2)",

@@ -304,8 +304,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     api = Router(
         path="/api",
         guards=[auth.read_guard(tokens, closed_reads)],
-        route_handlers=[list_jobs, states, job_detail, task_detail, submit, cancel, task_logs,
-                        list_workers, worker_detail, submit_outcome, events],
+        route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
+                        task_logs, list_workers, worker_detail, submit_outcome, events],
     )
 
     # --- open to all ------------------------------------------------------------------------
