@@ -123,18 +123,19 @@ def read_cli_profile(path: Path, name: str | None) -> dict[str, str]:
     if chosen and chosen not in profiles:
         known = ", ".join(sorted(profiles)) or "none"
         raise ConfigFileError(f"{path}: profile {chosen!r}: not in the file (it has {known})")
-    profile = profiles.get(chosen or "default", {})
-    where = f"{path}: profiles.{chosen or 'default'}"
-    if not isinstance(profile, dict):
-        raise ConfigFileError(f"{where}: must be a table")
-    for key, value in profile.items():
-        if key not in CLI_PROFILE_KEYS:
-            raise ConfigFileError(f"{where}.{key}: not a setting (one of "
-                                  f"{', '.join(CLI_PROFILE_KEYS)})")
-        if not isinstance(value, str) or not value:
-            raise ConfigFileError(f"{where}.{key}: must be a non-empty string")
+    # Every profile is checked, not only the one used: a typo is said the first time.
+    for profile_name, profile in profiles.items():
+        where = f"{path}: profiles.{profile_name}"
+        if not isinstance(profile, dict):
+            raise ConfigFileError(f"{where}: must be a table")
+        for key, value in profile.items():
+            if key not in CLI_PROFILE_KEYS:
+                raise ConfigFileError(f"{where}.{key}: not a setting (one of "
+                                      f"{', '.join(CLI_PROFILE_KEYS)})")
+            if not isinstance(value, str) or not value:
+                raise ConfigFileError(f"{where}.{key}: must be a non-empty string")
     return {k: os.path.expanduser(v) if k in ("nats_creds", "data_dir") else v
-            for k, v in profile.items()}
+            for k, v in profiles.get(chosen or "default", {}).items()}
 
 
 def select_cli_profile(name: str | None) -> None:
