@@ -114,8 +114,8 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
         try:
             return await asyncio.wait_for(wait_for_outcome(nc, seq, creds.user, 5), 5)
         except TimeoutError:
-            print(f"submit {seq} stored; waiting for the submitter's verdict ...",
-                  file=sys.stderr)
+            print(f"submit {seq} stored, no verdict yet (is the submitter running?); waiting "
+                  f"up to {timeout:g}s ...", file=sys.stderr)
         try:
             return await wait_for_outcome(nc, seq, creds.user, max(timeout - 5, 1))
         except TimeoutError:
@@ -489,6 +489,7 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
            port: int | None, nats_port: int | None, redis_port: int | None,
            redis_server: bool, nats_nodes: int) -> Any:
     from berth.stack import start_stack
+    from shared.servers import ServerError
 
     data_dir = Path(data_dir_given).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
@@ -499,7 +500,7 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
             nats_port=nats_port, redis_port=redis_port,
             prefer_redis_on_path=redis_server, nats_nodes=nats_nodes,
         )
-    except DirLocked as exc:
+    except (DirLocked, ServerError) as exc:  # what it started is stopped again
         fail(str(exc))
     nodes = len(stack.nats.nodes)
     if nodes > 1:
