@@ -21,7 +21,6 @@ import typer
 
 from berth import backup, cli_read, creds_cli, health, token_cli, workspace
 from berth.cli_app import (
-    GLOBAL_OPTIONS,
     Globals,
     JsonFlag,
     fail,
@@ -48,8 +47,6 @@ from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
 from shared.messages import job_spec_schema
 from shared.states import JOB_TERMINAL_NAMES
-
-TERMINAL = JOB_TERMINAL_NAMES
 
 app = new_app()
 
@@ -80,6 +77,8 @@ def root(
     version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="print berth's version")] = False,
 ) -> None:
+    if ctx.invoked_subcommand in VERBATIM:
+        return  # a service (`berth run`) reads only its BERTH_* variables, no user's profile
     try:
         config.select_cli_profile(profile)
     except config.ConfigFileError as exc:
@@ -201,7 +200,7 @@ def _ended(api_url: str, job_id: str) -> str | None:
     except ApiError:
         return None
     state = job.get("state") if isinstance(job, dict) else None
-    return state if state in TERMINAL else None
+    return state if state in JOB_TERMINAL_NAMES else None
 
 @app.command("cancel")
 def cmd_cancel(
@@ -614,8 +613,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     return code if isinstance(code, int) else 0
 
-
-__all__ = ["GLOBAL_OPTIONS", "app", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -88,10 +88,16 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # Rich would exit with status 1; the root command ends as a SIGPIPE would.
+        raise BrokenPipeError
+
+
 def console(stderr: bool = False) -> Console:
     """A Rich console; into a pipe or file it does not wrap lines at 80 columns."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
+    return _Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
