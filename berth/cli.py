@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import signal
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from berth import backup, cli_read, creds_cli, health, token_cli, workspace
 from berth.cli_app import (
@@ -601,10 +604,18 @@ for module in (cli_read, creds_cli, backup, token_cli):
 VERBATIM = ("run",)
 
 
+@functools.cache
+def _command() -> TyperGroup:
+    """The app as a command, built once (tests call main many times in one process)."""
+    command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     args = hoist_global_options(sys.argv[1:] if argv is None else argv, VERBATIM)
     try:
-        code = app(args=args, prog_name="berth", standalone_mode=False)
+        code = _command().main(args=args, prog_name="berth", standalone_mode=False)
     except typer.TyperException as exc:  # a usage error: one line, naming the command
         where = str(getattr(getattr(exc, "ctx", None), "command_path", None) or "berth")
         print(f"{where}: {exc.format_message()} (see `{where} --help`)", file=sys.stderr)
