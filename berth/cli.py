@@ -328,7 +328,8 @@ RedisUrlOption = Annotated[str | None, typer.Option(
 
 
 @app.command("doctor")
-def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None) -> int:
+def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
+               as_json: JsonFlag = False) -> int:
     """Check the placement invariants from Redis and the event log.
 
     Reads Redis and the event log and reports every violation of the placement invariants:
@@ -358,6 +359,16 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None) -> int:
     except (redis_io.RedisConfigError, RedisError) as exc:
         print(f"berth doctor: Redis at {shown}: {exc}", file=sys.stderr)
         return 2
+    if as_json:
+        print_json({"ok": report.ok, "violations": report.violations(),
+                    "events_seq": report.events_seq,
+                    "refused_double_bookings": report.refused_double_bookings,
+                    "refused_events": report.refused_events,
+                    "last_refused_seq": report.last_refused_seq,
+                    "double_booked_hosts": report.double_booked_hosts,
+                    "double_booked_ports": report.double_booked_ports,
+                    "double_booked_devices": report.double_booked_devices})
+        return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
     print(f"events_seq={report.events_seq}")

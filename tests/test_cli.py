@@ -183,6 +183,9 @@ def read_commands_on_the_same_stack(stack: Stack, done: str, tmp_path: Path,
     assert worker["worker_id"] == "local-0" and worker["last_heartbeat"]
     code, out = berth_in_process(capsys, "workers", "--api-url", stack.api_url)
     assert "local-0" in out and "healthy" in out and "s ago" in out, out
+    code, out = berth_in_process(capsys, "doctor", "--json", "--data-dir", str(stack.data_dir))
+    doctor = json.loads(out)
+    assert doctor["ok"] and doctor["double_booked_hosts"] == 0, doctor
     code, out = berth_in_process(capsys, "--api-url", stack.api_url, "why", "j999-0000",
                                  fails=True)
     assert code == 1
