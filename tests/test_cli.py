@@ -14,6 +14,7 @@ import pytest
 
 from berth import cli
 from berth.stack import Stack
+from shared import redis_auth
 from shared.credentials import Role
 from tests.conftest import wait_until
 
@@ -130,35 +131,30 @@ def read_commands_on_the_same_stack(stack: Stack, done: str, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     """jobs, status, logs (-f, --stderr), workers, why, watch, each --json where it reads,
     and a global flag after the command, all against one running stack."""
-    env = {"BERTH_DATA_DIR": str(stack.data_dir)}
     talker = tmp_path / "talker.json"
     program = ("import sys, time\nfor i in range(3):\n    print('out', i, flush=True)\n"
                "    print('err', i, file=sys.stderr, flush=True)\n    time.sleep(0.3)\n")
     talker.write_text(json.dumps({"name": "talker", "command": ["python3", "-c", program],
                                   "resources": {"cpu": 0.5, "memory_mb": 64}}))
-    submitted = run_berth("submit", str(talker), env=env)
-    assert submitted.returncode == 0, submitted.stderr
-    talker_id = submitted.stdout.strip()
-    # Followed from before the task has an attempt: it waits for one, then ends with it.
-    follow = subprocess.run([*BERTH, "logs", talker_id, "0", "-f"], capture_output=True,
-                            text=True, timeout=60, env={**os.environ, **env})
+    data = ["--data-dir", str(stack.data_dir)]
+    talker_id = berth_in_process(capsys, *data, "submit", str(talker))[1].strip()
+    # Followed from before the task has an attempt: it waits for one, then ends with it;
+    # with a global flag after the command, as a user types it.
+    follow = subprocess.run([*BERTH, "logs", talker_id, "0", "-f", "--api-url", stack.api_url],
+                            capture_output=True, text=True, timeout=60)
     assert follow.returncode == 0, follow.stderr
     # stdout and stderr are read apart, so only each one's own order is certain.
     assert sorted(follow.stdout.splitlines()) == [f"{s} {i}" for s in ("err", "out")
                                                   for i in range(3)], follow.stdout
-    # A global flag after the command, as a user types it.
     api = ["--api-url", stack.api_url]
-    stderr_only = run_berth("logs", talker_id, "--stderr", *api)
-    assert stderr_only.stdout.splitlines() == ["err 0", "err 1", "err 2"], stderr_only.stderr
-    watched = run_berth("watch", talker_id, "--json", *api)
-    assert watched.returncode == 0, watched.stderr
-    assert json.loads(watched.stdout)["state"] == "succeeded", watched.stdout + watched.stderr
+    _, out = berth_in_process(capsys, "logs", talker_id, "--stderr", *api)
+    assert out.splitlines() == ["err 0", "err 1", "err 2"], out
+    _, out = berth_in_process(capsys, "watch", talker_id, "--json", *api)
+    assert json.loads(out)["state"] == "succeeded", out
 
     huge = tmp_path / "huge.yaml"
     huge.write_text("name: huge\ncommand: ['true']\nresources: {cpu: 64, memory_mb: 64}\n")
-    huge_submit = run_berth("submit", str(huge), *api, env=env)
-    assert huge_submit.returncode == 0, huge_submit.stderr
-    huge_id = huge_submit.stdout.strip()
+    huge_id = berth_in_process(capsys, *data, "submit", str(huge))[1].strip()
     code, out = berth_in_process(capsys, "--api-url", stack.api_url, "why", huge_id, "--json")
     why = json.loads(out)
     assert code == 0 and why["queue"] == {"band": "interactive", "position": 1, "of": 1}, why
@@ -183,7 +179,8 @@ def read_commands_on_the_same_stack(stack: Stack, done: str, tmp_path: Path,
     assert worker["worker_id"] == "local-0" and worker["last_heartbeat"]
     code, out = berth_in_process(capsys, "workers", "--api-url", stack.api_url)
     assert "local-0" in out and "healthy" in out and "s ago" in out, out
-    code, out = berth_in_process(capsys, "doctor", "--json", "--data-dir", str(stack.data_dir))
+    code, out = berth_in_process(capsys, "doctor", "--json", "--data-dir", str(stack.data_dir),
+                                 "--redis-url", stack.redis.url_for(redis_auth.DOCTOR))
     doctor = json.loads(out)
     assert doctor["ok"] and doctor["double_booked_hosts"] == 0, doctor
     code, out = berth_in_process(capsys, "--api-url", stack.api_url, "why", "j999-0000",
