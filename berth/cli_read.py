@@ -211,9 +211,9 @@ def workers(ctx: typer.Context, as_json: JsonFlag = False) -> int:
         print_json(listed)
         return 0
     console().print(cli_views.workers_table(listed, time.time()))
-    for w in listed:
-        if w.get("devices"):
-            print("\n".join([f"{w['worker_id']}:", *cli_views.format_worker(w)[1:]]))
+    for w in listed:  # why it is out of service, and its devices
+        if details := cli_views.format_worker(w)[1:]:
+            print("\n".join([f"{w['worker_id']}:", *details]))
     return 0
 
 

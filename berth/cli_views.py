@@ -38,6 +38,8 @@ def format_attempt(a: dict[str, Any]) -> str:
         if gpu["mean_utilization"] is not None:
             line += (f", utilisation mean {gpu['mean_utilization']:.0f}% "
                      f"peak {gpu['peak_utilization']}%")
+    if usage := a.get("usage"):
+        line += f", cpu {usage['cpu_seconds']:g}s, peak RSS {usage['peak_rss_mb']:g} MiB"
     span = f"assigned {clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {clock(a['started_at'])}"
@@ -81,6 +83,10 @@ def format_worker(w: dict[str, Any]) -> list[str]:
     lines = [f"{w['worker_id']:<16} {state:<9} {offer}  "
              f"({len(w['running_attempts'])} running, {w['cpu_free']:g} cpu free, "
              f"{w['devices_free']} devices free)"]
+    if away := w.get("out_of_service"):
+        if w.get("drain_deadline"):
+            away += f" (deadline {clock(w['drain_deadline'])})"
+        lines.append(f"  OUT OF SERVICE: {away}")
     for d in w.get("devices", []):
         what = " ".join(x for x in (d["uuid"], d["model"],
                                     f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
@@ -114,8 +120,9 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
 
 
 def worker_state(w: dict[str, Any]) -> str:
-    """The worker's state as the API words it (where it does), else healthy or not."""
-    return str(w.get("state") or ("healthy" if w["healthy"] else "unhealthy"))
+    """Healthy or not, and out of service (cordoned, draining, quarantined) if it is."""
+    away = str(w.get("out_of_service") or "").partition(":")[0]
+    return ("healthy" if w["healthy"] else "unhealthy") + (f", {away}" if away else "")
 
 
 def workers_table(workers: list[dict[str, Any]], now: float) -> Table:
