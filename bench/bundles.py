@@ -34,6 +34,8 @@ from shared.lifecycle import ClusterState
 from shared.messages import Constraint, JobSpec, Op, Resources, encode
 from shared.states import TaskState
 
+GIVE_UP_AFTER = 120.0
+
 
 def make_tree(root: Path, mib: float, salt: str) -> None:
     root.mkdir(parents=True)
@@ -61,7 +63,12 @@ async def submit_until_running(nc: NATS, state: ClusterState, events: object, sp
     started = time.perf_counter()
     seq = await publish_submit(nc, encode(spec))
     while True:
-        record = await anext(events)  # type: ignore[call-overload]
+        try:
+            record = await asyncio.wait_for(anext(events), GIVE_UP_AFTER)  # type: ignore[call-overload]
+        except TimeoutError:
+            raise SystemExit(f"bench: nothing happened for {GIVE_UP_AFTER:g}s (on a machine "
+                             f"this loaded, load average {load_average():.0f}, workers can be "
+                             "fenced off: see their logs)") from None
         state.apply(record.seq, record.event)
         job_id = state.job_by_submit.get(seq)
         if job_id is None:
@@ -80,8 +87,26 @@ def fetch_times(stack: Stack) -> list[float]:
         if label.startswith("local-"):
             for line in (stack.data_dir / "logs" / f"{label}.log").read_text().splitlines():
                 if "fetched bundle" in line:
-                    out.append(float(line.rsplit(" in ", 1)[1].split()[0]))
+                    out.append(float(line.split(") in ", 1)[1].split()[0]))
     return out
+
+
+def cpu_seconds(stack: Stack) -> float:
+    """CPU time the stack's processes (servers, services, workers and the tasks' supervisors
+    they reaped) have used: on a shared machine, what a phase cost whatever the load."""
+    procs = [*stack.children.values(), *(n.proc for n in stack.nats.nodes)]
+    total = 0
+    for proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
 
 
 async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str, object]:
@@ -99,16 +124,21 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
     base = [await submit_until_running(nc, state, events, one) for _ in range(3)]
     first = await submit_until_running(nc, state, events, bundled)
     cached = [await submit_until_running(nc, state, events, bundled) for _ in range(3)]
+    loads = [load_average()]
     make_tree(tmp / "tree2", args.mib, "two")
     digest2, _, _ = await upload(nc, tmp / "tree2")
     before = len(fetch_times(stack))
     fan = JobSpec(name="fan", command=["sleep", "0.2"], replicas=args.tasks,
                   resources=Resources(cpu=round(args.workers * 2 / args.tasks, 3),
                                       memory_mb=16))
+    cpu = cpu_seconds(stack)
     fan_base = await submit_until_running(nc, state, events, fan)
+    fan_base_cpu = cpu_seconds(stack) - cpu
     await asyncio.sleep(1)  # those tasks end
+    cpu = cpu_seconds(stack)
     fan_out = await submit_until_running(nc, state, events,
                                          msgspec.structs.replace(fan, bundle=digest2))
+    fan_out_cpu = cpu_seconds(stack) - cpu
     fan_fetches = fetch_times(stack)[before:]
     await events.aclose()
     await nc.close()
@@ -126,6 +156,10 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
         "fan_out_all_running_ms": ms(fan_out),
         "fan_out_fetches": len(fan_fetches),
         "fan_out_fetch_s": sorted(fan_fetches),
+        # CPU seconds the whole stack used from the submit until every task ran.
+        "fan_out_no_bundle_cpu_s": round(fan_base_cpu, 2),
+        "fan_out_cpu_s": round(fan_out_cpu, 2),
+        "load_average": [round(x, 1) for x in [*loads, load_average()]],
     }
 
 

@@ -427,6 +427,9 @@ class AttemptReported(Event, tag="attempt_reported"):
     # KILLED because it ran past the task's `timeout` (a resumable task is then retried).
     timed_out: bool = False
     gpu: GpuTelemetry | None = None  # with the exit report of an attempt that had GPUs
+    # With state ASSIGNED: what the attempt waits for on its worker before it may build
+    # (a build slot), shown as the task's pending_reason until it moves on.
+    waiting: str = ""
 
 
 AnyEvent = (

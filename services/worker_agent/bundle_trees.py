@@ -1,0 +1,128 @@
+"""A bundle unpacked once per worker, and given to each task directory without copying it
+(docs/workspaces.md, "The cache").
+
+The cache holds each digest's tree with its files read-only and their mtime 0 (the tar's).
+A task directory gets the tree's directories as its own, its symlinks as they are, and its
+files as reflinks where the filesystem has them (btrfs, XFS: a copy that shares blocks
+until either side writes), else as hard links (ext4), else as copies. Hard links share the
+file itself with the cache and every other task, which is why every bundled file is
+read-only in every task directory, whichever way it got there: a task that opens one for
+writing gets EACCES and its neighbours never see a change. Replacing a file (write another
+and rename it over, or delete it first) is always fine: that changes the task's directory,
+not the file. A task that makes a file writable and writes it anyway changes its mtime,
+which the next placement notices (TreeChanged): the cache then fetches the bundle again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import stat
+from pathlib import Path
+
+# linux/fs.h: _IOW(0x94, 9, int), clone a whole file's extents into another.
+FICLONE = 0x40049409
+# What FICLONE says on a filesystem (or pair of files) that cannot share extents.
+NO_REFLINK = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+              errno.EBADF, errno.EPERM}
+WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+class TreeChanged(Exception):
+    """A file of the cached tree is no longer what the bundle held (the message names it)."""
+
+
+def seal(tree: Path) -> int:
+    """Makes every file of a freshly unpacked tree read-only; returns their total size."""
+    total = 0
+    for root, _, files in os.walk(tree):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~WRITE_BITS)
+                total += st.st_size
+    return total
+
+
+def size(tree: Path) -> int:
+    return sum(os.lstat(os.path.join(root, name)).st_size
+               for root, _, files in os.walk(tree) for name in files)
+
+
+class _Placer:
+    """Reflink, else hard link, else copy: what failed once is not tried again."""
+
+    def __init__(self) -> None:
+        self.reflink = True
+        self.link = True
+
+    def place(self, src: str, dst: str, st: os.stat_result) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dst)  # an older bundle's file, or a retry's: the bundle's wins
+        if self.reflink and self._reflink(src, dst, st):
+            return
+        if self.link:
+            try:
+                os.link(src, dst)
+                return
+            except OSError as exc:
+                # EMLINK: this file is in 65000 task directories (ext4's limit).
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    raise
+                if exc.errno != errno.EMLINK:
+                    self.link = False
+        shutil.copyfile(src, dst)
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+        os.utime(dst, (st.st_mtime, st.st_mtime))
+
+    def _reflink(self, src: str, dst: str, st: os.stat_result) -> bool:
+        fd_in = os.open(src, os.O_RDONLY)
+        try:
+            fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                             stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+            try:
+                fcntl.ioctl(fd_out, FICLONE, fd_in)
+            except OSError as exc:
+                os.close(fd_out)
+                os.unlink(dst)
+                if exc.errno not in NO_REFLINK:
+                    raise
+                self.reflink = False
+                return False
+            os.fchmod(fd_out, stat.S_IMODE(st.st_mode))
+            os.utime(fd_out, (st.st_mtime, st.st_mtime))
+            os.close(fd_out)
+            return True
+        finally:
+            os.close(fd_in)
+
+
+def place(tree: Path, dest: Path) -> None:
+    """Gives `dest` the content of the cached `tree` (files already there with a bundled
+    file's name are replaced, others kept). Raises TreeChanged if a cached file was
+    written since it was sealed, OSError if `dest` cannot take it."""
+    placer = _Placer()
+    dest.mkdir(parents=True, exist_ok=True)
+    stack = [(str(tree), str(dest))]
+    while stack:
+        src_dir, dst_dir = stack.pop()
+        with os.scandir(src_dir) as entries:
+            for entry in entries:
+                dst = os.path.join(dst_dir, entry.name)
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    os.makedirs(dst, exist_ok=True)
+                    stack.append((entry.path, dst))
+                elif stat.S_ISLNK(st.st_mode):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(dst)
+                    os.symlink(os.readlink(entry.path), dst)
+                else:
+                    if st.st_mode & WRITE_BITS or st.st_mtime != 0:
+                        raise TreeChanged(f"{os.path.relpath(entry.path, tree)} was written "
+                                          "in a task directory")
+                    placer.place(entry.path, dst, st)
