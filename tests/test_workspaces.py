@@ -20,7 +20,7 @@ from berth import cli, workspace
 from berth.client import submit_job
 from berth.stack import Stack
 from services.submitter.intake import intake
-from services.worker_agent import build, task_dirs
+from services.worker_agent import build, bundle_trees, task_dirs
 from shared import bundles
 from shared.credentials import Role
 from shared.messages import JobSpec, Resources, SubmitRejected
@@ -71,6 +71,64 @@ def test_a_tree_packs_reproducibly_and_honours_ignore_files(tmp_path: Path) -> N
     bundles.unpack(archive, out)
     assert (out / "mypkg" / "__init__.py").read_text() == "VALUE = '42'\n"
     assert (out / "run.sh").stat().st_mode & 0o111
+
+
+def unpacked_tree(tmp_path: Path) -> Path:
+    """A bundle of make_tree (with a symlink) unpacked and sealed as the worker caches it."""
+    root = make_tree(tmp_path / "ws")
+    (root / "sub" / "link").symlink_to("kept.txt")
+    archive = tmp_path / "b.tar"
+    with archive.open("wb") as f:
+        bundles.pack(root, f)
+    tree = tmp_path / "cache" / "tree"
+    bundles.unpack(archive, tree)
+    assert bundle_trees.seal(tree) == bundle_trees.size(tree) > 0
+    return tree
+
+
+def test_task_directories_share_one_read_only_tree_and_a_write_to_it_is_noticed(
+        tmp_path: Path) -> None:
+    tree = unpacked_tree(tmp_path)
+    one, two = tmp_path / "tasks" / "0", tmp_path / "tasks" / "1"
+    (one / "sub").mkdir(parents=True)
+    (one / "sub" / "kept.txt").write_text("an older bundle's\n")
+    (one / "checkpoint").write_text("mine")
+    bundle_trees.place(tree, one)
+    bundle_trees.place(tree, two)
+    for task in (one, two):
+        assert (task / "mypkg" / "__init__.py").read_text() == "VALUE = '42'\n"
+        assert (task / "sub" / "kept.txt").read_text() == "yes\n"  # the bundle's wins
+        assert os.readlink(task / "sub" / "link") == "kept.txt"
+        assert (task / "run.sh").stat().st_mode & 0o777 == 0o555
+        assert (task / "mypkg" / "__init__.py").stat().st_mode & 0o777 == 0o444
+    assert (one / "checkpoint").read_text() == "mine"  # the task's own files stay
+    # Shared, not copied (ext4 here: hard links; a reflink would be a file of its own).
+    shared = (tree / "run.sh").stat()
+    hard_links = (one / "run.sh").stat().st_ino == shared.st_ino
+    assert hard_links or shared.st_nlink == 1
+    # Replacing a bundled file is the task's own business.
+    (one / "new.py").write_text("VALUE = 'mine'\n")
+    os.replace(one / "new.py", one / "mypkg" / "__init__.py")
+    (one / "sub" / "kept.txt").unlink()
+    for where in (tree, two):
+        assert (where / "mypkg" / "__init__.py").read_text() == "VALUE = '42'\n"
+        assert (where / "sub" / "kept.txt").read_text() == "yes\n"
+    # With BERTH_BUNDLE_COPIES, a task's files are its own and writable.
+    own = tmp_path / "tasks" / "own"
+    bundle_trees.place(tree, own, copies=True)
+    assert (own / "run.sh").stat().st_ino != shared.st_ino
+    (own / "run.sh").write_text("#!/bin/sh\necho mine\n")
+    assert (tree / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
+    task_dirs.remove_stale(tmp_path, 0, 0, [])  # read-only files go with their directory
+    assert not list((tmp_path / "tasks").iterdir())
+    # A write to a shared file in place (as root, whom read-only does not stop, or after a
+    # chmod): the next placement notices, and the worker fetches the bundle again.
+    bundle_trees.place(tree, two)
+    (two / "run.sh").chmod(0o755)
+    (two / "run.sh").write_text("#!/bin/sh\necho changed\n")
+    if hard_links:
+        with pytest.raises(bundle_trees.TreeChanged, match=r"^run\.sh was written"):
+            bundle_trees.place(tree, tmp_path / "tasks" / "2")
 
 
 def test_bad_workspaces_are_one_clear_line(tmp_path: Path) -> None:

@@ -36,8 +36,10 @@ class BundleUnavailable(Exception):
 
 
 class BundleCache:
-    def __init__(self, root: Path, cap_bytes: int, js: JetStreamContext) -> None:
+    def __init__(self, root: Path, cap_bytes: int, js: JetStreamContext,
+                 copies: bool = False) -> None:
         self.root = root
+        self.copies = copies  # BERTH_BUNDLE_COPIES
         self.cap_bytes = cap_bytes
         self.js = js
         self.fetching: dict[str, asyncio.Task[Path]] = {}
@@ -66,7 +68,7 @@ class BundleCache:
             tree = await self.get(digest)
             self.in_use[tree.name] += 1
             try:
-                await asyncio.to_thread(bundle_trees.place, tree, dest)
+                await asyncio.to_thread(bundle_trees.place, tree, dest, self.copies)
                 return
             except bundle_trees.TreeChanged as exc:
                 log.warning("bundle %s: %s; fetching it again", digest, exc)

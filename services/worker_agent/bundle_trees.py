@@ -5,12 +5,17 @@ The cache holds each digest's tree with its files read-only and their mtime 0 (t
 A task directory gets the tree's directories as its own, its symlinks as they are, and its
 files as reflinks where the filesystem has them (btrfs, XFS: a copy that shares blocks
 until either side writes), else as hard links (ext4), else as copies. Hard links share the
-file itself with the cache and every other task, which is why every bundled file is
-read-only in every task directory, whichever way it got there: a task that opens one for
-writing gets EACCES and its neighbours never see a change. Replacing a file (write another
-and rename it over, or delete it first) is always fine: that changes the task's directory,
-not the file. A task that makes a file writable and writes it anyway changes its mtime,
-which the next placement notices (TreeChanged): the cache then fetches the bundle again.
+file itself with the cache and every other task on the worker, which is why every bundled
+file is read-only in every task directory, whichever way it got there: a task that opens
+one for writing gets EACCES. Replacing a file (write another and rename it over, or delete
+it first) is always fine: that changes the task's directory, not the file.
+
+Read-only does not stop root (or a task that makes the file writable first): such a write
+changes the file for every task directory that shares it. Its mtime changes with it, so
+the next placement notices (TreeChanged) and the cache fetches the bundle again, but the
+task directories that share the file keep the change. BERTH_BUNDLE_COPIES=1 gives each task
+directory its own writable copies instead (reflinks where the filesystem has them), at the
+cost of copying the bundle for every task.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import fcntl
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 # linux/fs.h: _IOW(0x94, 9, int), clone a whole file's extents into another.
@@ -35,30 +41,37 @@ class TreeChanged(Exception):
     """A file of the cached tree is no longer what the bundle held (the message names it)."""
 
 
-def seal(tree: Path) -> int:
-    """Makes every file of a freshly unpacked tree read-only; returns their total size."""
-    total = 0
-    for root, _, files in os.walk(tree):
-        for name in files:
+def _files(tree: Path) -> Iterator[tuple[str, os.stat_result]]:
+    for root, _, names in os.walk(tree):
+        for name in names:
             path = os.path.join(root, name)
             st = os.lstat(path)
             if stat.S_ISREG(st.st_mode):
-                os.chmod(path, stat.S_IMODE(st.st_mode) & ~WRITE_BITS)
-                total += st.st_size
+                yield path, st
+
+
+def seal(tree: Path) -> int:
+    """Makes every file of a freshly unpacked tree read-only; returns their total size."""
+    total = 0
+    for path, st in _files(tree):
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~WRITE_BITS)
+        total += st.st_size
     return total
 
 
 def size(tree: Path) -> int:
-    return sum(os.lstat(os.path.join(root, name)).st_size
-               for root, _, files in os.walk(tree) for name in files)
+    """The total size of a cached tree's files."""
+    return sum(st.st_size for _, st in _files(tree))
 
 
 class _Placer:
-    """Reflink, else hard link, else copy: what failed once is not tried again."""
+    """Reflink, else hard link (unless `copies`), else copy: what failed once is not tried
+    again. With `copies` the task's files are its own, so they are writable."""
 
-    def __init__(self) -> None:
+    def __init__(self, copies: bool) -> None:
         self.reflink = True
-        self.link = True
+        self.link = not copies
+        self.extra_mode = stat.S_IWUSR if copies else 0
 
     def place(self, src: str, dst: str, st: os.stat_result) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -76,7 +89,7 @@ class _Placer:
                 if exc.errno != errno.EMLINK:
                     self.link = False
         shutil.copyfile(src, dst)
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
+        os.chmod(dst, stat.S_IMODE(st.st_mode) | self.extra_mode)
         os.utime(dst, (st.st_mtime, st.st_mtime))
 
     def _reflink(self, src: str, dst: str, st: os.stat_result) -> bool:
@@ -93,7 +106,7 @@ class _Placer:
                     raise
                 self.reflink = False
                 return False
-            os.fchmod(fd_out, stat.S_IMODE(st.st_mode))
+            os.fchmod(fd_out, stat.S_IMODE(st.st_mode) | self.extra_mode)
             os.utime(fd_out, (st.st_mtime, st.st_mtime))
             os.close(fd_out)
             return True
@@ -101,11 +114,12 @@ class _Placer:
             os.close(fd_in)
 
 
-def place(tree: Path, dest: Path) -> None:
+def place(tree: Path, dest: Path, copies: bool = False) -> None:
     """Gives `dest` the content of the cached `tree` (files already there with a bundled
-    file's name are replaced, others kept). Raises TreeChanged if a cached file was
-    written since it was sealed, OSError if `dest` cannot take it."""
-    placer = _Placer()
+    file's name are replaced, others kept); with `copies`, never a hard link. Raises
+    TreeChanged if a cached file was written since it was sealed, OSError if `dest` cannot
+    take it."""
+    placer = _Placer(copies)
     dest.mkdir(parents=True, exist_ok=True)
     stack = [(str(tree), str(dest))]
     while stack:

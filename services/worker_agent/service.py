@@ -118,7 +118,8 @@ class WorkerAgent:
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
-        self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js)
+        self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js,
+                                   copies=settings.bundle_copies)
         # At most this many attempts in BUILDING at once; the others wait ASSIGNED.
         self.builds = asyncio.Semaphore(settings.max_builds)
         # Until when (CLOCK_MONOTONIC) this incarnation's tasks may run: moved later each
