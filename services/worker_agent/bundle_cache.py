@@ -118,6 +118,8 @@ class BundleCache:
             fetched = time.monotonic()
             size = await asyncio.to_thread(_unpack, partial, staging)
             os.replace(staging, tree)
+        except BundleUnavailable:
+            raise
         except (nats.errors.Error, TimeoutError) as exc:
             raise BundleUnavailable(f"bundle {digest}: cannot fetch it from the object store: "
                                     f"{exc}") from None
