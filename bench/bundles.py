@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from berth import workspace
 from berth.client import publish_submit
 from berth.stack import Stack, start_stack
+from services.worker_agent import bundle_trees
 from shared import bundles, nats_io
 from shared.lifecycle import ClusterState
 from shared.messages import Constraint, JobSpec, Op, Resources, encode
@@ -109,6 +110,27 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def place_vs_unpack(tree: Path, tmp: Path) -> tuple[float, float]:
+    """Seconds (best of 3) to give a new task directory the bundle from the worker's cache
+    (bundle_trees.place) and to unpack its tar there instead (what a cached start did
+    before): the cached start's own work, apart from the end-to-end noise."""
+    archive = tmp / "place.tar"
+    with archive.open("wb") as f:
+        bundles.pack(tree, f, limit=1 << 40)
+    cached = tmp / "place-cache"
+    bundles.unpack(archive, cached)
+    bundle_trees.seal(cached)
+    placed, unpacked = [], []
+    for i in range(3):
+        started = time.perf_counter()
+        bundle_trees.place(cached, tmp / f"placed-{i}")
+        placed.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        bundles.unpack(archive, tmp / f"unpacked-{i}")
+        unpacked.append(time.perf_counter() - started)
+    return min(placed), min(unpacked)
+
+
 async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str, object]:
     nc = await nats_io.connect(stack.nats.url, "berth-bench", stack.nats.admin_creds())
     state = ClusterState()
@@ -125,6 +147,7 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
     first = await submit_until_running(nc, state, events, bundled)
     cached = [await submit_until_running(nc, state, events, bundled) for _ in range(3)]
     loads = [load_average()]
+    place_s, unpack_s = await asyncio.to_thread(place_vs_unpack, tmp / "tree", tmp)
     make_tree(tmp / "tree2", args.mib, "two")
     digest2, _, _ = await upload(nc, tmp / "tree2")
     before = len(fetch_times(stack))
@@ -152,6 +175,7 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
         "first_build_to_running_ms": ms(first),
         "cached_to_running_ms": ms(min(cached)),
         "cached_adds_ms": ms(min(cached) - min(base)),
+        "cached_place_ms": ms(place_s), "unpack_instead_ms": ms(unpack_s),
         "fan_out_no_bundle_all_running_ms": ms(fan_base),
         "fan_out_all_running_ms": ms(fan_out),
         "fan_out_fetches": len(fan_fetches),
