@@ -101,18 +101,28 @@ def fetch_times(stack: Stack) -> list[float]:
     return out
 
 
-def cpu_seconds(stack: Stack) -> float:
-    """CPU time the stack's processes (servers, services, workers and the tasks' supervisors
-    they reaped) have used: on a shared machine, what a phase cost whatever the load."""
-    procs = [*stack.children.values(), *(n.proc for n in stack.nats.nodes)]
-    total = 0
-    for proc in procs:
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU time each of the stack's processes (servers, services, workers with the tasks'
+    supervisors they reaped) has used: on a shared machine, what a phase cost whatever the
+    load. Workers are summed as "workers"."""
+    procs = {**stack.children, **{f"nats{i}": n.proc for i, n in enumerate(stack.nats.nodes)}}
+    out: dict[str, float] = {}
+    for label, proc in procs.items():
         try:
             fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
+        name = "workers" if label.startswith("local-") else label
+        # utime stime cutime cstime
+        out[name] = out.get(name, 0) + sum(int(f) for f in fields[11:15]) / os.sysconf(
+            "SC_CLK_TCK")
+    return out
+
+
+def cpu_since(stack: Stack, before: dict[str, float]) -> dict[str, float]:
+    now = cpu_seconds(stack)
+    spent = {name: round(now[name] - before.get(name, 0), 2) for name in now}
+    return {"total": round(sum(spent.values()), 2), **spent}
 
 
 def load_average() -> float:
@@ -169,12 +179,12 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
                                       memory_mb=16))
     cpu = cpu_seconds(stack)
     fan_base = await submit_until_running(nc, state, events, fan)
-    fan_base_cpu = cpu_seconds(stack) - cpu
+    fan_base_cpu = cpu_since(stack, cpu)
     await asyncio.sleep(1)  # those tasks end
     cpu = cpu_seconds(stack)
     fan_out = await submit_until_running(nc, state, events,
                                          msgspec.structs.replace(fan, bundle=digest2))
-    fan_out_cpu = cpu_seconds(stack) - cpu
+    fan_out_cpu = cpu_since(stack, cpu)
     fan_fetches = fetch_times(stack)[before:]
     await events.aclose()
     await nc.close()
@@ -197,8 +207,8 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
         "fan_out_fetches": len(fan_fetches),
         "fan_out_fetch_s": sorted(fan_fetches),
         # CPU seconds the whole stack used from the submit until every task ran.
-        "fan_out_no_bundle_cpu_s": round(fan_base_cpu, 2),
-        "fan_out_cpu_s": round(fan_out_cpu, 2),
+        "fan_out_no_bundle_cpu_s": fan_base_cpu,
+        "fan_out_cpu_s": fan_out_cpu,
         "load_average": [round(x, 1) for x in [*loads, load_average()]],
     }
 
