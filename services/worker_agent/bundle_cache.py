@@ -56,7 +56,8 @@ class BundleCache:
             if ".part-" in entry.name or entry.suffix == ".tar":
                 _remove(entry)
             elif entry.is_dir():
-                self.sizes[entry.name] = bundle_trees.size(entry)
+                with contextlib.suppress(OSError):
+                    self.sizes[entry.name] = bundle_trees.size(entry)
 
     def tree(self, digest: str) -> Path:
         return self.root / digest.removeprefix(bundles.DIGEST_PREFIX)
@@ -71,6 +72,8 @@ class BundleCache:
                 await asyncio.to_thread(bundle_trees.place, tree, dest, self.copies)
                 return
             except bundle_trees.TreeChanged as exc:
+                # An attempt placing from it at this moment fails ("cannot unpack it") and is
+                # retried under its failure budget: rare, and better than sharing the change.
                 log.warning("bundle %s: %s; fetching it again", digest, exc)
                 await self._drop(tree)
             finally:
