@@ -88,7 +88,8 @@ def unpacked_tree(tmp_path: Path) -> Path:
         bundles.pack(root, f)
     tree = tmp_path / "cache" / "tree"
     bundles.unpack(archive, tree)
-    assert bundle_trees.seal(tree) == bundle_trees.size(tree) > 0
+    held = bundle_trees.seal(tree)
+    assert held == bundle_trees.footprint(tree) and held.files == 6 and held.bytes > 0
     return tree
 
 

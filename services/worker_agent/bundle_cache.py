@@ -29,6 +29,8 @@ from shared import bundles, subjects
 log = logging.getLogger("berth.worker.bundles")
 # A fetch that has received nothing for this long has failed.
 STALLED_AFTER = 30.0
+# Trees with at most this many files are given to a task directory on the event loop.
+PLACE_INLINE_FILES = 256
 
 
 class BundleUnavailable(Exception):
@@ -44,20 +46,20 @@ class BundleCache:
         self.js = js
         self.fetching: dict[str, asyncio.Task[Path]] = {}
         self.fetches = 0  # how many were fetched from the object store (benchmarks)
-        self.sizes: dict[str, int] = {}  # bytes of each cached tree, by its directory name
+        self.trees: dict[str, bundle_trees.Footprint] = {}  # by the tree's directory name
         # Trees being placed in a task directory right now: never evicted meanwhile.
         self.in_use: collections.Counter[str] = collections.Counter()
 
     def tidy(self) -> None:
         """At start: what a previous agent left half done (it died during a fetch or an
-        eviction), and bundles an older agent cached as tars; the sizes of the trees."""
+        eviction), and bundles an older agent cached as tars; what each tree holds."""
         self.root.mkdir(parents=True, exist_ok=True)
         for entry in self.root.iterdir():
             if ".part-" in entry.name or entry.suffix == ".tar":
                 _remove(entry)
             elif entry.is_dir():
                 with contextlib.suppress(OSError):
-                    self.sizes[entry.name] = bundle_trees.size(entry)
+                    self.trees[entry.name] = bundle_trees.footprint(entry)
 
     def tree(self, digest: str) -> Path:
         return self.root / digest.removeprefix(bundles.DIGEST_PREFIX)
@@ -69,7 +71,13 @@ class BundleCache:
             tree = await self.get(digest)
             self.in_use[tree.name] += 1
             try:
-                await asyncio.to_thread(bundle_trees.place, tree, dest, self.copies)
+                held = self.trees.get(tree.name)
+                if held is not None and held.files <= PLACE_INLINE_FILES and not self.copies:
+                    # A few hundred links: quicker here than a thread's hand-off, which on a
+                    # busy host costs more than the links themselves.
+                    bundle_trees.place(tree, dest)
+                else:
+                    await asyncio.to_thread(bundle_trees.place, tree, dest, self.copies)
                 return
             except bundle_trees.TreeChanged as exc:
                 # An attempt placing from it at this moment fails ("cannot unpack it") and is
@@ -119,7 +127,7 @@ class BundleCache:
                 raise BundleUnavailable(f"bundle {digest}: the object store's copy does not "
                                         "match its digest")
             fetched = time.monotonic()
-            size = await asyncio.to_thread(_unpack, partial, staging)
+            held = await asyncio.to_thread(_unpack, partial, staging)
             os.replace(staging, tree)
         except BundleUnavailable:
             raise
@@ -136,7 +144,7 @@ class BundleCache:
             if staging.exists():
                 await asyncio.to_thread(_remove, staging)
         self.fetches += 1
-        self.sizes[tree.name] = size
+        self.trees[tree.name] = held
         now = time.monotonic()
         log.info("fetched bundle %s (%s) in %.2f s, unpacked in %.2f s", digest,
                  bundles.mib(info.size or 0), fetched - started, now - fetched)
@@ -186,9 +194,9 @@ class BundleCache:
         and so does a tree being placed). Task directories keep their links to an evicted
         tree's files: its space comes back when they go too."""
         trees = []
-        for name, size in self.sizes.items():
+        for name, held in self.trees.items():
             with contextlib.suppress(OSError):
-                trees.append(((self.root / name).stat().st_mtime, size, name))
+                trees.append(((self.root / name).stat().st_mtime, held.bytes, name))
         total = sum(size for _, size, _ in trees)
         for _, size, name in sorted(trees):
             if total <= self.cap_bytes:
@@ -200,7 +208,7 @@ class BundleCache:
 
     async def _drop(self, tree: Path) -> None:
         """Out of the cache at once (renamed), then removed from disk off the event loop."""
-        self.sizes.pop(tree.name, None)
+        self.trees.pop(tree.name, None)
         gone = tree.with_name(f"{tree.name}.part-{os.getpid()}.gone")
         try:
             os.replace(tree, gone)
@@ -209,8 +217,8 @@ class BundleCache:
         await asyncio.to_thread(_remove, gone)
 
 
-def _unpack(archive: Path, dest: Path) -> int:
-    """The bundle unpacked and sealed into `dest`; the size of its files."""
+def _unpack(archive: Path, dest: Path) -> bundle_trees.Footprint:
+    """The bundle unpacked and sealed into `dest`."""
     bundles.unpack(archive, dest)
     return bundle_trees.seal(dest)
 

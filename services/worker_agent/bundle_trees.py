@@ -27,6 +27,7 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 # linux/fs.h: _IOW(0x94, 9, int), clone a whole file's extents into another.
@@ -50,18 +51,25 @@ def _files(tree: Path) -> Iterator[tuple[str, os.stat_result]]:
                 yield path, st
 
 
-def seal(tree: Path) -> int:
-    """Makes every file of a freshly unpacked tree read-only; returns their total size."""
-    total = 0
+@dataclass(frozen=True)
+class Footprint:
+    bytes: int  # of its files
+    files: int
+
+
+def seal(tree: Path) -> Footprint:
+    """Makes every file of a freshly unpacked tree read-only; returns what it holds."""
+    total = files = 0
     for path, st in _files(tree):
         os.chmod(path, stat.S_IMODE(st.st_mode) & ~WRITE_BITS)
         total += st.st_size
-    return total
+        files += 1
+    return Footprint(total, files)
 
 
-def size(tree: Path) -> int:
-    """The total size of a cached tree's files."""
-    return sum(st.st_size for _, st in _files(tree))
+def footprint(tree: Path) -> Footprint:
+    sizes = [st.st_size for _, st in _files(tree)]
+    return Footprint(sum(sizes), len(sizes))
 
 
 class _Placer:
