@@ -42,6 +42,7 @@ class BundleCache:
                  copies: bool = False) -> None:
         self.root = root
         self.copies = copies  # BERTH_BUNDLE_COPIES
+        self.placer = bundle_trees.Placer(copies)
         self.cap_bytes = cap_bytes
         self.js = js
         self.fetching: dict[str, asyncio.Task[Path]] = {}
@@ -75,9 +76,9 @@ class BundleCache:
                 if held is not None and held.files <= PLACE_INLINE_FILES and not self.copies:
                     # A few hundred links: quicker here than a thread's hand-off, which on a
                     # busy host costs more than the links themselves.
-                    bundle_trees.place(tree, dest)
+                    self.placer.place(tree, dest)
                 else:
-                    await asyncio.to_thread(bundle_trees.place, tree, dest, self.copies)
+                    await asyncio.to_thread(self.placer.place, tree, dest)
                 return
             except bundle_trees.TreeChanged as exc:
                 # An attempt placing from it at this moment fails ("cannot unpack it") and is

@@ -20,7 +20,6 @@ cost of copying the bundle for every task.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -72,18 +71,47 @@ def footprint(tree: Path) -> Footprint:
     return Footprint(sum(sizes), len(sizes))
 
 
-class _Placer:
-    """Reflink, else hard link (unless `copies`), else copy: what failed once is not tried
-    again. With `copies` the task's files are its own, so they are writable."""
+class Placer:
+    """How files reach task directories on this worker's filesystem: reflink, else hard link
+    (unless `copies`), else copy. What failed once is not tried again (one per cache: the
+    filesystem does not change). With `copies` the task's files are its own: writable."""
 
-    def __init__(self, copies: bool) -> None:
+    def __init__(self, copies: bool = False) -> None:
         self.reflink = True
         self.link = not copies
         self.extra_mode = stat.S_IWUSR if copies else 0
 
-    def place(self, src: str, dst: str, st: os.stat_result) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(dst)  # an older bundle's file, or a retry's: the bundle's wins
+    def place(self, tree: Path, dest: Path) -> None:
+        """Gives `dest` the content of the cached `tree` (files already there with a
+        bundled file's name are replaced, others kept). Raises TreeChanged if a cached file
+        was written since it was sealed, OSError if `dest` cannot take it."""
+        dest.mkdir(parents=True, exist_ok=True)
+        stack = [(str(tree), str(dest))]
+        while stack:
+            src_dir, dst_dir = stack.pop()
+            with os.scandir(src_dir) as entries:
+                for entry in entries:
+                    dst = os.path.join(dst_dir, entry.name)
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        os.makedirs(dst, exist_ok=True)
+                        stack.append((entry.path, dst))
+                        continue
+                    if stat.S_ISREG(st.st_mode) and (st.st_mode & WRITE_BITS or st.st_mtime):
+                        raise TreeChanged(f"{os.path.relpath(entry.path, tree)} was written "
+                                          "in a task directory")
+                    try:
+                        self._entry(entry.path, dst, st)
+                    except FileExistsError:
+                        # An older bundle's file, or the task's own: the bundle's wins. (Not
+                        # unlinked first: in a new directory that is a wasted system call.)
+                        os.unlink(dst)
+                        self._entry(entry.path, dst, st)
+
+    def _entry(self, src: str, dst: str, st: os.stat_result) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+            return
         if self.reflink and self._reflink(src, dst, st):
             return
         if self.link:
@@ -96,7 +124,8 @@ class _Placer:
                     raise
                 if exc.errno != errno.EMLINK:
                     self.link = False
-        shutil.copyfile(src, dst)
+        with open(src, "rb") as fin, open(dst, "xb") as fout:
+            shutil.copyfileobj(fin, fout)
         os.chmod(dst, stat.S_IMODE(st.st_mode) | self.extra_mode)
         os.utime(dst, (st.st_mtime, st.st_mtime))
 
@@ -123,28 +152,5 @@ class _Placer:
 
 
 def place(tree: Path, dest: Path, copies: bool = False) -> None:
-    """Gives `dest` the content of the cached `tree` (files already there with a bundled
-    file's name are replaced, others kept); with `copies`, never a hard link. Raises
-    TreeChanged if a cached file was written since it was sealed, OSError if `dest` cannot
-    take it."""
-    placer = _Placer(copies)
-    dest.mkdir(parents=True, exist_ok=True)
-    stack = [(str(tree), str(dest))]
-    while stack:
-        src_dir, dst_dir = stack.pop()
-        with os.scandir(src_dir) as entries:
-            for entry in entries:
-                dst = os.path.join(dst_dir, entry.name)
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    os.makedirs(dst, exist_ok=True)
-                    stack.append((entry.path, dst))
-                elif stat.S_ISLNK(st.st_mode):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(dst)
-                    os.symlink(os.readlink(entry.path), dst)
-                else:
-                    if st.st_mode & WRITE_BITS or st.st_mtime != 0:
-                        raise TreeChanged(f"{os.path.relpath(entry.path, tree)} was written "
-                                          "in a task directory")
-                    placer.place(entry.path, dst, st)
+    """Placer(copies).place, for one placement."""
+    Placer(copies).place(tree, dest)
