@@ -63,7 +63,8 @@ def format_job(job: dict[str, Any]) -> str:
         lines.append(f"  children: {', '.join(job['children'])}")
     for task in job["tasks"]:
         line = f"  task {task['index']}: {task['state']}"
-        if task["state"] == TaskState.PENDING.display and task["pending_reason"]:
+        # Set only while the task waits: to be placed (pending), or on its worker (assigned).
+        if task["pending_reason"]:
             line += f"  (waiting: {task['pending_reason']})"
         elif task["error"]:
             line += f"  ({task['error'].partition(chr(10))[0]})"
