@@ -33,6 +33,7 @@ from shared import (
     metrics,
     nats_io,
     node_health,
+    queue_order,
     redis_io,
     service,
     subjects,
@@ -491,7 +492,7 @@ class Leader:
         cached = self.unit_templates.get(job.job_id)
         if cached is None:
             spec = job.spec
-            cached = self.unit_templates[job.job_id] = ((spec.priority.rank, job.submit_seq),
+            cached = self.unit_templates[job.job_id] = (queue_order.placement_key(job),
                                                         placement.Unit(
                 job_id=job.job_id, indices=(), need=spec.resources.amounts,
                 device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
