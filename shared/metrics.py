@@ -30,8 +30,7 @@ REFRESH_TIMEOUT = 2.0
 
 PUBLISH_RETRIES = Counter(
     "berth_publish_retries", "Event publishes retried (no ack in time, or NATS unreachable)")
-EVENTS_FOLDED = Counter(
-    "berth_events_folded", "Events-stream messages folded into this process's state")
+EVENTS_FOLDED_HELP = "Events-stream messages folded into this process's state"
 
 Refresh = Callable[[], Awaitable[None]]
 

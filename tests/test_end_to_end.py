@@ -93,6 +93,7 @@ def check_metrics(stack: Stack, placed_before: float) -> None:
     for url in (stack.metrics_urls["dashboard"], stack.api_url + "/metrics"):
         dashboard = scrape(url)
         assert dashboard["berth_dashboard_caught_up"] == 1
+        assert dashboard["berth_events_folded_total"] >= dashboard["berth_fold_seq"] > 0
         assert dashboard['berth_workers{state="in_service"}'] == 2
         assert dashboard["berth_fold_lag"] >= 0
         assert any(k.startswith("berth_dashboard_request_duration_seconds_count{")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from litestar.middleware.base import DefineMiddleware
 from litestar.plugins.prometheus import PrometheusConfig
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.dashboard_api.projection import Projection
 from shared import metrics, nats_io
@@ -32,6 +32,8 @@ def instrument(projection: Projection) -> metrics.Refresh:
 
     def collect() -> Iterator[Metric]:
         yield from metrics.state_metrics(projection.state, stream_seq[0] if stream_seq else None)
+        yield CounterMetricFamily("berth_events_folded", metrics.EVENTS_FOLDED_HELP,
+                                  projection.folded)
         yield metrics.gauge("berth_dashboard_caught_up",
                             "1 once the projection has folded the log as it stood at start",
                             1 if projection.caught_up.is_set() else 0)

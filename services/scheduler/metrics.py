@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from shared import metrics, nats_io
 from shared.reservations import ReservationStore
@@ -53,6 +53,7 @@ class Term:
         self.leader: Leader | None = None
         self.stream_seq: int | None = None
         self.refused_double_bookings: int | None = None
+        self.folded_earlier = 0  # events folded by the terms that ended
 
 
 def instrument(term: Term, js: JetStreamContext, store: ReservationStore
@@ -67,6 +68,8 @@ def instrument(term: Term, js: JetStreamContext, store: ReservationStore
         leader = term.leader
         yield metrics.gauge("berth_scheduler_leader", "1 while this scheduler leads",
                             1 if leader is not None else 0)
+        yield CounterMetricFamily("berth_events_folded", metrics.EVENTS_FOLDED_HELP,
+                                  term.folded_earlier + (leader.folded if leader else 0))
         if term.refused_double_bookings is not None:
             yield metrics.gauge(
                 "berth_refused_double_bookings",
