@@ -26,8 +26,10 @@ from shared.messages import (
     JobSubmitted,
     LeaderElected,
     PendingReasonsChanged,
+    PreemptionReleased,
     SubmitRejected,
     TaskAssigned,
+    TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
@@ -50,7 +52,7 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subjects.is_submit_outcome(subject)
         case LeaderElected():
             ok = subject == subjects.LEADER_EVENTS
-        case TaskAssigned() | TaskUnschedulable():
+        case TaskAssigned() | TaskUnschedulable() | TasksPreempted() | PreemptionReleased():
             ok = subject == subjects.task_events(event.job_id)
         case PendingReasonsChanged():
             ok = subject == subjects.PENDING_REASONS

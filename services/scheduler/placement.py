@@ -49,6 +49,9 @@ class Host:
     # Indices of its free devices, lowest first; None: devices 0..free.dev-1 (a host whose
     # devices are not tracked one by one). Only as many as free.dev are ever given out.
     free_devices: list[int] | None = None
+    # The preemptor this host is held for while its victims stop (docs/placement.md,
+    # "Preemption"): no other job is placed on it.
+    held_for: str | None = None
 
     @property
     def port_domain(self) -> str:
@@ -104,7 +107,7 @@ def _take(host: Host, need: Amounts) -> tuple[int, ...]:
     return tuple(free[:need.dev])
 
 
-def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
+def candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
     return [h for h in hosts
             if matches(h.attributes, unit.constraints)
             and (not unit.need.dev or h.device_kind == unit.device_kind)]
@@ -159,8 +162,21 @@ class _SingleTasks:
         self.heaps: dict[tuple[object, ...], list[tuple[int, str, int]]] = {}
         self.candidates: dict[tuple[object, ...], list[Host]] = {}
         self.failed: dict[tuple[object, ...], str] = {}
+        # Hosts held for a preemptor go to it alone, so they are kept out of the heaps.
+        self.held: dict[str, list[Host]] = {}
+        for h in hosts:
+            if h.held_for is not None:
+                self.held.setdefault(h.held_for, []).append(h)
 
     def place(self, unit: Unit, index: int, out: Placement) -> None:
+        own = [h for h in candidates(unit, self.held.get(unit.job_id, ()))
+               if unit.need.fits_in(h.free)]
+        if own:
+            mine = min(own, key=lambda h: (-h.free.cpu, h.worker_id))
+            ports = _free_ports(mine, unit.ports)
+            out.assignments.append(Assignment(unit.job_id, index, mine.worker_id, ports,
+                                              devices=_take(mine, unit.need)))
+            return
         shape = (unit.constraints, unit.device_kind if unit.need.dev else None)
         failed_key = (shape, unit.need)
         reason = self.failed.get(failed_key)
@@ -169,10 +185,11 @@ class _SingleTasks:
             return
         heap = self.heaps.get(shape)
         if heap is None:
-            candidates = self.candidates[shape] = _candidates(unit, self.hosts)
+            found = self.candidates[shape] = [h for h in candidates(unit, self.hosts)
+                                              if h.held_for is None]
             position = {id(h): i for i, h in enumerate(self.hosts)}
             heap = self.heaps[shape] = [(-h.free.cpu, h.worker_id, position[id(h)])
-                                        for h in candidates]
+                                        for h in found]
             heapq.heapify(heap)
         best = self._best(heap, unit.need)
         if best is None:
@@ -203,7 +220,7 @@ class _SingleTasks:
         return best
 
 
-def _order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
+def order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
     raw = host.attributes.get(attribute, "") if attribute else ""
     try:
         return (float(raw), "", host.worker_id)
@@ -228,7 +245,11 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         if held:
             notes.append(f"{name} held by {', '.join(sorted(h for h in held if h))}")
             continue
-        ordered = sorted(_candidates(unit, members), key=lambda h: _order_key(h, gang.order_by))
+        held = {h.held_for for h in members if h.held_for not in (None, unit.job_id)}
+        if held:
+            notes.append(f"{name} held for preemptor {', '.join(sorted(h for h in held if h))}")
+            continue
+        ordered = sorted(candidates(unit, members), key=lambda h: order_key(h, gang.order_by))
         if len(ordered) < size:
             notes.append(f"{name} has {len(ordered)} matching workers, needs {size}")
             continue
@@ -265,7 +286,7 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         out.pending_reasons[(unit.job_id, i)] = reason
 
 
-def _free_amounts(host: Host) -> Amounts:
+def free_amounts(host: Host) -> Amounts:
     """Its free amounts, devices counted no higher than the devices free one by one."""
     if host.free_devices is None or len(host.free_devices) >= host.free.dev:
         return host.free
@@ -283,9 +304,9 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     taken: dict[str, set[int]] = {}
     for h in hosts:
         taken.setdefault(h.port_domain, set()).update(h.ports_used)
-    free = [Host(h.worker_id, _free_amounts(h), h.device_kind, h.attributes, h.address,
+    free = [Host(h.worker_id, free_amounts(h), h.device_kind, h.attributes, h.address,
                  h.holder, taken[h.port_domain],
-                 None if h.free_devices is None else sorted(h.free_devices))
+                 None if h.free_devices is None else sorted(h.free_devices), h.held_for)
             for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)

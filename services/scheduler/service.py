@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, frameworks, heartbeats, placement
+from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
 from shared import bounded, nats_io, redis_io, service, subjects, telemetry
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
@@ -43,9 +43,12 @@ from shared.messages import (
     LeaderAnnouncement,
     PendingReason,
     PendingReasonsChanged,
+    PreemptionReleased,
+    Priority,
     ResetWorker,
     RunAttempt,
     TaskAssigned,
+    TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
@@ -54,6 +57,7 @@ from shared.messages import (
     parse_attempt_key,
 )
 from shared.reservations import (
+    Eviction,
     NotDurable,
     Reservation,
     ReservationConflict,
@@ -82,6 +86,10 @@ BUS_FRESH_TTLS = 1.0
 # Placements per tick: a tick runs without yielding, and the lease must be renewed (every
 # TTL/3) while thousands of hosts free up at once. The next tick follows at once.
 MAX_TICK_PLACEMENTS = 1000
+# Preemptions a tick commits at most (each is one Lua call and one logged event).
+MAX_TICK_PREEMPTIONS = 200
+# The lowest band: it never preempts anyone.
+LOWEST_BAND = max(p.rank for p in Priority)
 TICK_STATS_EVERY = 10.0
 
 
@@ -253,11 +261,21 @@ class Leader:
             live[worker.worker_id] = set(worker.live_attempts)
         stale: list[tuple[str, str]] = []
         missing: dict[str, list[str]] = {}
+        holds: dict[str, list[str]] = {}
         for host in await self.store.host_usage():
+            view = self.state.workers.get(host.worker_id)
+            if host.held_for and (view is None or view.held_for != host.held_for):
+                # Held in Redis by a preemption whose event never reached the log (its
+                # leader died in between): its victims were never stopped, so let go.
+                holds.setdefault(host.held_for, []).append(host.worker_id)
             held = live.get(host.worker_id, set())
             stale += [(host.worker_id, key) for key in host.allocations if key not in held]
             if lost := [k for k in held if k not in host.allocations]:
                 missing[host.worker_id] = lost
+        for job_id, worker_ids in holds.items():
+            log.info("letting go of %d hosts held in Redis for %s by an unlogged preemption",
+                     len(worker_ids), job_id)
+            await self.store.unhold(self.epoch, job_id, worker_ids)
         # Stale ones first: the capacity they hold may be what a lost one needs back.
         if stale:
             log.info("releasing %d reservations with no live attempt", len(stale))
@@ -482,7 +500,7 @@ class Leader:
     def _hosts(self) -> list[placement.Host]:
         return [
             placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                           w.address, w.holder, set(w.ports_used), w.free_devices)
+                           w.address, w.holder, set(w.ports_used), w.free_devices, w.held_for)
             for w in self._live_workers()
         ]
 
@@ -503,9 +521,97 @@ class Leader:
                 return 0
             if result.truncated:
                 self.wake.set()  # more may fit: the next tick follows the pause
+            await self._let_go_of_holds(result)
+            await self._preempt(result)
+            for key in result.pending_reasons:
+                hold = self.state.holds.get(key[0])
+                if hold is not None and hold.reason:
+                    result.pending_reasons[key] = hold.reason
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
             return len(result.assignments)
+
+    def _running(self) -> list[preemption.Running]:
+        """Every live attempt not already being stopped, as preemption sees it."""
+        out = []
+        for worker in self._live_workers():
+            for key, (job_id, index, attempt_id) in worker.live_attempts.items():
+                job = self.state.jobs[job_id]
+                attempt = job.tasks[index].attempt(attempt_id)
+                if attempt is None or attempt.kill_requested or attempt.exited:
+                    continue
+                spec = job.spec
+                out.append(preemption.Running(
+                    key, job_id, worker.worker_id, spec.priority.rank, spec.resources.amounts,
+                    spec.coscheduling is not None, spec.preemptible, attempt.assigned_at))
+        return out
+
+    async def _preempt(self, result: placement.Placement) -> None:
+        """Evicts lower-band attempts for units of a higher band this tick could not place
+        (docs/placement.md, "Preemption"): each eviction and the hold of the hosts it frees
+        for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
+        stopped by the fold's kills."""
+        waiting = {job_id for job_id, _ in result.pending_reasons}
+        units = []
+        for unit in self._units():
+            if unit.job_id not in waiting or unit.job_id in self.state.holds:
+                continue
+            band = self._unit_template(self.state.jobs[unit.job_id])[0][0]
+            if band < LOWEST_BAND:
+                units.append((unit, band))
+        if not units:
+            return
+        running = self._running()
+        where = {r.key: r.worker_id for r in running}
+        plans = preemption.plan(units, self._hosts(), running, limit=MAX_TICK_PREEMPTIONS)
+        for p in plans:
+            eviction = Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
+                                p.needs)
+            try:
+                await self.store.preempt(self.epoch, eviction)
+            except ReservationConflict as exc:
+                log.error("preemption for %s refused (%s); re-reconciling with Redis",
+                          p.job_id, exc)
+                await self._reconcile()
+                return
+            event = TasksPreempted(id=uuid.uuid4().hex, job_id=p.job_id,
+                                   victims=list(p.victims), hosts=list(p.hosts),
+                                   epoch=self.epoch, ts=time.time())
+            log.info("%s preempts %d attempts of %s", p.job_id, len(p.victims),
+                     ", ".join(p.victim_jobs))
+            self._check_lease()
+            await nats_io.publish_event(self.js, subjects.task_events(p.job_id), event,
+                                        msg_id=f"preempt:{event.id}")
+            await self._carry_out(self.state.apply(0, event))
+
+    async def _let_go_of_holds(self, result: placement.Placement) -> None:
+        """Lets go of hosts held for a preemptor that no longer waits (it ended), or that
+        could not be placed although every victim has stopped (the cluster changed): it
+        may preempt afresh in a later tick."""
+        tried = {job_id for job_id, _ in result.pending_reasons}
+        for job_id, hold in list(self.state.holds.items()):
+            job = self.state.jobs.get(job_id)
+            if job is not None and any(t.key in self.state.pending for t in job.tasks):
+                if job_id not in tried or not all(self._exited(k) for k in hold.victims):
+                    continue
+                why = "could not be placed once its victims had stopped"
+            else:
+                why = "no longer waits for placement"
+            await self.store.unhold(self.epoch, job_id, hold.hosts)
+            event = PreemptionReleased(id=uuid.uuid4().hex, job_id=job_id,
+                                       hosts=list(hold.hosts), epoch=self.epoch,
+                                       ts=time.time(), reason=why)
+            log.info("letting go of %d hosts held for %s: %s", len(hold.hosts), job_id, why)
+            self._check_lease()
+            await nats_io.publish_event(self.js, subjects.task_events(job_id), event,
+                                        msg_id=f"unhold:{event.id}")
+            self.state.apply(0, event)
+
+    def _exited(self, key: str) -> bool:
+        job_id, index, attempt_id = parse_attempt_key(key)
+        task = self.state.task(job_id, index)
+        attempt = task.attempt(attempt_id) if task is not None else None
+        return attempt is None or attempt.exited
 
     def _link_submits(self, span: trace.Span, result: placement.Placement) -> None:
         """Links the tick to the submit of every job it placed or left waiting, so a job's
@@ -696,6 +802,8 @@ class Leader:
             "BERTH_RETRY_COUNT": str(task.failure_count + task.preemption_count
                                      + task.resume_count),
             "BERTH_HOST_ADDRESS": worker.address,
+            **({"BERTH_PREEMPTION_GRACE": f"{spec.preemption_grace:g}"}
+               if spec.preemption_grace is not None else {}),
             **{f"BERTH_PORT_{name.upper().replace('-', '_')}": str(port)
                for name, port in attempt.ports.items()},
         }
@@ -719,6 +827,7 @@ class Leader:
         await self._send(kill.worker_id, KillAttempt(
             epoch=self.epoch, incarnation=kill.incarnation, job_id=kill.job_id,
             task_index=kill.task_index, attempt_id=kill.attempt_id, reason=kill.reason,
+            grace=kill.grace,
         ))
 
     # --- heartbeats ---------------------------------------------------------------------
