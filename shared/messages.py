@@ -232,9 +232,10 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
                    "priority production; docs/placement.md, \"Preemption\").")
     ] = True
     preemption_grace: Annotated[
-        Seconds | None,
-        Meta(description="Seconds a preempted task has between SIGTERM and SIGKILL, to "
-             "checkpoint (default: the worker's BERTH_KILL_GRACE)."),
+        Annotated[float, Meta(gt=0, le=3600)] | None,
+        Meta(description="Seconds (at most an hour: its hosts wait for it) a preempted task "
+             "has between SIGTERM and SIGKILL, to checkpoint (default: the worker's "
+             "BERTH_KILL_GRACE)."),
     ] = None
 
     def __post_init__(self) -> None:
