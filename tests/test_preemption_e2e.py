@@ -56,10 +56,10 @@ def slice_host(stack: Stack, name: str, i: int, half: str) -> None:
 
 def spec(name: str, flags: Path, priority: Priority, replicas: int = 1, cpu: float = 0.25,
          chips: bool = True, **kw: Any) -> JobSpec:
+    device: dict[str, Any] = {"device": CHIPS} if chips else {}
     return JobSpec(name=name, replicas=replicas, command=["python3", "-c", TASK],
                    env={"DIR": str(flags)}, priority=priority,
-                   resources=Resources(cpu=cpu, memory_mb=64, **({"device": CHIPS} if chips else {})),
-                   **kw)
+                   resources=Resources(cpu=cpu, memory_mb=64, **device), **kw)
 
 
 def gang(by: str) -> Coscheduling:
@@ -72,7 +72,6 @@ def hosts_of(job: dict[str, Any]) -> set[str]:
 
 async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
         make_stack, nc, tmp_path: Path) -> None:
-    t0 = time.monotonic()
     stack: Stack = make_stack(workers=0)
     for i in range(4):
         slice_host(stack, "s", i, "a" if i < 2 else "b")
@@ -80,7 +79,6 @@ async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
         slice_host(stack, "t", i, "a")
     await wait_until(lambda: len(get_json(stack, "/api/workers")) == 6, what="6 workers")
 
-    print(f"workers up at {time.monotonic() - t0:.1f}")
     # Two batch gangs, each on one half of slice s.
     batch = await submit_at_once(nc, [
         spec(f"batch{n}", tmp_path, Priority.BATCH, 2, coscheduling=gang("half"),
@@ -92,7 +90,6 @@ async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
     assert hosts_of(job_now(stack, batch[0])) | hosts_of(job_now(stack, batch[1])) == {
         f"s-{i}" for i in range(4)}
 
-    print(f"batch running at {time.monotonic() - t0:.1f}")
     # A production gang wanting all of slice s, and in the same instant an interactive
     # task that any host of s could take once freed.
     prod, third = await submit_at_once(nc, [
@@ -109,7 +106,6 @@ async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
         assert not hosts_of(job_now(stack, third))
         await asyncio.sleep(0.1)
     job = await wait_for_job(stack, prod, {"running"})
-    print(f"prod running at {time.monotonic() - t0:.1f}")
     assert hosts_of(job) == {f"s-{i}" for i in range(4)}
 
     # Every victim was told, and had its grace: SIGTERM, then SIGKILL no sooner than GRACE.
@@ -130,7 +126,6 @@ async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
     doctor = await run_doctor(stack)
     assert "taken_from_preemptor=0" in doctor and "violations=0" in doctor, doctor
 
-    print(f"checked at {time.monotonic() - t0:.1f}")
     # The Iris scenario: a production CPU task takes all of host t-1's cpu; a production
     # gang needing slice t evicts it, though it is of the same band.
     (squatter,) = await submit_at_once(nc, [
