@@ -61,6 +61,8 @@ class AttemptView(msgspec.Struct, kw_only=True):
     # then are its resources released (docs/invariants.md, invariant 3).
     exited: bool = False
     kill_requested: bool = False
+    # Seconds from SIGTERM to SIGKILL its kill gives (a preempted attempt's grace), or None.
+    kill_grace: float | None = None
     worker_failure: bool = False
     ports: dict[str, int] = {}
     group: str = ""
@@ -527,10 +529,11 @@ class ClusterState:
             job = self.jobs[job_id]
             self.evictions += 1
             attempt.kill_requested = True
+            attempt.kill_grace = job.spec.preemption_grace
             attempt.worker_failure = True
             attempt.error = why
             effects.append(Kill(attempt.worker_id, attempt.incarnation, job_id, index,
-                                attempt_id, why, job.spec.preemption_grace))
+                                attempt_id, why, attempt.kill_grace))
             if attempt is task.current_attempt and task_rules.can_transition(
                     task.state, S.WORKER_FAILED):
                 self._preempt(task, job, why, event.ts)

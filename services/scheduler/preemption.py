@@ -151,7 +151,7 @@ def _cost(chosen: _Choice, world: _World) -> tuple[int, int, float]:
 def _plan_task(unit: Unit, band: int, hosts: Sequence[Host], world: _World) -> Plan | None:
     best: tuple[tuple[int, int, float, str], Plan] | None = None
     for host in candidates(unit, hosts):
-        if host.held_for not in (None, unit.job_id):
+        if host.held_for is not None:  # held for another, or for this job's other task
             continue
         chosen = _Choice()
         if not _fill(host, unit.need, world, band, False, chosen, unit.job_id) or not chosen.keys:

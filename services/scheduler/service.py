@@ -508,6 +508,8 @@ class Leader:
         """One round of placement; returns how many tasks it placed."""
         self.placing_seconds = 0.0
         if not self.state.pending:
+            if self.state.holds:  # e.g. a preemptor cancelled while its victims stopped
+                await self._let_go_of_holds(placement.Placement())
             return 0
         with tracer.start_as_current_span("schedule.tick") as span:
             started = time.perf_counter()
@@ -557,8 +559,17 @@ class Leader:
             if unit.job_id not in waiting or unit.job_id in self.state.holds:
                 continue
             band = self._unit_template(self.state.jobs[unit.job_id])[0][0]
-            if band < LOWEST_BAND:
+            if band >= LOWEST_BAND:
+                continue
+            if unit.gang is not None:
                 units.append((unit, band))
+                continue
+            # Each task of a job is planned on its own (each may need a different host).
+            units += [(placement.Unit(unit.job_id, (i,), unit.need, unit.device_kind,
+                                      unit.constraints, unit.ports), band)
+                      for i in unit.indices if (unit.job_id, i) in result.pending_reasons]
+            if len(units) >= MAX_TICK_PREEMPTIONS:
+                break
         if not units:
             return
         running = self._running()
@@ -880,8 +891,13 @@ class Leader:
         verdict = heartbeats.judge(self.state, worker, hb, as_of,
                                    grace=2 * self.settings.heartbeat_interval)
         for job_id, index, attempt_id in verdict.strays:
+            task = self.state.task(job_id, index)
+            attempt = task.attempt(attempt_id) if task is not None else None
+            # A preempted attempt keeps its grace, should its first kill have been lost.
             await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
-                                       index, attempt_id, "not a live attempt"))
+                                       index, attempt_id, attempt.error if attempt and
+                                       attempt.kill_grace is not None else "not a live attempt",
+                                       attempt.kill_grace if attempt else None))
         for job_id, index, attempt_id in verdict.unconfirmed_kills:
             # Killed before it started: the worker confirms with a KILLED report (and will
             # refuse the run command from now on), which frees the reservation.
