@@ -163,47 +163,90 @@ def _plan_task(unit: Unit, band: int, hosts: Sequence[Host], world: _World) -> P
     return None if best is None else best[1]
 
 
-def _plan_gang(unit: Unit, band: int, hosts: Sequence[Host], world: _World) -> Plan | None:
-    gang = unit.gang
-    assert gang is not None
-    by_value: dict[str, list[Host]] = {}
-    for host in hosts:
-        value = host.attributes.get(gang.group_by)
-        if value is not None:
-            by_value.setdefault(value, []).append(host)
-    size = max(unit.indices) + 1
-    best: tuple[tuple[int, int, float, int, str], Plan] | None = None
-    for value, members in by_value.items():
-        if any(h.held_for not in (None, unit.job_id) for h in members):
-            continue
+# A group's evaluation for one unit shape: its cost key, the victims, hosts and needs.
+_GroupPlan = tuple[tuple[int, int, float, int, str], tuple[str, ...], tuple[str, ...],
+                   dict[str, Amounts]]
+
+
+class _Gangs:
+    """Evaluates groups for gang units. Units of one shape (what they need, where, and
+    their band) see the same group the same way, so a group is evaluated once per shape
+    and again only after a plan touched its hosts: a hundred identical gangs arriving at
+    once cost one pass over the groups, not a hundred."""
+
+    def __init__(self, hosts: Sequence[Host], world: _World) -> None:
+        self.hosts = hosts
+        self.world = world
+        self.groups: dict[str, dict[str, list[Host]]] = {}  # group_by -> value -> members
+        self.cache: dict[tuple[object, ...], dict[str, _GroupPlan | None]] = {}
+
+    def by_value(self, attribute: str) -> dict[str, list[Host]]:
+        found = self.groups.get(attribute)
+        if found is None:
+            found = self.groups[attribute] = {}
+            for host in self.hosts:
+                value = host.attributes.get(attribute)
+                if value is not None:
+                    found.setdefault(value, []).append(host)
+        return found
+
+    def touched(self, worker_ids: set[str]) -> None:
+        """Forgets the evaluations of every group with one of these hosts."""
+        for attribute, groups in self.groups.items():
+            stale = [v for v, members in groups.items()
+                     if any(h.worker_id in worker_ids for h in members)]
+            for evaluated in (c for k, c in self.cache.items() if k[0] == attribute):
+                for value in stale:
+                    evaluated.pop(value, None)
+
+    def plan(self, unit: Unit, band: int) -> Plan | None:
+        gang = unit.gang
+        assert gang is not None
+        shape = (gang.group_by, gang.order_by, unit.indices, unit.need, unit.device_kind,
+                 unit.constraints, band)
+        evaluated = self.cache.setdefault(shape, {})
+        best: _GroupPlan | None = None
+        for value, members in self.by_value(gang.group_by).items():
+            if value not in evaluated:
+                evaluated[value] = self._evaluate(unit, band, value, members)
+            found = evaluated[value]
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        if best is None:
+            return None
+        _, victims, hosts, needs = best
+        world = self.world
+        return Plan(unit.job_id, victims, tuple(sorted({world.by_key[k].job_id
+                                                        for k in victims})), hosts, needs)
+
+    def _evaluate(self, unit: Unit, band: int, value: str, members: list[Host]
+                  ) -> _GroupPlan | None:
+        gang = unit.gang
+        assert gang is not None
+        world = self.world
+        if any(h.held_for is not None for h in members):
+            return None
+        size = max(unit.indices) + 1
         ordered = sorted(candidates(unit, members), key=lambda h: order_key(h, gang.order_by))
         if len(ordered) < size:
-            continue
+            return None
         chosen = _Choice()
         # Another gang holding the group must go, whole, if it may.
-        holders = {h.holder for h in members if h.holder not in (None, unit.job_id)}
-        ok = True
-        for holder in sorted(h for h in holders if h):
+        for holder in sorted({h.holder for h in members if h.holder is not None}):
             running = world.by_job.get(holder)
-            if not running or not may_evict(band, True, running[0]):
-                ok = False
-                break
+            if holder == unit.job_id or not running or not may_evict(band, True, running[0]):
+                return None
             chosen.add(world.victim_unit(running[0]))
-        if not ok:
-            continue
         used = [ordered[i] for i in unit.indices]
         if not all(_fill(h, unit.need, world, band, True, chosen, unit.job_id) for h in used):
-            continue
+            return None
         if not chosen.keys:
-            continue
-        key = (*_cost(chosen, world), len(members), value)
-        if best is None or key < best[0]:
-            needs: dict[str, Amounts] = {}
-            for h in used:
-                needs[h.worker_id] = needs.get(h.worker_id, Amounts()) + unit.need
-            best = (key, _plan(unit.job_id, chosen, world,
-                               tuple(h.worker_id for h in members), needs))
-    return None if best is None else best[1]
+            return None
+        needs: dict[str, Amounts] = {}
+        for h in used:
+            needs[h.worker_id] = needs.get(h.worker_id, Amounts()) + unit.need
+        return ((*_cost(chosen, world), len(members), value), tuple(sorted(chosen.keys)),
+                tuple(sorted(h.worker_id for h in members)), needs)
 
 
 def _plan(job_id: str, chosen: _Choice, world: _World, hosts: tuple[str, ...],
@@ -223,16 +266,19 @@ def plan(units: Iterable[tuple[Unit, int]], hosts: Sequence[Host],
     view = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
                  h.ports_used, h.free_devices, h.held_for) for h in hosts]
     held = {h.worker_id: h for h in view}
+    gangs = _Gangs(view, world)
     out: list[Plan] = []
     for unit, band in units:
         if limit is not None and len(out) >= limit:
             break
-        p = (_plan_gang(unit, band, view, world) if unit.gang is not None
+        p = (gangs.plan(unit, band) if unit.gang is not None
              else _plan_task(unit, band, view, world))
         if p is None:
             continue
         out.append(p)
         for worker_id in p.hosts:
             held[worker_id].held_for = unit.job_id
+        touched = set(p.hosts) | {world.by_key[k].worker_id for k in p.victims}
         world.drop(p.victims)
+        gangs.touched(touched)
     return out

@@ -575,25 +575,35 @@ class Leader:
         running = self._running()
         where = {r.key: r.worker_id for r in running}
         plans = preemption.plan(units, self._hosts(), running, limit=MAX_TICK_PREEMPTIONS)
+        committed: list[TasksPreempted] = []
+        refused = False
         for p in plans:
             eviction = Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
                                 p.needs)
+            self._check_lease()  # nothing committed that this term could not log
             try:
                 await self.store.preempt(self.epoch, eviction)
             except ReservationConflict as exc:
                 log.error("preemption for %s refused (%s); re-reconciling with Redis",
                           p.job_id, exc)
-                await self._reconcile()
-                return
-            event = TasksPreempted(id=uuid.uuid4().hex, job_id=p.job_id,
-                                   victims=list(p.victims), hosts=list(p.hosts),
-                                   epoch=self.epoch, ts=time.time())
+                refused = True
+                break
+            committed.append(TasksPreempted(
+                id=uuid.uuid4().hex, job_id=p.job_id, victims=list(p.victims),
+                hosts=list(p.hosts), epoch=self.epoch, ts=time.time()))
             log.info("%s preempts %d attempts of %s", p.job_id, len(p.victims),
                      ", ".join(p.victim_jobs))
+        if committed:
+            # Logged together (acks awaited at once); a term that ends before this leaves
+            # holds only in Redis, which the next leader lets go (_reconcile).
             self._check_lease()
-            await nats_io.publish_event(self.js, subjects.task_events(p.job_id), event,
-                                        msg_id=f"preempt:{event.id}")
-            await self._carry_out(self.state.apply(0, event))
+            await nats_io.publish_events(self.js, [nats_io.Outgoing(
+                subjects.task_events(e.job_id), encode(e),
+                nats_io.message_headers(f"preempt:{e.id}")) for e in committed])
+            for event in committed:
+                await self._carry_out(self.state.apply(0, event))
+        if refused:
+            await self._reconcile()
 
     async def _let_go_of_holds(self, result: placement.Placement) -> None:
         """Lets go of hosts held for a preemptor that no longer waits (it ended), or that
