@@ -310,12 +310,26 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
             for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)
+    # A gang that found no group cannot find one later in the same call (free capacity
+    # only shrinks, groups only get taken), nor can another of its shape: its reason is
+    # reused, as _SingleTasks does. Not for a job with held hosts: those are its own.
+    held_jobs = {h.held_for for h in free if h.held_for is not None}
+    gangs_failed: dict[tuple[object, ...], str] = {}
     for unit in units:
         if unit.gang is not None:
             if limit is not None and len(out.assignments) >= limit:
                 out.truncated = True
                 break
+            shape = (unit.gang, unit.indices, unit.need, unit.device_kind, unit.constraints)
+            reason = None if unit.job_id in held_jobs else gangs_failed.get(shape)
+            if reason is not None:
+                for i in unit.indices:
+                    out.pending_reasons[(unit.job_id, i)] = reason
+                continue
+            placed = len(out.assignments)
             _place_gang(unit, free, out)
+            if len(out.assignments) == placed and unit.job_id not in held_jobs:
+                gangs_failed[shape] = out.pending_reasons[(unit.job_id, unit.indices[0])]
             continue
         for index in unit.indices:
             if limit is not None and len(out.assignments) >= limit:
