@@ -46,7 +46,7 @@ while True:
 """
 
 CHIPS = TpuDevice(variant="v5p", topology="2x2x1", count=4)
-GRACE = 1.5
+GRACE = 1.0
 
 
 def slice_host(stack: Stack, name: str, i: int, half: str) -> None:
@@ -129,7 +129,7 @@ async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
     # The Iris scenario: a production CPU task takes all of host t-1's cpu; a production
     # gang needing slice t evicts it, though it is of the same band.
     (squatter,) = await submit_at_once(nc, [
-        spec("squat", tmp_path, Priority.PRODUCTION, cpu=1, chips=False,
+        spec("squat", tmp_path, Priority.PRODUCTION, cpu=1, chips=False, preemption_grace=0.5,
              constraints=[Constraint(key="tpu-name", op=Op.EQ, value="t"),
                           Constraint(key="tpu-worker-id", op=Op.EQ, value="1")])])
     await wait_until(lambda: job_now(stack, squatter)["task_counts"] == {"running": 1},
