@@ -335,13 +335,17 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
         filled = await wait_for(seen, lambda: len(seen.running) >= hosts, cap,
                                 "W5: batch gangs running on every host")
         batch_jobs = set(seen.job_seq)
+        if not filled:
+            return {"workload": "W5", "hosts": hosts, "slices": slices, "gangs": count,
+                    "gang_size": size, "complete": False,
+                    "batch_running": len(seen.running)}
         t0 = time.time()
         await submit_all(c.nc, seen, gang_specs("prod", count, Priority.PRODUCTION))  # type: ignore[arg-type]
 
         def prod_running() -> list[float]:
             return [ts for (job, _), ts in seen.running.items() if job not in batch_jobs]
 
-        complete = filled and await wait_for(
+        complete = await wait_for(
             seen, lambda: len(prod_running()) >= count * size, cap,
             f"W5: all {count} production gangs running")
         all_running = max(prod_running()) - t0 if prod_running() else None
@@ -379,6 +383,8 @@ def table(results: list[dict[str, Any]]) -> str:
             what = (f"{r['gangs_placed']}/{r['gangs']} gangs placed in "
                     f"{r['time_to_place_all_s']} s ({r['gang_placements_per_s']}/s), "
                     f"doctor violations={r['doctor_violations']}")
+        elif r["workload"] == "W5" and "gangs_running" not in r:
+            what = f"the batch gangs never filled the hosts ({r['batch_running']} running)"
         elif r["workload"] == "W5":
             what = (f"{r['gangs_running']}/{r['gangs']} production gangs running in "
                     f"{r['time_to_all_running_s']} s, {r['evictions']} evictions "

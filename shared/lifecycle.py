@@ -234,6 +234,9 @@ class ClusterState:
         # (reserve.lua refuses them); the checker reports them.
         self.taken_from_preemptor: list[str] = []
         self.evictions = 0  # attempts evicted by preemption, for the scheduler's stats
+        # Live attempts per priority rank: lets the scheduler skip preemption at once when
+        # nothing running is of a band a waiting unit could evict.
+        self.live_by_rank: dict[int, int] = {}
         # Jobs to cancel (job id, reason, time, failure_reason), drained at the end of each
         # apply: a cascade through generations of children (or of dependents) is a loop,
         # never a deep recursion.
@@ -464,6 +467,8 @@ class ClusterState:
         key = attempt_key(event.job_id, event.task_index, event.attempt_id)
         worker.used = worker.used + job.spec.resources.amounts
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
+        rank = job.spec.priority.rank
+        self.live_by_rank[rank] = self.live_by_rank.get(rank, 0) + 1
         for port in event.ports.values():
             worker.ports_used[port] = key
         for index in event.devices:
@@ -670,7 +675,9 @@ class ClusterState:
         worker = self.workers.get(attempt.worker_id)
         key = attempt_key(job_id, task_index, attempt.attempt_id)
         if worker is not None and worker.live_attempts.pop(key, None) is not None:
-            worker.used = worker.used - self.jobs[job_id].spec.resources.amounts
+            spec = self.jobs[job_id].spec
+            worker.used = worker.used - spec.resources.amounts
+            self.live_by_rank[spec.priority.rank] -= 1
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]

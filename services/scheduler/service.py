@@ -554,13 +554,30 @@ class Leader:
         for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
         stopped by the fold's kills."""
         waiting = {job_id for job_id, _ in result.pending_reasons}
+        # The lowest band running: a task may evict only below its band, a gang a
+        # squatter of its own band too. Nothing to evict, nothing to plan (e.g. all work
+        # of one band, however much of it waits).
+        lowest = max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
+        if not waiting or lowest < 0:
+            return
+        eligible = []
+        for job_id in waiting:
+            if job_id in self.state.holds:
+                continue
+            order, template = self._unit_template(self.state.jobs[job_id])
+            band = order[0]
+            if band < LOWEST_BAND and (band < lowest
+                                       or (band == lowest and template.gang is not None)):
+                eligible.append((order, job_id))
         units = []
-        for unit in self._units():
-            if unit.job_id not in waiting or unit.job_id in self.state.holds:
-                continue
-            band = self._unit_template(self.state.jobs[unit.job_id])[0][0]
-            if band >= LOWEST_BAND:
-                continue
+        for (band, _), job_id in sorted(eligible):
+            job = self.state.jobs[job_id]
+            t = self._unit_template(job)[1]
+            if t.gang is not None and any(x.state in ATTEMPT_LIVE for x in job.tasks):
+                continue  # placed whole once none of it is live
+            indices = tuple(x.index for x in job.tasks if x.key in self.state.pending)
+            unit = placement.Unit(job_id, indices, t.need, t.device_kind, t.constraints,
+                                  t.ports, t.gang)
             if unit.gang is not None:
                 units.append((unit, band))
                 continue
