@@ -233,7 +233,6 @@ class ClusterState:
         # Attempts assigned to a host held for another job's preemption: must never happen
         # (reserve.lua refuses them); the checker reports them.
         self.taken_from_preemptor: list[str] = []
-        self.evictions = 0  # attempts evicted by preemption, for the scheduler's stats
         # Live attempts per priority rank: lets the scheduler skip preemption at once when
         # nothing running is of a band a waiting unit could evict.
         self.live_by_rank: dict[int, int] = {}
@@ -532,7 +531,6 @@ class ClusterState:
             if task is None or attempt is None or attempt.exited or attempt.kill_requested:
                 continue
             job = self.jobs[job_id]
-            self.evictions += 1
             attempt.kill_requested = True
             attempt.kill_grace = job.spec.preemption_grace
             attempt.worker_failure = True
