@@ -77,7 +77,7 @@ async def test_a_production_gang_evicts_batch_gangs_whole_and_holds_the_slice(
         slice_host(stack, "s", i, "a" if i < 2 else "b")
     for i in range(2):
         slice_host(stack, "t", i, "a")
-    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 6, what="6 workers")
+    await wait_until(lambda: len(get_json(stack, "/api/workers")) == 6, 60, "6 workers")
 
     # Two batch gangs, each on one half of slice s.
     batch = await submit_at_once(nc, [
