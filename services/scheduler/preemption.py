@@ -264,7 +264,7 @@ def plan(units: Iterable[tuple[Unit, int]], hosts: Sequence[Host],
     being stopped. A unit that cannot be helped is skipped. At most `limit` plans."""
     world = _World(running)
     view = [Host(h.worker_id, h.free, h.device_kind, h.attributes, h.address, h.holder,
-                 h.ports_used, h.free_devices, h.held_for) for h in hosts]
+                 h.ports_used, h.free_devices, h.out_of_service, h.held_for) for h in hosts]
     held = {h.worker_id: h for h in view}
     gangs = _Gangs(view, world)
     out: list[Plan] = []
