@@ -514,10 +514,14 @@ class Leader:
         self.placing_seconds = 0.0
         if not self.state.pending:
             if self.state.holds:  # e.g. a preemptor cancelled while its victims stopped
-                await self._let_go_of_holds(placement.Placement())
+                await self._let_go_of_holds(placement.Placement(), set())
             return 0
         with tracer.start_as_current_span("schedule.tick") as span:
             started = time.perf_counter()
+            # Preemptors all of whose victims had stopped when this placement was computed
+            # (more may stop while the tick awaits its commit: no verdict on those).
+            settled = {job_id for job_id, hold in self.state.holds.items()
+                       if all(self._exited(k) for k in hold.victims)}
             result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS)
             self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
@@ -528,7 +532,7 @@ class Leader:
                 return 0
             if result.truncated:
                 self.wake.set()  # more may fit: the next tick follows the pause
-            await self._let_go_of_holds(result)
+            await self._let_go_of_holds(result, settled)
             await self._preempt(result)
             for key in result.pending_reasons:
                 hold = self.state.holds.get(key[0])
@@ -627,15 +631,15 @@ class Leader:
         if refused:
             await self._reconcile()
 
-    async def _let_go_of_holds(self, result: placement.Placement) -> None:
+    async def _let_go_of_holds(self, result: placement.Placement, settled: set[str]) -> None:
         """Lets go of hosts held for a preemptor that no longer waits (it ended), or that
-        could not be placed although every victim has stopped (the cluster changed): it
-        may preempt afresh in a later tick."""
+        this tick's placement could not place although every victim had stopped before it
+        was computed (`settled`: the cluster changed): it may preempt afresh later."""
         tried = {job_id for job_id, _ in result.pending_reasons}
         for job_id, hold in list(self.state.holds.items()):
             job = self.state.jobs.get(job_id)
             if job is not None and any(t.key in self.state.pending for t in job.tasks):
-                if job_id not in tried or not all(self._exited(k) for k in hold.victims):
+                if job_id not in tried or job_id not in settled:
                     continue
                 why = "could not be placed once its victims had stopped"
             else:
