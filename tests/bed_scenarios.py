@@ -11,6 +11,8 @@ tests/partitions.py, whose Run and Result these reuse, so each counts the same t
   address they were given (task 0 binds it: only its own host owns that address), and
   named ports on an address two workers share, bound for real by the tasks.
 - `delayed_worker`: one worker's NATS link through a relay that holds every chunk back.
+- `lossy_worker`: one worker's packets to and from NATS lost at random (15% each way): no
+  verdict on it unless its heartbeats really stopped reaching NATS for longer than D.
 
 `QUICK` are the forms tests/test_bed_scenarios.py runs; bench/partitions.py runs them all.
 """
@@ -71,7 +73,7 @@ def _layout_hosts() -> Layout:
                   delayed={"g4a": 0.2})
 
 
-def _layout_delayed() -> Layout:
+def _layout_workers3() -> Layout:
     return Layout(dict(WORKERS3), api="svc", schedulers=("ctl", "ctl2"))
 
 
@@ -405,6 +407,58 @@ async def delayed_worker(bed: Bed, data_dir: Path, delay: float, hold: float) ->
         return await run.finish()
 
 
+# --- a worker whose link to NATS loses packets ----------------------------------------------
+
+
+async def lossy_worker(bed: Bed, data_dir: Path, percent: int, hold: float) -> Result:
+    """One worker host loses `percent` of its packets to and from the NATS host (each packet
+    on its own chance) for `hold` seconds, while it runs tasks and new jobs are placed. TCP
+    retransmits, so its heartbeats arrive late, not never: a verdict on it is justified only
+    if the NATS server went longer than D without one of its heartbeats (the longest gap is
+    measured by a subscription of the test's, whose own link loses nothing)."""
+    lossy = "w1"
+    dead_after = float(ENV["BERTH_WORKER_DEAD_AFTER"])
+    cluster = start_cluster(bed, data_dir, _layout_workers3(), ENV)
+    async with Run(cluster, f"worker link losing {percent}% of packets, {hold:g} s") as run:
+        ids = await run.submit(9, cpu=0.5)
+        await run.until("9 running", lambda: run.running(ids), 30)
+        run.result.notes["tasks_on_lossy_worker"] = sum(
+            len(w["running_attempts"]) for w in run.workers() if w["worker_id"] == lossy)
+        heard: list[float] = []
+
+        async def heartbeat(msg: Any) -> None:
+            heard.append(time.monotonic())
+
+        sub = await run.nc.subscribe(subjects.heartbeat(lossy), cb=heartbeat)
+        bed.lose([lossy], ["nats"], percent)
+        started = time.monotonic()
+        later: list[str] = []
+        while time.monotonic() < started + hold:
+            later += await run.submit(1, cpu=0.1)
+            await asyncio.sleep(1.5)
+        bed.heal()
+        ended = time.monotonic()
+        await run.until("every later job running", lambda: run.running(later), 30)
+        await asyncio.sleep(2)  # verdicts and fences that the loss set off land now
+        await sub.unsubscribe()
+        during = [started, *(t for t in heard if started < t < ended), ended]
+        longest = max(b - a for a, b in itertools.pairwise(during))
+        notes = run.result.notes
+        notes["loss_percent"] = percent
+        notes["heartbeats_heard"] = len(during) - 2
+        notes["longest_heartbeat_gap_s"] = round(longest, 1)
+        notes["later_on_lossy_worker"] = sum(
+            1 for i in later for t in (run.job(i) or {"tasks": []})["tasks"]
+            for a in t["attempts"] if a["worker_id"] == lossy)
+        log = cluster.log(lossy)
+        notes["fenced"] = log.count("was fenced off")
+        notes["new_incarnations"] = log.count("starting a new incarnation")
+        notes["deaths"] = [w for _, w in run.bus.deaths]
+        run.result.wrong_deaths = sum(1 for _, w in run.bus.deaths
+                                      if w != lossy or longest <= dead_after)
+        return await run.finish()
+
+
 # --- the table ------------------------------------------------------------------------------
 
 BedScenario = Callable[[Bed, Path], Awaitable[Result]]
@@ -415,10 +469,13 @@ HOSTS = {
                        *WORKERS3],
     "hosts": ["nats", "redis", "ctl", "g1", "g2", "g3", "g4"],
     "delayed-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
+    "lossy-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
 }
 
 
 QUICK = ["hosts", "nats-minority"]
+# The lossy worker's share of packets lost each way.
+LOSS_PERCENT = 15
 
 
 def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
@@ -429,6 +486,8 @@ def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
         "redis-failover": lambda bed, d: redis_failover(bed, d, cut),
         "hosts": lambda bed, d: hosts(bed, d, 4 if quick else 8),
         "delayed-worker": lambda bed, d: delayed_worker(bed, d, 0.2, 3 if quick else cut),
+        "lossy-worker": lambda bed, d: lossy_worker(bed, d, LOSS_PERCENT,
+                                                    min(cut, 6) if quick else cut),
     }
 
 

@@ -238,6 +238,9 @@ class Run:
                 r.lost += 1
             elif state not in TERMINAL:
                 r.not_terminal += 1
+                # Which stage they are stuck in: never placed, placed and never started, ...
+                stuck = r.notes.setdefault("not_terminal_in", {})
+                stuck[state] = stuck.get(state, 0) + 1
             elif state != "succeeded":
                 r.notes.setdefault("not_succeeded", []).append(f"{job_id}:{state}")
         r.double_booked = self.max_double_booked
