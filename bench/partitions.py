@@ -6,19 +6,21 @@ a fresh cluster, and a table of what each counted. Needs root, `ip` and `nft`.
 The scenarios: a worker, the leader, or Redis for both schedulers cut off
 (tests/partitions.py); one NATS node of three cut off during a submit burst, the Redis
 primary cut off while Sentinel promotes a replica, a gang over four hosts with named ports
-on a shared address, a worker's NATS link delayed, a worker's NATS link losing 15% of its
-packets each way (tests/bed_scenarios.py). `--quick`: the sizes the tests use (fewer submits
-and port holders, the NATS cut at most 4 s, the loss at most 6 s).
+on a shared address, a worker's NATS link delayed, a worker's NATS link or the leader's NATS
+and Redis links losing 15% of their packets each way (tests/bed_scenarios.py). `--quick`:
+the sizes the tests use (fewer submits and port holders, the NATS cut at most 4 s, the loss
+at most 6 s).
 
 Columns: acknowledged submits, lost, jobs not terminal, double-booked hosts (the checker,
 during and after), tasks seen with two live attempts (sampled from /proc every 0.1 s) and
 the longest overlap, stale commands obeyed, healthy workers declared dead, services that
 died; then what was measured (seconds from the cut): when the cut-off worker's old copies
 were gone and when their first retry started, when the standby took over and when a job
-submitted during the cut was placed; for the lossy link, the longest the NATS server went
-without the worker's heartbeat and how many of its attempts fenced themselves. Every count
-must read 0; the exit code says whether one did not, and the logs of a scenario that counted
-anything are kept, with the schedulers' last lines and the workers' refusals printed.
+submitted during the cut was placed; for the lossy links, the longest the NATS server went
+without a worker's heartbeat, how many attempts fenced themselves, and the take-overs.
+Every count must read 0; the exit code says whether one did not, and the logs of a scenario
+that counted anything are kept, with the schedulers' last lines and the workers' refusals
+printed.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ COLUMNS = ("acked", *(c for c in partitions.COUNTS if c != "two_copies"), "two_c
            "two_copies_s")
 MEASURED = ("old_copies_gone_s", "first_retry_s", "rejoined_after_heal_s", "cut_s",
             "take_over_s", "take_over_after_heal_s", "probe_placed_s", "placed_during_cut_s",
-            "all_placed_after_heal_s", "longest_heartbeat_gap_s", "fenced", "resets",
-            "retries")
+            "all_placed_after_heal_s", "longest_heartbeat_gap_s", "fenced", "take_overs",
+            "resets", "retries")
 # Lines of each scheduler's log printed when a scenario counted anything.
 LOG_TAIL = 15
 
