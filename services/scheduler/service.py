@@ -931,6 +931,12 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             outage.failed(exc, "standing down")
             await redis_io.ask_again(store.client)
             await service.wait_or_stop(stop, backoff.next())
+        except nats_io.RETRIABLE as exc:
+            # E.g. JetStream answering 503 while a NATS cluster re-elects after a partition:
+            # it once ended both schedulers (exit 1), and nothing led again.
+            log.warning("lost leadership: NATS failed (%s: %s); standing by",
+                        type(exc).__name__, exc)
+            await service.wait_or_stop(stop, backoff.next())
         finally:
             folded = max(folded, leader.state.epoch)
 
