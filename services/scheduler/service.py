@@ -181,6 +181,8 @@ class Leader:
         self.reasons_in_flight_seq = 0
         self.reasons_announced_at = -float("inf")
         self.unit_templates: dict[str, tuple[tuple[int, int], placement.Unit]] = {}
+        # Workers whose quarantine the cap refused, so the refusal is logged once each.
+        self.quarantine_refused: set[str] = set()
         # Releases folded but not yet written to Redis: written together, as soon as the
         # fold pauses, and always before a tick reserves (the Lua must never find in Redis
         # what the fold has already freed).
@@ -998,12 +1000,16 @@ class Leader:
         runs on a drained worker past its deadline (docs/operations.md, "Node health").
         Judged from the fold alone, so a new leader finishes what an old one began."""
         now = time.time()
+        policy = self.settings.quarantine
         for worker in list(self.state.workers.values()):
             verdict: NodeHealthChanged | None = None
             msg_id = ""
-            if worker.quarantine is None and worker.failures and (
-                    why := node_health.quarantine_reason(worker.failures,
-                                                         self.settings.quarantine)):
+            why = None
+            if worker.quarantine is None and worker.failures:
+                why = node_health.quarantine_reason(worker.failures, policy)
+            if why is not None and not self._room_to_quarantine(worker.worker_id, why):
+                why = None
+            if why is not None:
                 verdict = NodeHealthChanged(worker_id=worker.worker_id,
                                             action=NodeAction.QUARANTINE, reason=why,
                                             by="scheduler", epoch=self.epoch, ts=now)
@@ -1027,6 +1033,18 @@ class Leader:
             # Applied at once, so no tick places on it meanwhile (folding it again from the
             # stream changes nothing).
             await self._carry_out(self.state.apply(0, verdict))
+
+    def _room_to_quarantine(self, worker_id: str, why: str) -> bool:
+        quarantined = sum(w.quarantine is not None for w in self.state.workers.values())
+        if node_health.quarantine_room(quarantined, len(self.state.workers),
+                                       self.settings.quarantine):
+            return True
+        if worker_id not in self.quarantine_refused:
+            self.quarantine_refused.add(worker_id)
+            log.warning("worker %s not quarantined (%s): %d of %d workers are already, the "
+                        "most BERTH_QUARANTINE_MAX_SHARE allows", worker_id, why, quarantined,
+                        len(self.state.workers))
+        return False
 
     def _unstopped(self, job_id: str, index: int, attempt_id: int) -> bool:
         """Whether a live attempt has not been told to stop yet."""
