@@ -77,6 +77,7 @@ class RunningAttempt:
     command: RunAttempt
     process: Runnable | None = None
     kill_reason: str = ""
+    kill_grace: float | None = None  # the kill command's grace, if it gave one
     timed_out: bool = False
     task: asyncio.Task[None] | None = None
     killed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -353,6 +354,14 @@ class WorkerAgent:
             log.warning("refusing command for incarnation %s (this is %s)",
                         command.incarnation, self.incarnation)
             return
+        if isinstance(command, ResetWorker) and self._past_fence():
+            # Whatever its epoch: past the fence deadline every task of this incarnation is
+            # already fenced off, so a reset costs nothing but a new registration. And a
+            # declared-dead incarnation can confirm no epoch (no leader answers its
+            # heartbeats): one that slept through two take-overs would refuse every reset
+            # of the new leader, and stay dead for ever (docs/reliability.md).
+            self._spawn(self._reset(f"reset by the scheduler ({command.reason})"))
+            return
         if self.simulate is None and self.epochs.unchecked(command.epoch):
             # A leader this worker has not confirmed yet (it joined after the announcement,
             # or missed it, and the epoch skipped a number) or a forgery: the leader's
@@ -371,7 +380,7 @@ class WorkerAgent:
         if isinstance(command, RunAttempt):
             if key in self.seen or self.winding_down:
                 return
-            if self.simulate is None and time.monotonic() > self.fence_deadline:
+            if self._past_fence():
                 log.warning("not starting %s: past this incarnation's fence deadline", key)
                 return
             self._remember(key)
@@ -392,8 +401,13 @@ class WorkerAgent:
                 return
             if not attempt.killed.is_set():
                 attempt.kill_reason = reason
+                attempt.kill_grace = command.grace
                 log.info("killing %s: %s", key, attempt.kill_reason)
                 self._spawn(self._stop_attempt(attempt))
+
+    def _past_fence(self) -> bool:
+        """Whether this incarnation's tasks may no longer run (simulated hosts run none)."""
+        return self.simulate is None and time.monotonic() > self.fence_deadline
 
     def _remember(self, key: str) -> None:
         self.seen[key] = None
@@ -408,7 +422,8 @@ class WorkerAgent:
     async def _stop_attempt(self, attempt: RunningAttempt) -> None:
         attempt.killed.set()
         if attempt.process is not None:
-            await attempt.process.stop(self.settings.kill_grace)
+            grace = attempt.kill_grace
+            await attempt.process.stop(self.settings.kill_grace if grace is None else grace)
 
     # --- running one attempt ----------------------------------------------------------
 
