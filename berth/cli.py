@@ -33,7 +33,7 @@ from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
-from shared.messages import job_spec_schema
+from shared.messages import decode, job_spec_decoder, job_spec_schema
 from shared.states import JOB_TERMINAL_NAMES, JobState, TaskState
 
 TERMINAL = JOB_TERMINAL_NAMES
@@ -120,6 +120,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     waits = _waits_for(payload)
     if waits:  # stdout stays the job id alone, for scripts
         print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
+    if retry := _retry_words(payload):
+        print(f"job {outcome.job_id} {retry}", file=sys.stderr)
     if args.wait:
         return _wait_and_show(api_url, str(outcome.job_id), args.timeout)
     return 0
@@ -131,6 +133,12 @@ def _waits_for(payload: bytes) -> str:
     parts = [f"{', '.join(spec['after'])} to succeed"] if spec.get("after") else []
     parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
     return " and ".join(parts)
+
+
+def _retry_words(payload: bytes) -> str:
+    """What an accepted submit's retry policy will do, in words ("" without one)."""
+    spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
+    return spec.retry.describe() if spec.retry is not None else ""
 
 
 def _clock(ts: float | None) -> str:
