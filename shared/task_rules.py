@@ -220,9 +220,12 @@ def backoff_delay(initial: float, factor: float, maximum: float, retry_number: i
     if initial <= 0 or retry_number <= 1 or factor <= 1:
         return min(initial, maximum)
     steps = retry_number - 1
-    if steps * math.log(factor) >= math.log(maximum / initial):
+    growth = steps * math.log(factor)
+    if growth >= math.log(maximum) - math.log(initial):
         return maximum
-    return min(initial * factor ** steps, maximum)
+    if growth < 700:  # factor ** steps is a finite float: exact for the usual backoffs
+        return min(initial * factor ** steps, maximum)
+    return min(math.exp(math.log(initial) + growth), maximum)
 
 
 def streak_starts_afresh(ran_for: float | None, duration: float | None,
