@@ -606,7 +606,7 @@ class Leader:
                 reason=bounded.clip(f"scheduling timeout of {limit:g}s expired: {reason}"),
                 retries=task.retries,
             )
-            log.info("task %s/%d is unschedulable: %s", job_id, index, event.reason)
+            log.info("task %s/%d reached its scheduling timeout: %s", job_id, index, event.reason)
             # A retry policy may make each timeout a retry: each is its own message.
             retried = f"/{task.retries}" if task.retries else ""
             await nats_io.publish_event(
