@@ -260,6 +260,13 @@ def retry_plan(policy: RetryPolicy | None, event: RetryEvent, ts: float,
     return RetryPlan(retry=True, at=ts + wait, since=start, retries=number)
 
 
+def held_back(backoff: Mapping[tuple[str, int], float], now: float) -> set[tuple[str, int]]:
+    """The tasks of `backoff` (ClusterState.backoff: task -> retry_at) that may not be
+    placed at `now`; a leader uses the clock it then stamps its assignments with, so the
+    fold never finds one of them placed early."""
+    return {key for key, at in backoff.items() if at > now}
+
+
 def backoff_reason(retry_at: float, retries: int, now: float) -> str | None:
     """A pending task's reason while it waits out its backoff (None once it may be placed):
     the try it waits for is attempt `retries + 1`."""

@@ -399,3 +399,10 @@ def test_redelivery_and_snapshots_change_nothing_under_retry_policies(
 
     assert plain(resumed) == plain(straight)
     assert resumed.backoff == straight.backoff
+
+
+def test_a_leader_holds_back_exactly_the_tasks_whose_retry_at_is_ahead_of_its_clock() -> None:
+    backoff = {("j1", 0): 35.0, ("j1", 1): 30.0, ("j2", 0): 36.0}
+    assert task_rules.held_back(backoff, 35.0) == {("j2", 0)}
+    assert task_rules.held_back(backoff, 29.0) == set(backoff)
+    assert task_rules.held_back({}, 0.0) == set()

@@ -27,7 +27,7 @@ from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
 from services.scheduler import fencing, frameworks, heartbeats, placement
-from shared import bounded, nats_io, redis_io, service, subjects, telemetry
+from shared import bounded, nats_io, redis_io, service, subjects, task_rules, telemetry
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
 from shared.credentials import Role
@@ -454,7 +454,7 @@ class Leader:
         only the first units are ever built (sorting their keys is cheap). A task in its
         retry backoff is left out until its retry_at (and a gang while any member is)."""
         by_job: dict[str, list[int]] = {}
-        held = self._held_back()
+        held = task_rules.held_back(self.state.backoff, time.time())
         for key in self.state.pending:
             if key not in held:
                 by_job.setdefault(key[0], []).append(key[1])
@@ -470,12 +470,6 @@ class Leader:
             # Built field by field: dataclasses.replace costs several times more.
             yield placement.Unit(t.job_id, tuple(sorted(by_job[job_id])), t.need,
                                  t.device_kind, t.constraints, t.ports, t.gang)
-
-    def _held_back(self) -> set[tuple[str, int]]:
-        """Pending tasks whose backoff has not ended by this clock: the clock the tick's
-        assignments are stamped with after it, so the fold never finds one early."""
-        now = time.time()
-        return {key for key, at in self.state.backoff.items() if at > now}
 
     def _unit_template(self, job: JobView) -> tuple[tuple[int, int], placement.Unit]:
         """A job's placement order and unit, built once: its spec never changes."""
