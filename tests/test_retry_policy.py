@@ -406,3 +406,14 @@ def test_a_leader_holds_back_exactly_the_tasks_whose_retry_at_is_ahead_of_its_cl
     assert task_rules.held_back(backoff, 35.0) == {("j2", 0)}
     assert task_rules.held_back(backoff, 29.0) == set(backoff)
     assert task_rules.held_back({}, 0.0) == set()
+
+
+@pytest.mark.parametrize(("state", "ended", "finished"), [
+    (S.FAILED, False, False), (S.FAILED, True, True),  # budget left, window closed
+    (S.WORKER_FAILED, False, False), (S.WORKER_FAILED, True, True),
+    (S.PENDING, True, False), (S.RUNNING, True, False)])
+def test_a_task_whose_window_closed_is_finished_with_budget_left(
+        state: TaskState, ended: bool, finished: bool) -> None:
+    assert task_rules.is_finished(state, 1, 5, 1, 5, retries_ended=ended) is finished
+    assert task_rules.can_be_scheduled(state, 1, 5, 1, 5, retries_ended=ended) is (
+        state in (S.PENDING, S.FAILED, S.WORKER_FAILED) and not finished)
