@@ -608,7 +608,8 @@ class ClusterState:
 
     def _hold_until(self, task: TaskView, at: float) -> None:
         task.retry_at = max(task.retry_at, at)
-        self.backoff[task.key] = task.retry_at
+        if task.retry_at:  # 0 holds nothing back (the backoff lists only real waits)
+            self.backoff[task.key] = task.retry_at
 
     def _unqueue(self, task: TaskView) -> None:
         self.pending.pop(task.key, None)
