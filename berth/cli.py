@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from berth import backup, creds_cli, health, token_cli, workspace
+from berth import backup, creds_cli, health, node_cli, token_cli, workspace
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -161,6 +161,8 @@ def _format_attempt(a: dict[str, Any]) -> str:
         if gpu["mean_utilization"] is not None:
             line += (f", utilisation mean {gpu['mean_utilization']:.0f}% "
                      f"peak {gpu['peak_utilization']}%")
+    if usage := a.get("usage"):
+        line += f", cpu {usage['cpu_seconds']:g}s, peak RSS {usage['peak_rss_mb']:g} MiB"
     span = f"assigned {_clock(a['assigned_at'])}"
     if a["started_at"]:
         span += f", started {_clock(a['started_at'])}"
@@ -256,6 +258,10 @@ def _format_worker(w: dict[str, Any]) -> list[str]:
     lines = [f"{w['worker_id']:<16} {state:<9} {offer}  "
              f"({len(w['running_attempts'])} running, {w['cpu_free']:g} cpu free, "
              f"{w['devices_free']} devices free)"]
+    if away := w.get("out_of_service"):
+        if w.get("drain_deadline"):
+            away += f" (deadline {_clock(w['drain_deadline'])})"
+        lines.append(f"  OUT OF SERVICE: {away}")
     for d in w.get("devices", []):
         what = " ".join(x for x in (d["uuid"], d["model"],
                                     f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
@@ -318,6 +324,14 @@ def cmd_device(args: argparse.Namespace) -> int:
     print(f"device {args.index} of {args.worker} "
           f"{'returned to service' if healthy else 'takes no new attempts'}")
     return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from shared.messages import NodeAction
+
+    deadline = args.deadline if args.command == "drain" else None
+    return node_cli.node_health(*_urls(args), args.data_dir, args.worker,
+                                NodeAction(args.command), args.reason, deadline)
 
 
 async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
@@ -665,6 +679,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", type=int, help="the device's index (`berth workers` lists them)")
     p.add_argument("--reason", default="", help="recorded with a disable")
     p.set_defaults(func=cmd_device)
+    for name, text in (
+            ("cordon", "the worker takes no new work; what runs there runs on"),
+            ("drain", "the worker takes no new work; what still runs there at the deadline "
+                      "is preempted (retried elsewhere)"),
+            ("uncordon", "return a cordoned, drained or quarantined worker to service")):
+        p = sub.add_parser(name, help=text, description=text + " (docs/operations.md).")
+        p.add_argument("worker", help="worker id (`berth workers` lists them)")
+        p.add_argument("--reason", default="", help="recorded in the event log")
+        if name == "drain":
+            p.add_argument("--deadline", type=float, default=node_cli.DEFAULT_DRAIN_DEADLINE,
+                           help="seconds to wait for running work (default: %(default)g)")
+        p.set_defaults(func=cmd_node)
     p = sub.add_parser(
         "doctor", help="check the placement invariants from Redis and the event log",
         description="Reads Redis and the event log and reports every violation of the "

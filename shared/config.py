@@ -4,9 +4,10 @@ is listed in `docs/configuration.md`; this is the only place that reads them."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.bounded import MAX_MESSAGE_BYTES
+from shared.node_health import QuarantinePolicy
 
 
 def _env_float(name: str, default: float) -> float:
@@ -135,6 +136,9 @@ class Settings:
     max_builds: int = 4
     task_dir_max_age: float = 7 * 24 * 3600.0
     task_dir_max_bytes: int = 0
+    # Scheduler: when a host whose attempts keep failing for non-user causes is quarantined
+    # (docs/operations.md, "Node health").
+    quarantine: QuarantinePolicy = field(default_factory=QuarantinePolicy)
 
     @property
     def fence_after(self) -> float:
@@ -178,7 +182,21 @@ class Settings:
             max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
+            quarantine=_quarantine_policy(),
         )
+
+
+def _quarantine_policy() -> QuarantinePolicy:
+    policy = QuarantinePolicy(failures=_env_int("BERTH_QUARANTINE_FAILURES", 3),
+                              jobs=_env_int("BERTH_QUARANTINE_JOBS", 2),
+                              window=_env_float("BERTH_QUARANTINE_WINDOW", 600.0))
+    if policy.failures < 0:
+        raise SystemExit(f"BERTH_QUARANTINE_FAILURES={policy.failures} must be 0 (never) or more")
+    if policy.jobs < 1:
+        raise SystemExit(f"BERTH_QUARANTINE_JOBS={policy.jobs} must be 1 or more")
+    if policy.window <= 0:
+        raise SystemExit(f"BERTH_QUARANTINE_WINDOW={policy.window:g} must be above 0")
+    return policy
 
 
 def parse_sentinels(raw: str, name: str = "BERTH_REDIS_SENTINELS") -> tuple[tuple[str, int], ...]:

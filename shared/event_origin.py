@@ -25,6 +25,7 @@ from shared.messages import (
     JobCancelRequested,
     JobSubmitted,
     LeaderElected,
+    NodeHealthChanged,
     PendingReasonsChanged,
     SubmitRejected,
     TaskAssigned,
@@ -54,7 +55,7 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.task_events(event.job_id)
         case PendingReasonsChanged():
             ok = subject == subjects.PENDING_REASONS
-        case WorkerDeclaredDead():
+        case WorkerDeclaredDead() | NodeHealthChanged():
             ok = subject == subjects.worker_verdicts(event.worker_id)
         case WorkerRegistered() | WorkerStopped() | DeviceHealthChanged():
             ok = subject == subjects.worker_events(event.worker_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared import task_rules
+from shared import node_health, task_rules
 from shared.capacity import Amounts
 from shared.event_origin import epoch_refusal
 from shared.messages import (
@@ -27,8 +27,11 @@ from shared.messages import (
     JobSpec,
     JobSubmitted,
     LeaderElected,
+    NodeAction,
+    NodeHealthChanged,
     PendingReasonsChanged,
     Resources,
+    ResourceUse,
     RetryEvent,
     StopCriteria,
     SubmitRejected,
@@ -65,6 +68,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     coordinator: str = ""
     devices: list[int] = []  # indices of the worker's devices it holds
     gpu: GpuTelemetry | None = None  # what it used of them, from its exit report
+    usage: ResourceUse | None = None  # what its process tree used, from its exit report
 
 
 class TaskView(msgspec.Struct, kw_only=True):
@@ -150,6 +154,19 @@ class WorkerView(msgspec.Struct, kw_only=True):
     devices: list[DeviceInfo] = []  # its accelerators, one per device it offers
     devices_used: dict[int, str] = {}  # device index -> attempt key
     unhealthy: dict[int, str] = {}  # device index -> why it takes no new attempts
+    # Node health (NodeHealthChanged; kept across the worker's restarts): why it was
+    # cordoned or drained (None: it was not), whether it drains and until when, why it is
+    # quarantined, and the recent attempts that failed here for non-user causes.
+    cordon: str | None = None
+    draining: bool = False
+    drain_deadline: float | None = None
+    quarantine: str | None = None
+    failures: list[node_health.Failure] = []
+
+    @property
+    def out_of_service(self) -> str:
+        """Why it takes no new work, or "" (docs/operations.md, "Node health")."""
+        return node_health.out_of_service(self.cordon, self.draining, self.quarantine)
 
     @property
     def free(self) -> Amounts:
@@ -254,14 +271,21 @@ class ClusterState:
                 self._worker_registered(event, effects)
             case DeviceHealthChanged():
                 self._device_health(event, effects)
+            case NodeHealthChanged() if event.epoch and event.epoch < self.epoch:
+                pass  # a deposed leader's verdict is void
+            case NodeHealthChanged():
+                self._node_health(event, effects)
             case WorkerDeclaredDead() if event.epoch < self.epoch:
                 pass  # a deposed leader's verdict is void
             case WorkerStopped() | WorkerDeclaredDead():
                 worker = self.workers.get(event.worker_id)
                 if worker and worker.alive and worker.incarnation == event.incarnation:
                     worker.alive = False
-                    why = "worker stopped" if isinstance(event, WorkerStopped) else "worker dead"
-                    self._fail_worker_attempts(worker, event.ts, why, effects)
+                    stopped = isinstance(event, WorkerStopped)
+                    # A clean stop is an operator's doing; a death is the host's.
+                    self._fail_worker_attempts(worker, event.ts,
+                                               "worker stopped" if stopped else "worker dead",
+                                               effects, host_fault=not stopped)
             case LeaderElected() if epoch_refusal(event.epoch, self.epoch) is not None:
                 # Only in order and in bounds: an epoch no leader could have taken would
                 # void every later assignment (shared/event_origin.py).
@@ -367,7 +391,8 @@ class ClusterState:
         self.seen_incarnations.add((event.worker_id, event.incarnation))
         if old is not None:
             # A new incarnation means the old agent and every process it ran are gone.
-            self._fail_worker_attempts(old, event.ts, "worker restarted", effects)
+            self._fail_worker_attempts(old, event.ts, "worker restarted", effects,
+                                       host_fault=True)
         worker = self.workers[event.worker_id] = WorkerView(
             worker_id=event.worker_id,
             incarnation=event.incarnation,
@@ -380,6 +405,11 @@ class ClusterState:
             # A restarted agent does not heal a card: it stays out until it is returned.
             unhealthy=dict(old.unhealthy) if old is not None else {},
         )
+        if old is not None:
+            # Nor a host: its cordon, drain, quarantine and failures stay with its id.
+            worker.cordon, worker.draining = old.cordon, old.draining
+            worker.drain_deadline, worker.quarantine = old.drain_deadline, old.quarantine
+            worker.failures = old.failures
         # A group held by a gang still holds this worker if its other members keep it.
         worker.holder = next((g.job_id for g in self.groups.values()
                               if g.exclusive and worker.worker_id in g.members), None)
@@ -400,6 +430,44 @@ class ClusterState:
         key = worker.devices_used.get(event.index)
         if key is None or key not in worker.live_attempts:
             return
+        self._stop_attempt_for_worker(worker, key, why, event.ts, effects, host_fault=True)
+
+    def _node_health(self, event: NodeHealthChanged, effects: list[Effect]) -> None:
+        """Cordon, drain, uncordon, quarantine: whether the worker takes new work (the
+        placement asks `out_of_service`). Evict: its running attempts are preempted (killed,
+        retried under their preemption budget, never counted as the user's failure, nor as
+        the host's)."""
+        worker = self.workers.get(event.worker_id)
+        if worker is None:
+            return
+        who = f"by {event.by}" if event.by else ""
+        why = ": ".join(x for x in (who, event.reason) if x)
+        match event.action:
+            case NodeAction.CORDON:
+                # The newest command wins: a cordon ends a drain (no deadline any more).
+                worker.cordon, worker.draining, worker.drain_deadline = why, False, None
+            case NodeAction.DRAIN:
+                worker.cordon, worker.draining = why, True
+                worker.drain_deadline = event.deadline
+            case NodeAction.UNCORDON:
+                worker.cordon, worker.draining, worker.drain_deadline = None, False, None
+                worker.quarantine = None
+                # Returned by an operator: what failed before does not count again.
+                worker.failures = []
+            case NodeAction.QUARANTINE:
+                worker.quarantine = event.reason or "quarantined"
+            case NodeAction.EVICT:
+                reason = f"worker {worker.worker_id} drained" + (
+                    f": {event.reason}" if event.reason else "")
+                for key in list(worker.live_attempts):
+                    self._stop_attempt_for_worker(worker, key, reason, event.ts, effects,
+                                                  host_fault=False)
+
+    def _stop_attempt_for_worker(self, worker: WorkerView, key: str, why: str, ts: float,
+                                 effects: list[Effect], host_fault: bool) -> None:
+        """Kills one live attempt on `worker` for the worker's sake: it ends as a worker
+        failure (retried under the preemption budget) and holds its resources until its
+        exit is confirmed."""
         job_id, index, attempt_id = worker.live_attempts[key]
         task = self.task(job_id, index)
         attempt = task.attempt(attempt_id) if task is not None else None
@@ -409,13 +477,22 @@ class ClusterState:
         attempt.kill_requested = True
         attempt.worker_failure = True
         attempt.error = why
+        if host_fault:
+            self._host_failed(worker, ts, job_id)
         effects.append(Kill(worker.worker_id, worker.incarnation, job_id, index, attempt_id,
                             why))
         if attempt is task.current_attempt and task_rules.can_transition(
                 task.state, S.WORKER_FAILED):
-            self._preempt(task, job, why, event.ts)
-            self._cascade_gang(job, task, event.ts, effects)
-            self._update_job(job, event.ts, effects)
+            self._preempt(task, job, why, ts)
+            self._cascade_gang(job, task, ts, effects)
+            self._update_job(job, ts, effects)
+
+    @staticmethod
+    def _host_failed(worker: WorkerView, ts: float, job_id: str) -> None:
+        """An attempt failed on this host through no fault of its task (the scheduler
+        judges the record: node_health.quarantine_reason)."""
+        worker.failures.append(node_health.Failure(ts, job_id))
+        del worker.failures[:-node_health.MAX_FAILURES_KEPT]
 
     def _task_assigned(self, event: TaskAssigned, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
@@ -521,6 +598,9 @@ class ClusterState:
             attempt.error = event.error
             attempt.finished_at = event.ts
             attempt.gpu = event.gpu
+            attempt.usage = event.usage
+            if event.worker_fault and (worker := self.workers.get(event.worker_id)):
+                self._host_failed(worker, event.ts, event.job_id)
             # The process is gone whatever its state said: its resources are free.
             self._attempt_exited(attempt, event.job_id, event.task_index, effects)
 
@@ -663,10 +743,14 @@ class ClusterState:
 
     def _fail_worker_attempts(
         self, worker: WorkerView, ts: float, why: str, effects: list[Effect],
-        keys: list[str] | None = None,
+        keys: list[str] | None = None, host_fault: bool = False,
     ) -> None:
-        """The worker's processes are gone (all of them, or those of `keys`)."""
+        """The worker's processes are gone (all of them, or those of `keys`); `host_fault`:
+        through the host's fault (a death, a crash), which its record of failures counts
+        once, however many attempts it took down: one incident, not one per task, or a
+        single death of a busy host would quarantine it."""
         touched: dict[str, JobView] = {}
+        victim = ""
         for key in list(worker.live_attempts) if keys is None else keys:
             job_id, index, attempt_id = worker.live_attempts[key]
             task = self.task(job_id, index)
@@ -675,6 +759,8 @@ class ClusterState:
             attempt = task.attempt(attempt_id)
             if attempt is None:
                 continue
+            if not attempt.kill_requested:
+                victim = victim or job_id
             attempt.state = S.WORKER_FAILED
             attempt.worker_failure = True
             attempt.error = why
@@ -687,6 +773,8 @@ class ClusterState:
                 self._preempt(task, job, why, ts)
                 self._cascade_gang(job, task, ts, effects)
             touched[job_id] = job
+        if host_fault and victim:
+            self._host_failed(worker, ts, victim)
         for job in touched.values():
             self._update_job(job, ts, effects)
 

@@ -114,14 +114,24 @@ class Op(enum.StrEnum):
     LE = "LE"
 
 
+class ConstraintMode(enum.StrEnum):
+    """required: a worker must satisfy it. preferred: a worker that does is chosen over one
+    that does not, but one that does not still takes the task."""
+
+    REQUIRED = "required"
+    PREFERRED = "preferred"
+
+
 class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A condition on a worker attribute; a job's constraints must all hold. EQ/NE compare
-    `value`; IN takes `values`; GT/GE/LT/LE compare numbers; EXISTS/NOT_EXISTS take neither."""
+    """A condition on a worker attribute; a job's required constraints must all hold, its
+    preferred ones rank the workers that qualify. EQ/NE compare `value`; IN takes `values`;
+    GT/GE/LT/LE compare numbers; EXISTS/NOT_EXISTS take neither."""
 
     key: Annotated[str, Meta(min_length=1, max_length=128)]
     op: Op
     value: Annotated[str, Meta(max_length=1024)] | None = None
     values: list[Annotated[str, Meta(max_length=1024)]] | None = None
+    mode: ConstraintMode = ConstraintMode.REQUIRED
 
 
 class Priority(enum.StrEnum):
@@ -443,6 +453,32 @@ class DeviceHealthChanged(Event, tag="device_health_changed"):
     reason: Reason = ""
 
 
+class NodeAction(enum.StrEnum):
+    """What an operator (`berth cordon/uncordon/drain`) or the scheduler does to a worker's
+    place in service (docs/operations.md, "Node health")."""
+
+    CORDON = "cordon"  # no new work; what runs there runs on
+    DRAIN = "drain"  # no new work; what still runs at `deadline` is preempted
+    UNCORDON = "uncordon"  # back in service: cordon, drain and quarantine lifted
+    EVICT = "evict"  # the drain's deadline passed: its running attempts are preempted
+    QUARANTINE = "quarantine"  # too many attempts failed there for non-user causes
+
+
+class NodeHealthChanged(Event, tag="node_health_changed"):
+    """A worker taken out of service, or returned to it. Logged on the worker's verdict
+    subject, where only the scheduler and an admin may write (never the worker itself: a
+    quarantined host cannot release itself). It outlives the worker's restarts."""
+
+    worker_id: str
+    action: NodeAction
+    reason: Reason = ""
+    by: User = ""
+    # drain: when (Unix time) the attempts still running there are preempted; None: never,
+    # they are waited for.
+    deadline: float | None = None
+    epoch: int = 0  # the scheduler's, for its own verdicts (evict, quarantine); 0: an admin
+
+
 class WorkerStopped(Event, tag="worker_stopped"):
     """A worker shut down cleanly after stopping every process it ran."""
 
@@ -517,6 +553,14 @@ class GpuTelemetry(msgspec.Struct, frozen=True, kw_only=True):
     samples: int = 0
 
 
+class ResourceUse(msgspec.Struct, frozen=True, kw_only=True):
+    """What an attempt's process tree used, sampled by its worker (the exit report's)."""
+
+    cpu_seconds: float  # user + system time of every process of the tree, the reaped included
+    peak_rss_mb: float  # the most resident memory the tree held at once (as sampled)
+    samples: int = 0
+
+
 class AttemptReported(Event, tag="attempt_reported"):
     """A worker's report of one attempt's transition: the only way a worker changes state."""
 
@@ -530,6 +574,10 @@ class AttemptReported(Event, tag="attempt_reported"):
     # KILLED because it ran past the task's `timeout` (a resumable task is then retried).
     timed_out: bool = False
     gpu: GpuTelemetry | None = None  # with the exit report of an attempt that had GPUs
+    usage: ResourceUse | None = None  # with the exit report of an attempt that ran
+    # The attempt failed through no fault of its task: the worker could not prepare or
+    # start it (its disk, an error of its own). Counts toward the host's quarantine.
+    worker_fault: bool = False
 
 
 AnyEvent = (
@@ -538,6 +586,7 @@ AnyEvent = (
     | JobCancelRequested
     | WorkerRegistered
     | DeviceHealthChanged
+    | NodeHealthChanged
     | WorkerStopped
     | WorkerDeclaredDead
     | LeaderElected

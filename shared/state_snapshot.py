@@ -11,7 +11,7 @@ from shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 7
+FORMAT = 8
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

@@ -86,7 +86,9 @@ def worker_events(worker_id: str) -> str:
 
 
 def worker_verdicts(worker_id: str) -> str:
-    """The scheduler's verdicts on a worker (declared dead): only the scheduler writes here."""
+    """Verdicts on a worker: the scheduler's (declared dead, quarantined, evicted at a
+    drain's deadline) and an operator's (cordoned, drained, returned to service). Only the
+    scheduler and an admin write here, never the worker."""
     return f"berth.events.verdict.{worker_id}"
 
 

@@ -32,6 +32,11 @@ def test_an_empty_command_or_a_nul_byte_is_rejected_with_the_field_named() -> No
         b'{"name": "a", "command": ["echo", "a\\u0000b"]}': "command[1]: contains a NUL byte",
         b'{"name": "a", "command": ["x\\u0000"]}': "command[0]: contains a NUL byte",
         b'{"name": "a", "command": ["x"], "env": {"K": "\\u0000"}}': "env.K: contains a NUL",
+        b'{"name": "a", "command": ["x"], "constraints": [{"key": "z", "op": "EQ", '
+        b'"value": "eu", "mode": "soft"}]}':
+            "Invalid enum value 'soft' - at `$.constraints[0].mode`",
+        b'{"name": "a", "command": ["x"], "constraints": [{"key": "z", "op": "GT", '
+        b'"value": "eu", "mode": "preferred"}]}': "constraint on 'z': GT needs a number",
     }
     for payload, why in cases.items():
         out = intake(payload, 1, 0, 1000)

@@ -17,6 +17,8 @@ from shared.messages import (
     JobSpec,
     JobSubmitted,
     LeaderElected,
+    NodeAction,
+    NodeHealthChanged,
     PendingReason,
     PendingReasonsChanged,
     Resources,
@@ -408,7 +410,7 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
     ]
     incarnations = {"w1": 1, "w2": 1}
     kinds = ["assign", "report", "report", "report", "dead", "dup", "cancel", "unschedulable",
-             "reasons", "device"]
+             "reasons", "device", "node"]
     for _ in range(draw(st.integers(0, 40))):
         kind = draw(st.sampled_from(kinds))
         worker = draw(st.sampled_from(["w1", "w2"]))
@@ -427,6 +429,10 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
             events.append(DeviceHealthChanged(
                 worker_id=worker, index=device_of(job, index, attempt),
                 healthy=draw(st.booleans()), reason="3 uncorrectable ECC errors"))
+        elif kind == "node":
+            events.append(NodeHealthChanged(worker_id=worker,
+                                            action=draw(st.sampled_from(list(NodeAction))),
+                                            reason="r", deadline=0.0))
         elif kind == "report":
             state = draw(st.sampled_from(REPORTABLE))
             events.append(report(attempt, state, draw(st.sampled_from([None, 0, 1])), index,

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.matching import holds, matches
+from services.scheduler.matching import holds, matches, preference
 from services.scheduler.placement import Host, Unit, place
 from shared.capacity import Amounts
-from shared.messages import Constraint, Coscheduling, Op
+from shared.messages import Constraint, ConstraintMode, Coscheduling, Op
 
 
 def cpu(milli: int, mem: int = 100) -> Amounts:
@@ -224,8 +224,9 @@ def test_never_over_commits_a_host_nor_shares_a_group(
 
 
 def naive_place(units: list[Unit], hosts: list[Host]) -> list[tuple[str, int, str]]:
-    """The reference: for each task, scan every host; most free cpu that fits, ties to the
-    lowest worker id (what placement's heaps must reproduce exactly)."""
+    """The reference: for each task, scan every host; of those that fit, the most preferred
+    constraints held, then the most free cpu, ties to the lowest worker id (what
+    placement's heaps must reproduce exactly)."""
     free = {h.worker_id: h.free for h in hosts}
     chosen = []
     for unit in units:
@@ -238,8 +239,14 @@ def naive_place(units: list[Unit], hosts: list[Host]) -> list[tuple[str, int, st
                     continue
                 if not unit.need.fits_in(free[h.worker_id]):
                     continue
-                if best is None or (free[h.worker_id].cpu, best.worker_id) > (
-                        free[best.worker_id].cpu, h.worker_id):
+                if h.out_of_service:
+                    continue
+
+                def rank(x: Host, c: tuple[Constraint, ...] = unit.constraints
+                         ) -> tuple[int, int]:
+                    return (preference(x.attributes, c), free[x.worker_id].cpu)
+
+                if best is None or (rank(h), best.worker_id) > (rank(best), h.worker_id):
                     best = h
             if best is not None:
                 free[best.worker_id] = free[best.worker_id] - unit.need
@@ -250,20 +257,30 @@ def naive_place(units: list[Unit], hosts: list[Host]) -> list[tuple[str, int, st
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 3000), st.integers(0, 2),
-                       st.sampled_from(["", "a", "b"])), max_size=40),
+                       st.sampled_from(["", "a", "b"]), st.sampled_from(["", "x", "y"])),
+             max_size=40),
     st.lists(st.tuples(st.integers(0, 6000), st.integers(0, 6000), st.integers(0, 4),
-                       st.sampled_from(["a", "b"])), max_size=12),
+                       st.sampled_from(["a", "b"]), st.sampled_from(["x", "y"]),
+                       st.booleans()), max_size=12),
 )
 def test_single_task_placement_equals_a_scan_of_every_host(
-        tasks: list[tuple[int, int, int, str]], hosts: list[tuple[int, int, int, str]]) -> None:
+        tasks: list[tuple[int, int, int, str, str]],
+        hosts: list[tuple[int, int, int, str, str, bool]]) -> None:
+    def constraints(pool: str, zone: str) -> tuple[Constraint, ...]:
+        out = [Constraint(key="pool", op=Op.EQ, value=pool)] if pool else []
+        if zone:
+            out.append(Constraint(key="zone", op=Op.EQ, value=zone,
+                                  mode=ConstraintMode.PREFERRED))
+        return tuple(out)
+
     units = [task(f"t{i}", 0, 1, need=Amounts(c, m, 0, d),
-                  device_kind="gpu:x" if d else "",
-                  constraints=(Constraint(key="pool", op=Op.EQ, value=pool),) if pool else ())
-             for i, (c, m, d, pool) in enumerate(tasks)]
-    caps = [Host(f"h{i:02d}", Amounts(c, m, 0, d), "gpu:x" if d else "", {"pool": pool})
-            for i, (c, m, d, pool) in enumerate(hosts)]
-    expected = naive_place(units, [Host(h.worker_id, h.free, h.device_kind, h.attributes)
-                                   for h in caps])
+                  device_kind="gpu:x" if d else "", constraints=constraints(pool, zone))
+             for i, (c, m, d, pool, zone) in enumerate(tasks)]
+    caps = [Host(f"h{i:02d}", Amounts(c, m, 0, d), "gpu:x" if d else "",
+                 {"pool": pool, "zone": zone}, out_of_service="cordoned" if away else "")
+            for i, (c, m, d, pool, zone, away) in enumerate(hosts)]
+    expected = naive_place(units, [Host(h.worker_id, h.free, h.device_kind, h.attributes,
+                                        out_of_service=h.out_of_service) for h in caps])
     result = place(units, caps)
     assert [(a.job_id, a.task_index, a.worker_id) for a in result.assignments] == expected
     assert len(result.assignments) + len(result.pending_reasons) == 2 * len(tasks)
@@ -329,3 +346,66 @@ def test_no_device_is_ever_given_twice(needs: list[tuple[int, bool]],
             assert d in free[int(a.worker_id[1:])]
             assert (a.worker_id, d) not in given
             given.add((a.worker_id, d))
+
+
+PREFER_EU = (Constraint(key="zone", op=Op.EQ, value="eu", mode=ConstraintMode.PREFERRED),)
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [
+    # The preferred host wins though the other has more free cpu.
+    ([Host("a", cpu(8000, 1000), attributes={"zone": "us"}),
+      Host("b", cpu(2000, 1000), attributes={"zone": "eu"})], ["b", "b", "a"]),
+    # No host satisfies the preference: placed anyway, by free cpu.
+    ([Host("a", cpu(2000, 1000), attributes={"zone": "us"}),
+      Host("b", cpu(2000, 1000))], ["a", "b", "a"]),
+    # The preferred host is out of service: never chosen, the preference gives way.
+    ([Host("a", cpu(2000, 1000), attributes={"zone": "us"}),
+      Host("b", cpu(8000, 1000), attributes={"zone": "eu"}, out_of_service="cordoned: by ops")],
+     ["a", "a"]),
+])
+def test_a_preferred_constraint_ranks_hosts_and_never_rules_one_out(
+        hosts: list[Host], expected: list[str]) -> None:
+    result = place([task("j", 0, 1, 2, constraints=PREFER_EU)], hosts)
+    assert [a.worker_id for a in result.assignments] == expected
+
+
+def test_more_preferences_held_beat_fewer() -> None:
+    prefs = (*PREFER_EU, Constraint(key="disk", op=Op.EQ, value="ssd",
+                                     mode=ConstraintMode.PREFERRED))
+    hosts = [Host("a", cpu(4000, 1000), attributes={"zone": "eu"}),
+             Host("b", cpu(1000, 1000), attributes={"zone": "eu", "disk": "ssd"}),
+             Host("c", cpu(8000, 1000), attributes={"disk": "hdd"})]
+    result = place([task("j", 0, 1, constraints=prefs)], hosts)
+    assert [a.worker_id for a in result.assignments] == ["b", "a"]
+
+
+def test_a_required_constraint_still_rules_out_and_the_reason_names_only_it() -> None:
+    both = (Constraint(key="pool", op=Op.EQ, value="tpu"), *PREFER_EU)
+    result = place([task("j", 0, constraints=both)], [Host("a", cpu(2000, 1000),
+                                                           attributes={"zone": "eu"})])
+    assert result.pending_reasons[("j", 0)] == "no worker matches constraints: pool EQ tpu"
+
+
+def test_a_gang_takes_the_group_its_preferences_like_best() -> None:
+    hosts = [Host(f"{s}{i}", SLICE_HOST, attributes={"slice": s, "zone": z})
+             for s, z in (("a", "us"), ("b", "eu")) for i in range(2)]
+    gang = task("g", 0, 1, gang=Coscheduling(group_by="slice"), constraints=PREFER_EU)
+    assert {a.group for a in place([gang], hosts).assignments} == {"slice=b"}
+    plain = task("g", 0, 1, gang=Coscheduling(group_by="slice"))
+    assert {a.group for a in place([plain], hosts).assignments} == {"slice=a"}
+
+
+def test_out_of_service_hosts_take_nothing_and_the_reason_says_why() -> None:
+    hosts = [Host("a", cpu(4000, 1000), out_of_service="cordoned: disk swap"),
+             Host("b", cpu(4000, 1000), out_of_service="quarantined: 3 failures of 2 jobs")]
+    result = place([task("j", 0)], hosts)
+    assert result.assignments == []
+    assert result.pending_reasons[("j", 0)] == (
+        "every matching worker is out of service: a cordoned: disk swap; "
+        "b quarantined: 3 failures of 2 jobs")
+    slice_hosts = [Host(f"s{i}", SLICE_HOST, attributes={"slice": "s"},
+                        out_of_service="draining" if i == 0 else "") for i in range(2)]
+    gang = task("g", 0, 1, gang=Coscheduling(group_by="slice"))
+    assert place([gang], slice_hosts).pending_reasons[("g", 0)] == (
+        "no slice group can take all 2 tasks: slice=s has 1 matching workers, needs 2 "
+        "(out of service: s0 draining)")

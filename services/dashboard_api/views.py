@@ -10,7 +10,15 @@ import msgspec
 
 from shared import task_rules
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
-from shared.messages import DeviceStats, GpuTelemetry, JobSpec, Reason, Resources, User
+from shared.messages import (
+    DeviceStats,
+    GpuTelemetry,
+    JobSpec,
+    Reason,
+    Resources,
+    ResourceUse,
+    User,
+)
 from shared.states import JOB_TERMINAL, JobState, TaskState, job_state_names
 
 
@@ -30,6 +38,7 @@ class AttemptOut(msgspec.Struct):
     coordinator: str
     devices: list[int] = []  # indices of its worker's devices (GPUs) it holds
     gpu: GpuTelemetry | None = None  # peak GPU memory and utilisation, once it has ended
+    usage: ResourceUse | None = None  # CPU time and peak RSS of its processes, once ended
 
 
 class TaskOut(msgspec.Struct):
@@ -128,6 +137,10 @@ class WorkerOut(msgspec.Struct):
     last_heartbeat: float | None
     running_attempts: list[str]
     devices: list[DeviceOut] = []
+    # Why it takes no new work ("cordoned: ...", "draining: ...", "quarantined: ..."), or "".
+    out_of_service: str = ""
+    drain_deadline: float | None = None  # a drain's: when what still runs is preempted
+    recent_failures: int = 0  # attempts that failed here for non-user causes, since release
 
 
 class SubmitOutcome(msgspec.Struct):
@@ -161,7 +174,7 @@ def attempt_out(a: AttemptView) -> AttemptOut:
         assigned_at=a.assigned_at, started_at=a.started_at, finished_at=a.finished_at,
         exit_code=a.exit_code, error=a.error, worker_failure=a.worker_failure, exited=a.exited,
         ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
-        gpu=a.gpu,
+        gpu=a.gpu, usage=a.usage,
     )
 
 
@@ -227,4 +240,7 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool,
                            w.unhealthy.get(d.index), s.utilization, s.memory_used_mb,
                            s.temperature_c)
                  for d in w.devices for s in (now.get(d.index, empty),)],
+        out_of_service=w.out_of_service,
+        drain_deadline=w.drain_deadline if w.draining else None,
+        recent_failures=len(w.failures),
     )

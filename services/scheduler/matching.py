@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.messages import Constraint, Op, parse_number
+from shared.messages import Constraint, ConstraintMode, Op, parse_number
 
 
 def holds(attributes: Mapping[str, str], c: Constraint) -> bool:
@@ -34,9 +34,20 @@ def holds(attributes: Mapping[str, str], c: Constraint) -> bool:
             return left <= right
 
 
+def required(constraints: Sequence[Constraint]) -> list[Constraint]:
+    return [c for c in constraints if c.mode == ConstraintMode.REQUIRED]
+
+
 def matches(attributes: Mapping[str, str], constraints: Sequence[Constraint]) -> bool:
-    """Every constraint must hold."""
-    return all(holds(attributes, c) for c in constraints)
+    """Every required constraint must hold; preferred ones never rule a worker out."""
+    return all(holds(attributes, c) for c in constraints if c.mode == ConstraintMode.REQUIRED)
+
+
+def preference(attributes: Mapping[str, str], constraints: Sequence[Constraint]) -> int:
+    """How many of the preferred constraints hold: the higher, the better the worker. A
+    count, not a weight: each preference is worth the same, so a job need not tune any."""
+    return sum(1 for c in constraints
+               if c.mode == ConstraintMode.PREFERRED and holds(attributes, c))
 
 
 def describe(constraints: Sequence[Constraint]) -> str:

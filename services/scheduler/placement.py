@@ -8,7 +8,10 @@ over-commits a host, never gives one port of an address twice, and never gives o
 to two gangs. Named ports belong to a host's address, not to a worker: workers that share
 an address (several workers on one machine) draw their ports from one set. A task that asks
 for N devices gets N specific free devices of its host (the lowest indices), never one
-another live attempt holds."""
+another live attempt holds. A host out of service (cordoned, draining, quarantined) takes
+nothing, and the reasons of the tasks it could have taken say so. Among the hosts a single
+task may take, those satisfying more of its preferred constraints come first; a gang takes
+the group whose members satisfy the most of them on average."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.scheduler.matching import describe, matches
+from services.scheduler.matching import describe, matches, preference, required
 from shared.capacity import Amounts, GroupClaim
 from shared.messages import Constraint, Coscheduling
 
@@ -49,6 +52,8 @@ class Host:
     # Indices of its free devices, lowest first; None: devices 0..free.dev-1 (a host whose
     # devices are not tracked one by one). Only as many as free.dev are ever given out.
     free_devices: list[int] | None = None
+    # Why it takes no new work ("cordoned: ...", "quarantined: ..."), or "" (in service).
+    out_of_service: str = ""
 
     @property
     def port_domain(self) -> str:
@@ -106,7 +111,7 @@ def _take(host: Host, need: Amounts) -> tuple[int, ...]:
 
 def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
     return [h for h in hosts
-            if matches(h.attributes, unit.constraints)
+            if not h.out_of_service and matches(h.attributes, unit.constraints)
             and (not unit.need.dev or h.device_kind == unit.device_kind)]
 
 
@@ -114,8 +119,11 @@ def _why_not(unit: Unit, hosts: Sequence[Host], candidates: Sequence[Host]) -> s
     """Why no host can take one task of `unit`."""
     if not hosts:
         return "no live workers"
-    if not any(matches(h.attributes, unit.constraints) for h in hosts):
-        return f"no worker matches constraints: {describe(unit.constraints)}"
+    matching = [h for h in hosts if matches(h.attributes, unit.constraints)]
+    if not matching:
+        return f"no worker matches constraints: {describe(required(unit.constraints))}"
+    if all(h.out_of_service for h in matching):
+        return f"every matching worker is out of service: {_out_of_service(matching)}"
     if not candidates:
         return f"no matching worker has device {unit.device_kind}"
     n = len(candidates)
@@ -127,6 +135,11 @@ def _why_not(unit: Unit, hosts: Sequence[Host], candidates: Sequence[Host]) -> s
             return (f"insufficient {label}: need {fmt(getattr(need, dim))}, largest free "
                     f"{fmt(best)} on {n} worker{'s' if n != 1 else ''}")
     return "no single worker has every resource free together"
+
+
+def _out_of_service(hosts: Sequence[Host]) -> str:
+    out = [f"{h.worker_id} {h.out_of_service}" for h in hosts if h.out_of_service]
+    return "; ".join(out[:3]) + (f"; {len(out) - 3} more" if len(out) > 3 else "")
 
 
 def _devices(kind: str) -> str:
@@ -145,18 +158,20 @@ def _mib(mb: int) -> str:
 
 
 class _SingleTasks:
-    """Places single tasks fast, choosing exactly what a scan of every host would (the
-    matching host with the most free cpu that fits, ties to the lowest worker id):
+    """Places single tasks fast, choosing exactly what a scan of every host would (of the
+    matching hosts that fit, those satisfying the most preferred constraints, of them the
+    one with the most free cpu, ties to the lowest worker id):
 
     - the hosts matching a (constraints, device) shape are found once per call, and kept in
-      a heap by free cpu; a host whose free cpu has since dropped is re-pushed when met
-      (free capacity only shrinks during a call, so a stale entry is never too low);
+      a heap by preference, then free cpu (a host's preference is fixed for a shape); a
+      host whose free cpu has since dropped is re-pushed when met (free capacity only
+      shrinks during a call, so a stale entry is never too low);
     - a shape and need that found no host cannot find one later in the same call, so its
       reason is remembered and reused."""
 
     def __init__(self, hosts: Sequence[Host]) -> None:
         self.hosts = hosts
-        self.heaps: dict[tuple[object, ...], list[tuple[int, str, int]]] = {}
+        self.heaps: dict[tuple[object, ...], list[tuple[int, int, str, int]]] = {}
         self.candidates: dict[tuple[object, ...], list[Host]] = {}
         self.failed: dict[tuple[object, ...], str] = {}
 
@@ -171,8 +186,9 @@ class _SingleTasks:
         if heap is None:
             candidates = self.candidates[shape] = _candidates(unit, self.hosts)
             position = {id(h): i for i, h in enumerate(self.hosts)}
-            heap = self.heaps[shape] = [(-h.free.cpu, h.worker_id, position[id(h)])
-                                        for h in candidates]
+            heap = self.heaps[shape] = [
+                (-preference(h.attributes, unit.constraints), -h.free.cpu, h.worker_id,
+                 position[id(h)]) for h in candidates]
             heapq.heapify(heap)
         best = self._best(heap, unit.need)
         if best is None:
@@ -185,14 +201,14 @@ class _SingleTasks:
         out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports,
                                           devices=devices))
 
-    def _best(self, heap: list[tuple[int, str, int]], need: Amounts) -> Host | None:
-        passed_over: list[tuple[int, str, int]] = []
+    def _best(self, heap: list[tuple[int, int, str, int]], need: Amounts) -> Host | None:
+        passed_over: list[tuple[int, int, str, int]] = []
         best: Host | None = None
         while heap:
-            neg_cpu, worker_id, i = heap[0]
+            neg_pref, neg_cpu, worker_id, i = heap[0]
             host = self.hosts[i]
             if -neg_cpu != host.free.cpu:  # taken from since it was pushed
-                heapq.heapreplace(heap, (-host.free.cpu, worker_id, i))
+                heapq.heapreplace(heap, (neg_pref, -host.free.cpu, worker_id, i))
                 continue
             if need.fits_in(host.free):
                 best = host
@@ -221,8 +237,15 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
             by_value.setdefault(value, []).append(host)
     size = max(unit.indices) + 1
     notes: list[str] = []
-    # Smallest fitting group first (best fit), then by name, for a deterministic choice.
-    for value, members in sorted(by_value.items(), key=lambda kv: (len(kv[1]), kv[0])):
+
+    def liking(members: list[Host]) -> float:
+        """The mean preference of a group's members (0 when the job states none)."""
+        return sum(preference(h.attributes, unit.constraints) for h in members) / len(members)
+
+    # The group its preferred constraints like best, then the smallest fitting group (best
+    # fit), then by name, for a deterministic choice.
+    for value, members in sorted(by_value.items(),
+                                 key=lambda kv: (-liking(kv[1]), len(kv[1]), kv[0])):
         name = group_name(gang.group_by, value)
         held = {h.holder for h in members if h.holder not in (None, unit.job_id)}
         if held:
@@ -230,7 +253,9 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
             continue
         ordered = sorted(_candidates(unit, members), key=lambda h: _order_key(h, gang.order_by))
         if len(ordered) < size:
-            notes.append(f"{name} has {len(ordered)} matching workers, needs {size}")
+            away = _out_of_service(members)
+            notes.append(f"{name} has {len(ordered)} matching workers, needs {size}"
+                         + (f" (out of service: {away})" if away else ""))
             continue
         short = [ordered[i].worker_id for i in unit.indices
                  if not unit.need.fits_in(ordered[i].free)]
@@ -274,8 +299,9 @@ def _free_amounts(host: Host) -> Amounts:
 
 def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
           ) -> Placement:
-    """Places units in the given order. Single tasks go to the matching host with the most
-    free cpu (spreading replicas), ties broken by worker id; a gang goes whole to one group,
+    """Places units in the given order. Single tasks go to the matching host satisfying the
+    most preferred constraints, then with the most free cpu (spreading replicas), ties
+    broken by worker id; a gang goes whole to one group,
     task i on its i-th worker in `order_by` order, or waits with a reason. Once `limit`
     tasks are placed, the units left are not examined (a gang is never split). Ports
     are chosen per address: the union of every given host's `ports_used` at that address
@@ -285,7 +311,7 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
         taken.setdefault(h.port_domain, set()).update(h.ports_used)
     free = [Host(h.worker_id, _free_amounts(h), h.device_kind, h.attributes, h.address,
                  h.holder, taken[h.port_domain],
-                 None if h.free_devices is None else sorted(h.free_devices))
+                 None if h.free_devices is None else sorted(h.free_devices), h.out_of_service)
             for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)

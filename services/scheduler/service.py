@@ -27,7 +27,7 @@ from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
 from services.scheduler import fencing, frameworks, heartbeats, placement
-from shared import bounded, nats_io, redis_io, service, subjects, task_rules, telemetry
+from shared import bounded, nats_io, node_health, redis_io, service, subjects, task_rules, telemetry
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
 from shared.credentials import Role
@@ -41,6 +41,8 @@ from shared.messages import (
     HeartbeatAck,
     KillAttempt,
     LeaderAnnouncement,
+    NodeAction,
+    NodeHealthChanged,
     PendingReason,
     PendingReasonsChanged,
     ResetWorker,
@@ -323,6 +325,8 @@ class Leader:
     async def _on_event(self, event: AnyEvent | None) -> None:
         if isinstance(event, DeviceHealthChanged) and event.healthy:
             self.wake.set()  # a device back in service may let waiting work in
+        if isinstance(event, NodeHealthChanged) and event.action == NodeAction.UNCORDON:
+            self.wake.set()  # so may a worker back in service
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
@@ -487,7 +491,8 @@ class Leader:
     def _hosts(self) -> list[placement.Host]:
         return [
             placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                           w.address, w.holder, set(w.ports_used), w.free_devices)
+                           w.address, w.holder, set(w.ports_used), w.free_devices,
+                           w.out_of_service)
             for w in self._live_workers()
         ]
 
@@ -815,6 +820,48 @@ class Leader:
                 if silent > self.settings.worker_dead_after:
                     await self._declare_dead(worker, silent)
                     self.last_heartbeat[worker.worker_id] = now
+            await self._judge_node_health()
+
+    async def _judge_node_health(self) -> None:
+        """Quarantines the hosts whose failures meet the policy, and preempts what still
+        runs on a drained worker past its deadline (docs/operations.md, "Node health").
+        Judged from the fold alone, so a new leader finishes what an old one began."""
+        now = time.time()
+        for worker in list(self.state.workers.values()):
+            verdict: NodeHealthChanged | None = None
+            msg_id = ""
+            if worker.quarantine is None and worker.failures and (
+                    why := node_health.quarantine_reason(worker.failures,
+                                                         self.settings.quarantine)):
+                verdict = NodeHealthChanged(worker_id=worker.worker_id,
+                                            action=NodeAction.QUARANTINE, reason=why,
+                                            by="scheduler", epoch=self.epoch, ts=now)
+                msg_id = f"quarantine:{worker.worker_id}:{worker.failures[-1].ts!r}"
+            elif node_health.drain_overdue(
+                    worker.drain_deadline if worker.draining else None, now) and any(
+                    self._unstopped(job_id, index, attempt_id)
+                    for job_id, index, attempt_id in worker.live_attempts.values()):
+                verdict = NodeHealthChanged(worker_id=worker.worker_id,
+                                            action=NodeAction.EVICT,
+                                            reason="its drain deadline passed",
+                                            by="scheduler", epoch=self.epoch, ts=now)
+                msg_id = f"evict:{worker.worker_id}:{worker.drain_deadline!r}:{self.epoch}"
+            if verdict is None:
+                continue
+            await self._renew_lease()
+            log.warning("worker %s: %s (%s)", worker.worker_id, verdict.action.value,
+                        verdict.reason)
+            await nats_io.publish_event(self.js, subjects.worker_verdicts(worker.worker_id),
+                                        verdict, msg_id=msg_id)
+            # Applied at once, so no tick places on it meanwhile (folding it again from the
+            # stream changes nothing).
+            await self._carry_out(self.state.apply(0, verdict))
+
+    def _unstopped(self, job_id: str, index: int, attempt_id: int) -> bool:
+        """Whether a live attempt has not been told to stop yet."""
+        task = self.state.task(job_id, index)
+        attempt = task.attempt(attempt_id) if task is not None else None
+        return attempt is not None and not attempt.kill_requested
 
     async def _declare_dead(self, worker: WorkerView, silent: float) -> None:
         # Only a current leader may write a death off: a deposed one's event is void in the

@@ -15,6 +15,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
+from shared.messages import ResourceUse
+
 OutputSink = Callable[[str, bytes], Awaitable[None]]
 
 # The per-task supervisor (its docstring says what it guarantees), run by path so that it
@@ -48,10 +52,14 @@ class Runnable(Protocol):
     @property
     def fenced(self) -> str: ...
 
+    @property
+    def usage(self) -> ResourceUse | None: ...
+
 
 class AttemptProcess:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, sink: OutputSink,
-                 deadline: float, fence_file: Path | None = None) -> None:
+                 deadline: float, fence_file: Path | None = None,
+                 usage_file: Path | None = None) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
@@ -59,6 +67,8 @@ class AttemptProcess:
         self.deadline = deadline
         # Written by the supervisor when it fenced the attempt off, saying why.
         self.fence_file = fence_file or Path(cwd) / ".berth-fenced"
+        # Written by the supervisor as it exits: what the process tree used.
+        self.usage_file = usage_file
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -77,9 +87,13 @@ class AttemptProcess:
         if found is None:
             raise FileNotFoundError(2, "No such file or directory", program)
         self.fence_file.unlink(missing_ok=True)
+        usage = []
+        if self.usage_file is not None:
+            self.usage_file.unlink(missing_ok=True)
+            usage = [str(self.usage_file)]
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", SUPERVISOR, str(self.fence_file), repr(self.deadline),
-            "--", *self.argv,
+            *usage, "--", *self.argv,
             cwd=self.cwd,
             env=self.env,
             stdin=asyncio.subprocess.PIPE,
@@ -103,6 +117,16 @@ class AttemptProcess:
             return self.fence_file.read_text().strip()
         except OSError:
             return ""
+
+    @property
+    def usage(self) -> ResourceUse | None:
+        """What the process tree used, once it has exited (None: not measured)."""
+        if self.usage_file is None:
+            return None
+        try:
+            return msgspec.json.decode(self.usage_file.read_bytes(), type=ResourceUse)
+        except (OSError, msgspec.DecodeError):
+            return None
 
     async def wait(self) -> int:
         assert self.proc is not None and self.proc.stdout and self.proc.stderr

@@ -43,6 +43,7 @@ from shared.messages import (
     LeaderAnnouncement,
     ResetWorker,
     Resources,
+    ResourceUse,
     RunAttempt,
     TpuDevice,
     WorkerRegistered,
@@ -401,7 +402,8 @@ class WorkerAgent:
 
     async def _report(self, cmd: RunAttempt | KillAttempt, state: TaskState,
                       exit_code: int | None = None, error: str = "",
-                      timed_out: bool = False) -> None:
+                      timed_out: bool = False, usage: ResourceUse | None = None,
+                      worker_fault: bool = False) -> None:
         if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
@@ -411,7 +413,8 @@ class WorkerAgent:
         report = AttemptReported(
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
-            timed_out=timed_out, ts=time.time(), gpu=gpu,
+            timed_out=timed_out, ts=time.time(), gpu=gpu, usage=usage,
+            worker_fault=worker_fault,
         )
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
@@ -427,7 +430,10 @@ class WorkerAgent:
                 await self._run_attempt(key, attempt)
         except Exception as exc:  # never let one attempt take the agent down
             log.exception("attempt %s crashed the runner", key)
-            await self._report(cmd, TaskState.FAILED, error=f"worker error: {exc}")
+            # Not the task's doing (it may not even have started): the host's, which its
+            # record of failures counts toward quarantine.
+            await self._report(cmd, TaskState.FAILED, error=f"worker error: {exc}",
+                               worker_fault=True)
         finally:
             self.running.pop(key, None)
             if self.gpu_watch is not None:
@@ -584,13 +590,15 @@ class WorkerAgent:
             log.warning("attempt %s was fenced off (%s)", key, why)
             self._spawn(self._reset(f"fenced: {why}"))
             return
+        usage = process.usage
         if attempt.killed.is_set():
             await self._report(cmd, TaskState.KILLED, exit_code=code, error=attempt.kill_reason,
-                               timed_out=attempt.timed_out)
+                               timed_out=attempt.timed_out, usage=usage)
         elif code == 0:
-            await self._report(cmd, TaskState.SUCCEEDED, exit_code=0)
+            await self._report(cmd, TaskState.SUCCEEDED, exit_code=0, usage=usage)
         else:
-            await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code))
+            await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code),
+                               usage=usage)
 
     def _log_subject(self, cmd: RunAttempt) -> str:
         return subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index, cmd.attempt_id)
@@ -602,7 +610,7 @@ class WorkerAgent:
             await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
 
         return AttemptProcess(cmd.command, env, str(dirs.task), sink, self.fence_deadline,
-                              dirs.scratch / ".berth-fenced")
+                              dirs.scratch / ".berth-fenced", dirs.scratch / ".berth-usage")
 
     def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
         if attempt.killed.is_set():

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.messages import Resources
+from shared.messages import Resources, ResourceUse
 
 SIGNAL_KILLED = -15
 
@@ -105,6 +105,10 @@ class SimulatedProcess:
     @property
     def fenced(self) -> str:
         return ""
+
+    @property
+    def usage(self) -> ResourceUse | None:
+        return None  # nothing runs, so nothing is measured
 
 
 def process_factory(run_time: RunTime, fail_rate: float, seed: int | None = None

@@ -1,7 +1,7 @@
 """The per-task supervisor: a tiny process between the worker agent and one task, so that a
 task never outlives the right to run.
 
-    python3 -I -S supervise.py FENCE_FILE DEADLINE -- ARGV...
+    python3 -I -S supervise.py FENCE_FILE DEADLINE [USAGE_FILE] -- ARGV...
 
 It starts ARGV as its child (in its own process group, which the supervisor leads) and
 becomes a child subreaper, so every descendant the task leaves behind, even one that
@@ -17,6 +17,12 @@ SIGKILL, when:
 - the agent asks for it (SIGUSR1: the end of a kill's grace period);
 - the task's main process has exited (nothing of an attempt outlives it).
 
+It measures what the tree used, and before it exits writes it to USAGE_FILE as JSON
+(`cpu_seconds`, `peak_rss_mb`, `samples`): the CPU time of every descendant (all of them are
+reaped here, so the kernel's count for our children has them all) and the most resident
+memory the tree held at once (its sum, sampled each LONGEST_WAIT; no lower than the
+kernel's peak of its largest process, so a task shorter than a sample is measured too).
+
 It exits as the task did (the same code, or the same signal). It ignores SIGTERM, SIGINT and
 SIGHUP: those are for the task (the agent signals the whole group), and the supervisor stays
 to collect the task's exit. Standard library only, started with -I -S, so nothing needs
@@ -27,7 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
+import resource
 import select
 import signal
 import sys
@@ -39,8 +47,9 @@ PR_SET_CHILD_SUBREAPER = 36
 LONGEST_WAIT = 1.0
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below `root`, from /proc (a subreaper's orphans included)."""
+def descendants(root: int, rss: dict[int, int] | None = None) -> list[int]:
+    """Every process below `root`, from /proc (a subreaper's orphans included). `rss`, if
+    given, is filled with each process's resident pages (read in the same pass)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -51,8 +60,10 @@ def descendants(root: int) -> list[int]:
         except OSError:
             continue
         # The command name may hold spaces and parentheses: fields start after the last ')'.
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        fields = stat[stat.rindex(b")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        if rss is not None:
+            rss[int(entry)] = int(fields[21])  # proc(5)'s field 24, rss
     out: list[int] = []
     todo = [root]
     while todo:
@@ -64,6 +75,43 @@ def descendants(root: int) -> list[int]:
 
 # Exit statuses of the children reaped so far, by pid.
 reaped: dict[int, int] = {}
+
+
+class Usage:
+    """What the task's tree used: its peak resident memory, sampled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.peak_bytes = 0
+        self.samples = 0
+        self.last = 0.0
+
+    def due_in(self) -> float:
+        """Seconds until the next sample is due (the wait below ends by then)."""
+        if not self.path:
+            return LONGEST_WAIT
+        return max(0.0, self.last + LONGEST_WAIT - time.monotonic())
+
+    def sample(self, me: int) -> None:
+        if not self.path or self.due_in() > 0:
+            return
+        self.last = time.monotonic()
+        rss: dict[int, int] = {}
+        tree = descendants(me, rss)
+        self.peak_bytes = max(self.peak_bytes,
+                              sum(rss.get(p, 0) for p in tree) * os.sysconf("SC_PAGE_SIZE"))
+        self.samples += 1
+
+    def write(self) -> None:
+        """Once the tree is reaped: its CPU time is all in our children's count."""
+        if not self.path:
+            return
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak = max(self.peak_bytes, children.ru_maxrss * 1024)  # ru_maxrss is in KiB
+        with contextlib.suppress(OSError), open(self.path, "w") as f:
+            json.dump({"cpu_seconds": round(children.ru_utime + children.ru_stime, 3),
+                       "peak_rss_mb": round(peak / 2**20, 1),
+                       "samples": self.samples}, f)
 
 
 def kill_tree(me: int) -> None:
@@ -103,9 +151,11 @@ def exit_like(status: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    fence_file, deadline_text, separator, *command = argv
+    fence_file, deadline_text, *rest = argv
+    usage = Usage(rest.pop(0) if rest and rest[0] != "--" else "")
+    separator, *command = rest or [""]
     if separator != "--" or not command:
-        sys.exit("usage: supervise.py FENCE_FILE DEADLINE -- ARGV...")
+        sys.exit("usage: supervise.py FENCE_FILE DEADLINE [USAGE_FILE] -- ARGV...")
     deadline = float(deadline_text)
     me = os.getpid()
     # Not on Linux: the process group is all there is.
@@ -144,6 +194,7 @@ def main(argv: list[str]) -> None:
         reap()
         if child in reaped:
             kill_tree(me)
+            usage.write()
             exit_like(reaped[child])
         if asked:
             kill_tree(me)
@@ -154,8 +205,10 @@ def main(argv: list[str]) -> None:
                 f.write("the agent is gone\n" if agent_gone else
                         "no heartbeat acknowledged before the fence deadline\n")
             kill_tree(me)
+            usage.write()
             os._exit(137)
-        wait = min(LONGEST_WAIT, max(0.0, deadline - time.monotonic()))
+        usage.sample(me)
+        wait = min(LONGEST_WAIT, max(0.0, deadline - time.monotonic()), usage.due_in())
         try:
             ready, _, _ = select.select([stdin, wake], [], [], wait)
         except InterruptedError:

@@ -96,7 +96,7 @@ function attemptRows(task) {
   return task.attempts.map((a) => `<tr class="attempt" data-attempt="${a.attempt_id}">
       <td></td><td>attempt ${a.attempt_id}</td>
       <td>${badge(a.state)}${a.worker_failure ? ' <span class="worker-failure">(worker failure)</span>' : ""}</td>
-      <td>on ${esc(a.worker_id)}${a.devices && a.devices.length ? ` (devices ${a.devices.join(",")})` : ""}${a.gpu ? `<div class="muted">GPU memory peak ${a.gpu.peak_memory_mb} MiB${a.gpu.mean_utilization === null ? "" : `, utilisation mean ${Math.round(a.gpu.mean_utilization)}% peak ${a.gpu.peak_utilization}%`}</div>` : ""}</td>
+      <td>on ${esc(a.worker_id)}${a.devices && a.devices.length ? ` (devices ${a.devices.join(",")})` : ""}${a.gpu ? `<div class="muted">GPU memory peak ${a.gpu.peak_memory_mb} MiB${a.gpu.mean_utilization === null ? "" : `, utilisation mean ${Math.round(a.gpu.mean_utilization)}% peak ${a.gpu.peak_utilization}%`}</div>` : ""}${a.usage ? `<div class="muted usage">cpu ${a.usage.cpu_seconds}s, peak RSS ${a.usage.peak_rss_mb} MiB</div>` : ""}</td>
       <td>${a.exit_code ?? ""}</td>
       <td>${when(a.started_at)}${a.finished_at ? ` → ${when(a.finished_at)}` : ""}</td>
       <td class="error">${esc(a.error)}</td>
@@ -154,7 +154,7 @@ async function workersPage() {
   const workers = await api("/api/workers");
   const rows = workers.map((w) => `<tr data-worker="${esc(w.worker_id)}">
       <td>${esc(w.worker_id)}</td>
-      <td>${w.healthy ? '<span style="color:#1a7f37">healthy</span>' : '<span class="error">dead</span>'}</td>
+      <td>${w.healthy ? '<span style="color:#1a7f37">healthy</span>' : '<span class="error">dead</span>'}${w.out_of_service ? `<div class="error out-of-service">${esc(w.out_of_service)}${w.drain_deadline ? ` (deadline ${when(w.drain_deadline)})` : ""}</div>` : ""}</td>
       <td>${esc(w.address)}</td>
       <td>${w.cpu_free} / ${w.resources.cpu}</td>
       <td>${w.memory_free_mb} / ${w.resources.memory_mb}</td>
