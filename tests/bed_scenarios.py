@@ -7,6 +7,8 @@ tests/partitions.py, whose Run and Result these reuse, so each counts the same t
 - `redis_failover`: the Redis primary cut off from its replica and the Sentinels (the
   schedulers still reach it) during placement, Sentinel promoting the replica: no leader
   elected twice with one epoch, no reservation of a running attempt lost, placement resumes.
+  `redis-isolated`: the same with the primary cut off from every host, the schedulers too
+  (they must follow the Sentinels to the promoted replica).
 - `hosts`: a gang spread over four hosts, whose members connect over TCP to the coordinator
   address they were given (task 0 binds it: only its own host owns that address), and
   named ports on an address two workers share, bound for real by the tasks.
@@ -35,7 +37,7 @@ import redis as sync_redis
 from berth.client import publish_submit, wait_for_outcome
 from shared import redis_keys, subjects
 from shared.messages import Constraint, Coscheduling, JobSpec, Op, Resources, encode
-from tests.bed_cluster import BedCluster, Layout, start_cluster
+from tests.bed_cluster import NATS_CLUSTER_PORT, BedCluster, Layout, start_cluster
 from tests.netbed import Bed
 from tests.partitions import ENV, TERMINAL, Result, Run
 
@@ -164,6 +166,7 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
         else:
             raise RuntimeError("the submit stream has no leader")
     majority = [h for h in NATS3 if h != victim]
+    routes_tls = _routes_need_tls(bed, NATS3)
     async with Run(cluster, f"NATS node cut from the other two, {submits} submits, "
                             f"{cut:g} s", via=majority[0]) as run:
         minority_nc = await cluster.admin(via=victim)
@@ -210,6 +213,7 @@ async def nats_minority(bed: Bed, data_dir: Path, submits: int, cut: float) -> R
         bed.partition([victim], majority)
         cut_at.append(time.monotonic())
         run.result.notes["cut_node"] = victim
+        run.result.notes["routes_tls"] = routes_tls
         # Writes through the cut-off node, while the burst goes on through the majority.
         minority: list[asyncio.Task[None]] = []
         while time.monotonic() < cut_at[0] + cut:
@@ -274,18 +278,24 @@ class EpochWatch:
                    for a, b in itertools.pairwise(values) if b < a)
 
 
-async def redis_failover(bed: Bed, data_dir: Path, cut: float) -> Result:
+async def redis_failover(bed: Bed, data_dir: Path, cut: float, isolate: bool = False
+                         ) -> Result:
+    """The primary cut from its replicas and Sentinels (the schedulers still reach it), or
+    (`isolate`) from every other host, the schedulers too."""
     cluster = start_cluster(bed, data_dir, _layout_sentinel(), ENV)
     layout = cluster.layout
     watch = EpochWatch(cluster)
     watch.thread.start()
+    whom = "everyone" if isolate else "replica and Sentinels"
     try:
-        async with Run(cluster, f"Redis primary cut from replica and Sentinels, {cut:g} s"
-                       ) as run:
+        async with Run(cluster, f"Redis primary cut from {whom}, {cut:g} s") as run:
             ids = await run.submit(4)
             await run.until("4 running", lambda: run.running(ids), 30)
             old = layout.redis
-            bed.partition([old], [*layout.replicas, *layout.sentinels])
+            if isolate:
+                bed.isolate(old)
+            else:
+                bed.partition([old], [*layout.replicas, *layout.sentinels])
             cut_at = time.monotonic()
             # Placement goes on through the cut: a job every half second.
             later: list[str] = []
@@ -308,6 +318,8 @@ async def redis_failover(bed: Bed, data_dir: Path, cut: float) -> Result:
             if run.report is not None:
                 run.result.reservations_lost = len(run.report.attempts_without_reservation)
             elected = [e for _, e in run.bus.elected]
+            taken = [t for t, _ in run.bus.elected if t > cut_at]
+            run.result.notes["take_over_s"] = round(taken[0] - cut_at, 1) if taken else None
             run.result.epoch_regressions = watch.regressions() + sum(
                 1 for a, b in itertools.pairwise(elected) if b <= a)
             run.result.notes["elected"] = elected
@@ -360,6 +372,9 @@ async def hosts(bed: Bed, data_dir: Path, port_tasks: int) -> Result:
         # valkey runs berth's ACL: without credentials nothing gets in.
         run.result.notes["anonymous_refused"] = _refuses_anonymous(
             cluster.redis_portals[cluster.layout.redis])
+        # NATS speaks TLS only, so every service that got through above spoke TLS.
+        with socket.create_connection(("127.0.0.1", cluster.nats_portals["nats"]), 5) as conn:
+            run.result.notes["nats_plain_refused"] = _refuses_plain_nats(conn)
         result = await run.finish()
         result.port_collisions = sum(
             1 for i in (ids[holders.name], ids[spread.name])
@@ -374,6 +389,44 @@ def _refuses_anonymous(port: int) -> bool:
         conn.sendall(b"*2\r\n$3\r\nGET\r\n$" + str(len(redis_keys.EPOCH)).encode()
                      + b"\r\n" + redis_keys.EPOCH.encode() + b"\r\n")
         return conn.recv(256).startswith(b"-NOAUTH")
+
+
+def _nats_info(conn: socket.socket) -> tuple[dict[str, Any], Any]:
+    """The INFO a NATS port sends first, and the connection as a file to go on with."""
+    conn.settimeout(5)
+    stream = conn.makefile("rwb")
+    return json.loads(stream.readline().split(b" ", 1)[1]), stream
+
+
+def _refuses_plain_nats(conn: socket.socket) -> bool:
+    """Whether the NATS client port behind `conn` refuses a client speaking plain text: its
+    INFO (sent once the server has waited servers.HANDSHAKE_FIRST_WAIT for a TLS handshake)
+    says TLS is required, and a plain CONNECT is closed or answered -ERR."""
+    info, stream = _nats_info(conn)
+    stream.write(b'CONNECT {"verbose":false}\r\nPING\r\n')
+    stream.flush()
+    try:
+        answer = stream.readline()
+    except OSError:
+        answer = b""
+    return bool(info.get("tls_required")) and not answer.startswith(b"PONG")
+
+
+def _routes_need_tls(bed: Bed, hosts: tuple[str, ...]) -> bool:
+    """Whether every node's route port, dialled from another node's host, takes TLS only:
+    a route port starts with the TLS handshake, so a peer that speaks plain text first gets
+    no INFO and is closed (a plain route port sends INFO at once)."""
+    for i, host in enumerate(hosts):
+        with bed.connect(hosts[i - 1], bed.address(host), NATS_CLUSTER_PORT, 5) as conn:
+            conn.settimeout(5)
+            conn.sendall(b"PING\r\n")
+            try:
+                got = conn.recv(64)
+            except OSError:
+                got = b""
+            if got.startswith(b"INFO"):
+                return False
+    return True
 
 
 async def _submit(run: Run, spec: JobSpec) -> str:
@@ -413,6 +466,8 @@ HOSTS = {
     "nats-minority": ["n1", "n2", "n3", "redis", "svc", "ctl", "ctl2", *WORKERS3],
     "redis-failover": ["nats", "r1", "r2", "r3", "s1", "s2", "s3", "svc", "ctl", "ctl2",
                        *WORKERS3],
+    "redis-isolated": ["nats", "r1", "r2", "r3", "s1", "s2", "s3", "svc", "ctl", "ctl2",
+                       *WORKERS3],
     "hosts": ["nats", "redis", "ctl", "g1", "g2", "g3", "g4"],
     "delayed-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
 }
@@ -427,6 +482,7 @@ def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
         "nats-minority": lambda bed, d: nats_minority(bed, d, submits, min(cut, 4) if quick
                                                       else cut),
         "redis-failover": lambda bed, d: redis_failover(bed, d, cut),
+        "redis-isolated": lambda bed, d: redis_failover(bed, d, cut, isolate=True),
         "hosts": lambda bed, d: hosts(bed, d, 4 if quick else 8),
         "delayed-worker": lambda bed, d: delayed_worker(bed, d, 0.2, 3 if quick else cut),
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 import uuid
@@ -29,7 +30,14 @@ from berth.client import submit_job
 from shared import subjects
 from shared.checker import Report as CheckReport
 from shared.checker import check_cluster
-from shared.messages import JobSpec, Resources, command_decoder, decode
+from shared.messages import (
+    AttemptReported,
+    JobSpec,
+    Resources,
+    command_decoder,
+    decode,
+    event_decoder,
+)
 from tests.bed_cluster import HEADERS, BedCluster, start_cluster
 from tests.faults.procs import Sampler
 from tests.netbed import Bed
@@ -41,7 +49,30 @@ WORKERS = ["w1", "w2", "w3"]
 HOSTS = ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS]
 TERMINAL = {"succeeded", "failed", "killed", "unschedulable"}
 TOKEN = "bedtok"
-TASK = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n"
+# Runs until the stop file appears, or until the wall-clock time in its own end file
+# (`Run.end_at`) passes; once it ends on its own it adds a line (token, attempt, worker) to
+# the run's completions file, so a command that ran to completion twice is seen.
+TASK = """
+import os, sys, time
+stop, token = sys.argv[1], sys.argv[2]
+while not os.path.exists(stop):
+    try:
+        with open(f"{stop}.{token}.end") as f:
+            if time.time() >= float(f.read()):
+                break
+    except (OSError, ValueError):
+        pass
+    time.sleep(0.1)
+with open(f"{stop}.completed", "a") as f:
+    f.write(f"{token} {os.environ['BERTH_ATTEMPT_ID']} {os.environ['BERTH_WORKER_ID']}\\n")
+"""
+# When the cut-off worker's tasks end on their own, in seconds from the cut (the worker
+# fences at D - M = 2 s after its last answered heartbeat, so no later than 2 s into the
+# cut, and is declared dead at D = 3 s after the leader last heard it). Before the fence:
+# the task is done, its report waits for the heal (and its retry runs it again: nobody
+# could know). After the fence, before and after the verdict: the fence must have killed
+# it, so it never completes there.
+ENDS = {"before_fence": 0.5, "after_fence": 2.6, "after_verdict": 5.0}
 CHECK_TRIES = 5
 # Retries are read job by job (its detail): skipped past this many jobs.
 RETRIES_READ_UP_TO = 20
@@ -50,7 +81,7 @@ RETRIES_READ_UP_TO = 20
 # What a Result counts; every one must read 0.
 COUNTS = ("lost", "not_terminal", "double_booked", "two_copies", "stale_obeyed", "wrong_deaths",
           "disagreements", "minority_acks", "epoch_regressions", "reservations_lost",
-          "port_collisions", "unreached")
+          "port_collisions", "unreached", "completed_twice", "applied_twice")
 
 
 @dataclass
@@ -70,6 +101,9 @@ class Result:
     reservations_lost: int = 0     # running attempts whose reservation a failover lost
     port_collisions: int = 0       # tasks that could not bind the named port they were given
     unreached: int = 0             # gang members that could not reach their coordinator
+    completed_twice: int = 0       # tasks due to end after their fence that completed twice
+    applied_twice: int = 0         # tasks shown succeeded twice, or an attempt a verdict
+                                   # wrote off shown succeeded (a late report applied)
     died: list[str] = field(default_factory=list)
     # Measured, not judged: seconds from the cut unless said otherwise.
     notes: dict[str, Any] = field(default_factory=dict)
@@ -90,6 +124,8 @@ class Bus:
         self.commands: list[tuple[float, str, int, str]] = []  # (t, worker, epoch, kind)
         self.elected: list[tuple[float, int]] = []
         self.deaths: list[tuple[float, str]] = []
+        # (t, worker, job, task, attempt, state) of every attempt report stored
+        self.reports: list[tuple[float, str, str, int, int, str]] = []
 
     async def listen(self, nc: Any) -> None:
         async def command(msg: Msg) -> None:
@@ -106,7 +142,15 @@ class Bus:
             with contextlib.suppress(Exception):
                 self.deaths.append((time.monotonic(), json.loads(msg.data)["worker_id"]))
 
+        async def report(msg: Msg) -> None:
+            with contextlib.suppress(Exception):
+                event = decode(event_decoder, msg.data)
+                assert isinstance(event, AttemptReported)
+                self.reports.append((time.monotonic(), event.worker_id, event.job_id,
+                                     event.task_index, event.attempt_id, event.state.name))
+
         await nc.subscribe(subjects.worker_commands("*"), cb=command)
+        await nc.subscribe(subjects.attempt_reports("*"), cb=report)
         await nc.subscribe(subjects.LEADER_EVENTS, cb=elected)
         await nc.subscribe(subjects.worker_verdicts("*"), cb=death)
 
@@ -157,6 +201,23 @@ class Run:
                 self.jobs[str(outcome.job_id)] = token
         return ids
 
+    def end_at(self, token: str, when: float) -> None:
+        """Task `token` ends on its own at wall-clock time `when` (written whole: a task
+        reads it every 0.1 s)."""
+        path = Path(f"{self.stop_file}.{token}.end")
+        part = path.with_suffix(".part")
+        part.write_text(repr(when))
+        part.rename(path)
+
+    def completions(self) -> dict[str, list[tuple[str, str]]]:
+        """Token -> (attempt, worker) of each time its command ran to completion."""
+        path = Path(f"{self.stop_file}.completed")
+        done: dict[str, list[tuple[str, str]]] = {}
+        for line in path.read_text().splitlines() if path.exists() else []:
+            token, attempt, worker = line.split()
+            done.setdefault(token, []).append((attempt, worker))
+        return done
+
     def job(self, job_id: str) -> dict[str, Any] | None:
         resp = httpx.get(f"{self.cluster.api_url}/api/jobs/{job_id}", timeout=10,
                          headers=HEADERS)
@@ -198,7 +259,11 @@ class Run:
         return None
 
     def running(self, ids: list[str]) -> bool:
-        return all((j := self.job(i)) is not None and j["state"] == "running" for i in ids)
+        """Whether every one of `ids` runs, read in one listing: a job's detail each took a
+        full pass of 20-odd requests, which on a loaded machine added seconds to what the
+        scenarios measure (a Redis failover's "every job placed after the heal")."""
+        states = self.states()
+        return all(states.get(i) == "running" for i in ids)
 
     async def check(self) -> None:
         """The checker, as `berth doctor` runs it; asked again while NATS is electing (a
@@ -273,8 +338,9 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
     while running tasks: its tasks must be stopped by its own fence before their retries
     start elsewhere, and after the heal it rejoins as a new incarnation."""
     async with Run(cluster, f"worker cut from NATS, {mode}, {cut:g} s") as run:
-        ids = await run.submit(6)
-        await run.until("6 running", lambda: run.running(ids), 30)
+        # 9 on 3 workers: the victim runs at least 3, one for each of ENDS.
+        ids = await run.submit(9)
+        await run.until("9 running", lambda: run.running(ids), 30)
         by_worker = {w["worker_id"]: w for w in run.workers()}
         # Each worker advertises its own host's address, as tasks on other hosts reach it.
         run.result.notes["addresses_advertised"] = all(
@@ -283,6 +349,9 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         old_incarnation = by_worker[victim]["incarnation"]
         victims = _where(run, victim)
         run.result.notes["victim_tasks"] = len(victims)
+        # Each of the victim's tasks ends on its own during the cut, in turn before its
+        # fence, after it, and after the verdict.
+        ends = dict(zip(victims, itertools.cycle(ENDS), strict=False))
         if mode == "both":
             run.bed.partition([victim], ["nats"])
         elif mode == "worker->nats":
@@ -290,6 +359,9 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         else:
             run.bed.partition(["nats"], [victim], oneway=True)
         cut_at = time.monotonic()
+        cut_wall = time.time()
+        for token, when in ends.items():
+            run.end_at(token, cut_wall + ENDS[when])
         await asyncio.sleep(min(1.0, cut / 4))
         await run.submit(2)  # acknowledged during the cut
         await asyncio.sleep(max(0.0, cut_at + cut / 2 - time.monotonic()))
@@ -315,7 +387,40 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         run.result.notes["old_copies_gone_s"] = round(max(gone) - cut_at, 1) if gone else None
         run.result.notes["first_retry_s"] = round(min(retried) - cut_at, 1) if retried else None
         run.result.wrong_deaths = sum(1 for _, w in run.bus.deaths if w != victim)
-        return await run.finish()
+        result = await run.finish()
+        _count_ends_in_cut(run, victim, ends, healed)
+        return result
+
+
+def _count_ends_in_cut(run: Run, victim: str, ends: dict[str, str],
+                       healed: float) -> None:
+    """What became of the victim's tasks that ended on their own during the cut: how often
+    each command ran to completion, which reports arrived after the heal, and whether the
+    dashboard shows any task succeeded twice or a written-off attempt succeeded."""
+    r = run.result
+    done = run.completions()
+    runs = {kind: [len(done.get(tok, [])) for tok, k in ends.items() if k == kind]
+            for kind in ENDS}
+    # Per end, how many times each such task's command ran to completion.
+    r.notes["ends_in_cut"] = {kind: n for kind, n in runs.items() if n}
+    # Done before its fence: its retry runs it again, as nothing could tell the leader.
+    r.notes["reran_after_ending"] = sum(1 for n in runs["before_fence"] if n > 1)
+    r.completed_twice = sum(1 for kind in ("after_fence", "after_verdict")
+                            for n in runs[kind] if n > 1)
+    # Attempts whose end the victim reported after the heal (each publish is heard, its
+    # retries too: counted once).
+    r.notes["late_reports"] = len({(job, task, attempt) for t, worker, job, task, attempt, state
+                                   in run.bus.reports if worker == victim and t > healed
+                                   and state in ("SUCCEEDED", "FAILED", "KILLED")})
+    for job_id, token in run.jobs.items():
+        if token not in ends:
+            continue
+        attempts = [a for t in (run.job(job_id) or {"tasks": []})["tasks"]
+                    for a in t["attempts"]]
+        succeeded = [a for a in attempts if a["state"] == "succeeded"]
+        if len(succeeded) > 1 or any(a["worker_failure"] for a in succeeded):
+            r.applied_twice += 1
+            r.notes.setdefault("applied_twice_attempts", []).append(attempts)
 
 
 async def leader_cut(cluster: BedCluster, server: str, cut: float,

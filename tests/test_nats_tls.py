@@ -5,6 +5,7 @@ where the server asks for client certificates, a client without one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -19,6 +20,7 @@ import trustme
 from shared import nats_io, servers, subjects
 from shared.config import Settings
 from shared.credentials import AuthDir, Role
+from tests.netbed import relay
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +127,24 @@ async def test_a_server_that_asks_for_client_certificates_gets_the_services(
             await nc.close()
     finally:
         server.stop()
+
+
+async def test_a_client_whose_handshake_comes_late_still_gets_tls(
+        tls_server: servers.ServerProcess, pki: dict[str, Path], tmp_path: Path) -> None:
+    """A link that holds every chunk 200 ms (a TCP proxy on a slow path): the server must
+    still be waiting for berth's handshake, not have sent its plain INFO (`auto` waited
+    50 ms, and such a client never got in: WRONG_VERSION_NUMBER on every try)."""
+    slow = relay(tls_server.port, delay=0.2)
+    try:
+        nc = await asyncio.wait_for(nats_io.connect(
+            f"tls://127.0.0.1:{slow.port}", "berth-test", AuthDir.of(tmp_path).ensure(Role.ADMIN),
+            tls=nats_io.tls_context(str(pki["ca"]))), 10)
+        try:
+            await nc.flush(timeout=5)
+        finally:
+            await nc.close()
+    finally:
+        slow.close()
 
 
 def test_tls_settings_that_cannot_work_end_the_service_with_a_reason(

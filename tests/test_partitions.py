@@ -1,5 +1,6 @@
 """The quick form of the partition scenarios (tests/partitions.py), on the test bed: a worker
-cut off from NATS both ways past the dead-after time, and the leader cut off from NATS. Each
+cut off from NATS both ways past the dead-after time (its tasks ending on their own during
+the cut, before and after its fence), and the leader cut off from NATS. Each
 starts a fresh bed and cluster and must count 0 everywhere. `pytest -m netbed` selects them;
 bench/partitions.py runs every scenario and prints the table."""
 
@@ -26,6 +27,12 @@ async def test_partition_scenario_counts_nothing_bad(name: str, tmp_path: Path) 
         assert result.notes["victim_tasks"] >= 1 and result.notes["rejoined_after_heal_s"]
         assert result.notes["addresses_advertised"]
         assert result.notes["old_copies_gone_s"] < result.notes["first_retry_s"]
+        # Its tasks ended on their own during the cut, one before its fence and one after
+        # (completed_twice and applied_twice above count what became of them); the first's
+        # report came from the old incarnation after the heal.
+        ends = result.notes["ends_in_cut"]
+        assert "before_fence" in ends and "after_fence" in ends, ends
+        assert result.notes["late_reports"] >= 1, "no report from the cut arrived late"
     else:
         assert result.notes["take_over_s"] is not None, "the standby never took over"
         assert result.notes["probe_placed_s"] is not None, "nothing placed during the cut"
