@@ -5,12 +5,20 @@ incompressible files, then measures:
 
 - pack + upload of the tree (the same tree again: pack + "already stored");
 - submit -> RUNNING of a 1-task job without a bundle (the baseline), with the bundle on a
-  worker that has not fetched it (first build: fetch + unpack), and again (cached: unpack
-  from the worker's cache into a new task directory);
+  worker that has not fetched it (first build: fetch + unpack), and again (cached: the
+  cached tree given to a new task directory), interleaved with the baseline: best and
+  median of --repeat each;
+- that cached start's own work alone: placing the cached tree in a new directory, against
+  unpacking the tar there (what a cached start did before);
 - one job of T tasks over the N workers needing a bundle none has: submit -> every task
-  RUNNING, and how many fetches the workers made (each should fetch it once).
+  RUNNING, the CPU seconds the stack spent on it, and how many fetches the workers made
+  (each should fetch it once). The same job without a bundle is the baseline.
 
-    .venv/bin/python bench/bundles.py [--mib 50] [--workers 8] [--tasks 64] [--quick]
+On a shared machine the load average (printed) moves the wall-clock figures a lot; the CPU
+seconds much less.
+
+    .venv/bin/python bench/bundles.py [--mib 50] [--workers 8] [--tasks 64] [--repeat 7]
+                                      [--quick]
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,10 +38,13 @@ from nats.aio.client import Client as NATS
 from berth import workspace
 from berth.client import publish_submit
 from berth.stack import Stack, start_stack
+from services.worker_agent import bundle_trees
 from shared import bundles, nats_io
 from shared.lifecycle import ClusterState
 from shared.messages import Constraint, JobSpec, Op, Resources, encode
 from shared.states import TaskState
+
+GIVE_UP_AFTER = 120.0
 
 
 def make_tree(root: Path, mib: float, salt: str) -> None:
@@ -61,7 +73,12 @@ async def submit_until_running(nc: NATS, state: ClusterState, events: object, sp
     started = time.perf_counter()
     seq = await publish_submit(nc, encode(spec))
     while True:
-        record = await anext(events)  # type: ignore[call-overload]
+        try:
+            record = await asyncio.wait_for(anext(events), GIVE_UP_AFTER)  # type: ignore[call-overload]
+        except TimeoutError:
+            raise SystemExit(f"bench: nothing happened for {GIVE_UP_AFTER:g}s (on a machine "
+                             f"this loaded, load average {load_average():.0f}, workers can be "
+                             "fenced off: see their logs)") from None
         state.apply(record.seq, record.event)
         job_id = state.job_by_submit.get(seq)
         if job_id is None:
@@ -80,8 +97,57 @@ def fetch_times(stack: Stack) -> list[float]:
         if label.startswith("local-"):
             for line in (stack.data_dir / "logs" / f"{label}.log").read_text().splitlines():
                 if "fetched bundle" in line:
-                    out.append(float(line.rsplit(" in ", 1)[1].split()[0]))
+                    out.append(float(line.split(") in ", 1)[1].split()[0]))
     return out
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU time each of the stack's processes (servers, services, workers with the tasks'
+    supervisors they reaped) has used: on a shared machine, what a phase cost whatever the
+    load. Workers are summed as "workers"."""
+    procs = {**stack.children, **{f"nats{i}": n.proc for i, n in enumerate(stack.nats.nodes)}}
+    out: dict[str, float] = {}
+    for label, proc in procs.items():
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = "workers" if label.startswith("local-") else label
+        # utime stime cutime cstime
+        out[name] = out.get(name, 0) + sum(int(f) for f in fields[11:15]) / os.sysconf(
+            "SC_CLK_TCK")
+    return out
+
+
+def cpu_since(stack: Stack, before: dict[str, float]) -> dict[str, float]:
+    now = cpu_seconds(stack)
+    spent = {name: round(now[name] - before.get(name, 0), 2) for name in now}
+    return {"total": round(sum(spent.values()), 2), **spent}
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def place_vs_unpack(tree: Path, tmp: Path) -> tuple[float, float]:
+    """Seconds (best of 3) to give a new task directory the bundle from the worker's cache
+    (bundle_trees.place) and to unpack its tar there instead (what a cached start did
+    before): the cached start's own work, apart from the end-to-end noise."""
+    archive = tmp / "place.tar"
+    with archive.open("wb") as f:
+        bundles.pack(tree, f, limit=1 << 40)
+    cached = tmp / "place-cache"
+    bundles.unpack(archive, cached)
+    bundle_trees.seal(cached)
+    placed, unpacked = [], []
+    for i in range(3):
+        started = time.perf_counter()
+        bundle_trees.place(cached, tmp / f"placed-{i}")
+        placed.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        bundles.unpack(archive, tmp / f"unpacked-{i}")
+        unpacked.append(time.perf_counter() - started)
+    return min(placed), min(unpacked)
 
 
 async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str, object]:
@@ -96,19 +162,29 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
     one = JobSpec(name="b", command=["sleep", "0.2"], resources=small,
                   constraints=[Constraint(key="id", op=Op.EQ, value="w0")])
     bundled = msgspec.structs.replace(one, bundle=digest)
-    base = [await submit_until_running(nc, state, events, one) for _ in range(3)]
+    base = [await submit_until_running(nc, state, events, one)]
     first = await submit_until_running(nc, state, events, bundled)
-    cached = [await submit_until_running(nc, state, events, bundled) for _ in range(3)]
+    # Interleaved, so that a burst of load elsewhere falls on both kinds alike.
+    cached: list[float] = []
+    for _ in range(args.repeat):
+        base.append(await submit_until_running(nc, state, events, one))
+        cached.append(await submit_until_running(nc, state, events, bundled))
+    loads = [load_average()]
+    place_s, unpack_s = await asyncio.to_thread(place_vs_unpack, tmp / "tree", tmp)
     make_tree(tmp / "tree2", args.mib, "two")
     digest2, _, _ = await upload(nc, tmp / "tree2")
     before = len(fetch_times(stack))
     fan = JobSpec(name="fan", command=["sleep", "0.2"], replicas=args.tasks,
                   resources=Resources(cpu=round(args.workers * 2 / args.tasks, 3),
                                       memory_mb=16))
+    cpu = cpu_seconds(stack)
     fan_base = await submit_until_running(nc, state, events, fan)
+    fan_base_cpu = cpu_since(stack, cpu)
     await asyncio.sleep(1)  # those tasks end
+    cpu = cpu_seconds(stack)
     fan_out = await submit_until_running(nc, state, events,
                                          msgspec.structs.replace(fan, bundle=digest2))
+    fan_out_cpu = cpu_since(stack, cpu)
     fan_fetches = fetch_times(stack)[before:]
     await events.aclose()
     await nc.close()
@@ -119,13 +195,21 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
         "upload_ms": ms(upload_s), "uploaded_bytes": sent,
         "same_tree_again_ms": ms(again_s), "same_tree_again_uploaded_bytes": sent_again,
         "no_bundle_to_running_ms": ms(min(base)),
+        "no_bundle_to_running_median_ms": ms(statistics.median(base)),
         "first_build_to_running_ms": ms(first),
         "cached_to_running_ms": ms(min(cached)),
+        "cached_to_running_median_ms": ms(statistics.median(cached)),
         "cached_adds_ms": ms(min(cached) - min(base)),
+        "cached_adds_median_ms": ms(statistics.median(cached) - statistics.median(base)),
+        "cached_place_ms": ms(place_s), "unpack_instead_ms": ms(unpack_s),
         "fan_out_no_bundle_all_running_ms": ms(fan_base),
         "fan_out_all_running_ms": ms(fan_out),
         "fan_out_fetches": len(fan_fetches),
         "fan_out_fetch_s": sorted(fan_fetches),
+        # CPU seconds the whole stack used from the submit until every task ran.
+        "fan_out_no_bundle_cpu_s": fan_base_cpu,
+        "fan_out_cpu_s": fan_out_cpu,
+        "load_average": [round(x, 1) for x in [*loads, load_average()]],
     }
 
 
@@ -134,11 +218,13 @@ def main() -> None:
     parser.add_argument("--mib", type=float, default=50)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=7,
+                        help="cached starts (and as many without a bundle) to take the best of")
     parser.add_argument("--quick", action="store_true",
                         help="a 2 MiB tree, 2 workers, 8 tasks (for CI)")
     args = parser.parse_args()
     if args.quick:
-        args.mib, args.workers, args.tasks = 2, 2, 8
+        args.mib, args.workers, args.tasks, args.repeat = 2, 2, 8, 2
     with tempfile.TemporaryDirectory() as tmp:
         stack = start_stack(Path(tmp) / "berth", workers=0)
         try:

@@ -34,7 +34,7 @@ from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
 from shared.messages import decode, job_spec_decoder, job_spec_schema
-from shared.states import JOB_TERMINAL_NAMES, JobState, TaskState
+from shared.states import JOB_TERMINAL_NAMES, JobState
 
 TERMINAL = JOB_TERMINAL_NAMES
 
@@ -186,7 +186,8 @@ def _format_job(job: dict[str, Any]) -> str:
         lines.append(f"  children: {', '.join(job['children'])}")
     for task in job["tasks"]:
         line = f"  task {task['index']}: {task['state']}"
-        if task["state"] == TaskState.PENDING.display and task["pending_reason"]:
+        # Set only while the task waits: to be placed (pending), or on its worker (assigned).
+        if task["pending_reason"]:
             line += f"  (waiting: {task['pending_reason']})"
         elif task["error"]:
             line += f"  ({task['error'].partition(chr(10))[0]})"

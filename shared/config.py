@@ -133,6 +133,9 @@ class Settings:
     # Workers: the bundle cache's size cap, concurrent BUILDING phases, and the age and
     # total size above which task directories are removed (docs/workspaces.md).
     bundle_cache_bytes: int = 4096 * 1024 * 1024
+    # Each task directory its own writable copy of a bundle's files, not shared read-only
+    # links to the cached ones (services/worker_agent/bundle_trees.py).
+    bundle_copies: bool = False
     max_builds: int = 4
     task_dir_max_age: float = 7 * 24 * 3600.0
     task_dir_max_bytes: int = 0
@@ -179,6 +182,7 @@ class Settings:
             snapshot_interval=_env_float("BERTH_SNAPSHOT_INTERVAL", 30.0),
             fence_margin=_fence_margin(dead_after),
             bundle_cache_bytes=_env_int("BERTH_BUNDLE_CACHE_MB", 4096) * 1024 * 1024,
+            bundle_copies=_env_flag("BERTH_BUNDLE_COPIES"),
             max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,

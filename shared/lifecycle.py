@@ -585,6 +585,12 @@ class ClusterState:
             return
         if event.state == S.PENDING:
             return  # never regress an ASSIGNED task (the seed)
+        if event.state == S.ASSIGNED:
+            # Not a transition: the worker says why the attempt has not started building.
+            if attempt is task.current_attempt and task.state == S.ASSIGNED and not (
+                    attempt.kill_requested):
+                task.pending_reason = event.waiting
+            return
         if attempt.exited:
             return  # the process is already accounted for; a late or duplicate report
         # Facts about the process always land on its own attempt, current or not.
@@ -652,6 +658,8 @@ class ClusterState:
     def _set_state(job: JobView, task: TaskView, state: TaskState) -> None:
         """Every change of a task's state goes through here, so the job's counts (from
         which its state is derived) never need a walk over its tasks."""
+        if task.state == S.ASSIGNED and state != S.ASSIGNED:
+            task.pending_reason = ""  # what its worker waited for is behind it
         counts = job.state_counts
         counts[task.state] -= 1
         if not counts[task.state]:

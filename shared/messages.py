@@ -578,6 +578,9 @@ class AttemptReported(Event, tag="attempt_reported"):
     # The attempt failed through no fault of its task: the worker could not prepare or
     # start it (its disk, an error of its own). Counts toward the host's quarantine.
     worker_fault: bool = False
+    # With state ASSIGNED: what the attempt waits for on its worker before it may build
+    # (a build slot), shown as the task's pending_reason until it moves on.
+    waiting: str = ""
 
 
 AnyEvent = (

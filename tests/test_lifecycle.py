@@ -51,9 +51,10 @@ def assigned(attempt: int, index: int = 0, worker: str = "w1", epoch: int = 1,
 
 def report(attempt: int, state: TaskState, code: int | None = None, index: int = 0,
            worker: str = "w1", job: str = "j1", error: str = "",
-           timed_out: bool = False) -> AttemptReported:
+           timed_out: bool = False, waiting: str = "") -> AttemptReported:
     return AttemptReported(job_id=job, task_index=index, error=error, attempt_id=attempt,
-                           worker_id=worker, state=state, exit_code=code, timed_out=timed_out)
+                           worker_id=worker, state=state, exit_code=code, timed_out=timed_out,
+                           waiting=waiting)
 
 
 def fold(events: list[AnyEvent]) -> tuple[ClusterState, list[object]]:
@@ -248,6 +249,23 @@ def test_pending_reasons_land_on_pending_tasks_only_and_clear_on_placement() -> 
     assert tasks[0].pending_reason == ""
 
 
+def test_what_an_assigned_attempt_waits_for_on_its_worker_shows_until_it_builds() -> None:
+    slot = "waiting for a build slot: 4 builds at once on this worker (BERTH_MAX_BUILDS)"
+    state, _ = fold([registered(), submitted(replicas=2, max_retries_failure=1),
+                     assigned(0, 0), assigned(0, 1), report(0, S.ASSIGNED, waiting=slot),
+                     report(0, S.ASSIGNED, index=1, waiting=slot)])
+    tasks = state.jobs["j1"].tasks
+    assert [t.state for t in tasks] == [S.ASSIGNED, S.ASSIGNED]  # not a transition
+    assert [t.pending_reason for t in tasks] == [slot, slot]
+    assert not tasks[0].refused_reports
+    state.apply(0, report(0, S.BUILDING))
+    state.apply(0, report(0, S.FAILED, 1, index=1))  # retried: pending, for placement to say
+    assert [t.state for t in tasks] == [S.BUILDING, S.PENDING]
+    assert [t.pending_reason for t in tasks] == ["", ""]
+    state.apply(0, report(0, S.ASSIGNED, waiting=slot))  # late: the task has moved on
+    assert tasks[0].pending_reason == ""
+
+
 def test_runtime_timeout_reported_killed_ends_the_job_with_the_reason() -> None:
     why = "timed out: ran longer than the task timeout of 1s"
     state, effects = fold([registered(), submitted(replicas=2), assigned(0, 0), assigned(0, 1),
@@ -361,7 +379,7 @@ def test_a_dead_worker_in_a_gang_retries_the_whole_gang() -> None:
 
 # --- properties over random event sequences ------------------------------------------------
 
-REPORTABLE = [S.PENDING, S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED]
+REPORTABLE = [S.PENDING, S.ASSIGNED, S.BUILDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.KILLED]
 
 
 # Real job ids (the spec checks a parent id's shape), so snapshots can be loaded.
@@ -436,7 +454,9 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
         elif kind == "report":
             state = draw(st.sampled_from(REPORTABLE))
             events.append(report(attempt, state, draw(st.sampled_from([None, 0, 1])), index,
-                                 worker, job, timed_out=state == S.KILLED and draw(st.booleans())))
+                                 worker, job, timed_out=state == S.KILLED and draw(st.booleans()),
+                                 waiting="waiting for a build slot" if state == S.ASSIGNED
+                                 else ""))
         elif kind == "dead":
             events.append(WorkerDeclaredDead(worker_id=worker, incarnation=inc))
             incarnations[worker] += 1
@@ -480,6 +500,9 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
                     task.state, task.failure_count, spec.max_retries_failure,
                     task.preemption_count, spec.max_retries_preemption, task.stopped_with_gang)
                 assert (task.key in state.pending) == schedulable
+                # What a worker said an attempt waits for shows only while it waits there.
+                if task.pending_reason == "waiting for a build slot":
+                    assert task.state == S.ASSIGNED
                 # When a job has ended, none of its tasks is left unfinished.
                 if job.state in JOB_TERMINAL:
                     assert done, (job.state, task)

@@ -3,6 +3,7 @@ submit` as a user runs it, a real worker building and running the task (docs/wor
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -10,23 +11,28 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from nats.aio.client import Client as NATS
 
 from berth import cli, workspace
 from berth.client import submit_job
 from berth.stack import Stack
 from services.submitter.intake import intake
-from services.worker_agent import build, task_dirs
-from shared import bundles
+from services.worker_agent import build, bundle_trees, task_dirs
+from services.worker_agent.bundle_cache import BundleCache
+from shared import bundles, nats_io
 from shared.credentials import Role
-from shared.messages import JobSpec, Resources, SubmitRejected
+from shared.messages import AttemptReported, JobSpec, Resources, SubmitRejected
+from shared.states import TaskState
 from tests.conftest import wait_for_job, wait_until
 from tests.test_cli import run_berth
 
+S = TaskState
 SMALL = Resources(cpu=0.5, memory_mb=64)
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +77,65 @@ def test_a_tree_packs_reproducibly_and_honours_ignore_files(tmp_path: Path) -> N
     bundles.unpack(archive, out)
     assert (out / "mypkg" / "__init__.py").read_text() == "VALUE = '42'\n"
     assert (out / "run.sh").stat().st_mode & 0o111
+
+
+def unpacked_tree(tmp_path: Path) -> Path:
+    """A bundle of make_tree (with a symlink) unpacked and sealed as the worker caches it."""
+    root = make_tree(tmp_path / "ws")
+    (root / "sub" / "link").symlink_to("kept.txt")
+    archive = tmp_path / "b.tar"
+    with archive.open("wb") as f:
+        bundles.pack(root, f)
+    tree = tmp_path / "cache" / "tree"
+    bundles.unpack(archive, tree)
+    held = bundle_trees.seal(tree)
+    assert held == bundle_trees.footprint(tree) and held.files == 6 and held.bytes > 0
+    return tree
+
+
+def test_task_directories_share_one_read_only_tree_and_a_write_to_it_is_noticed(
+        tmp_path: Path) -> None:
+    tree = unpacked_tree(tmp_path)
+    one, two = tmp_path / "tasks" / "0", tmp_path / "tasks" / "1"
+    (one / "sub").mkdir(parents=True)
+    (one / "sub" / "kept.txt").write_text("an older bundle's\n")
+    (one / "checkpoint").write_text("mine")
+    bundle_trees.place(tree, one)
+    bundle_trees.place(tree, two)
+    for task in (one, two):
+        assert (task / "mypkg" / "__init__.py").read_text() == "VALUE = '42'\n"
+        assert (task / "sub" / "kept.txt").read_text() == "yes\n"  # the bundle's wins
+        assert os.readlink(task / "sub" / "link") == "kept.txt"
+        assert (task / "run.sh").stat().st_mode & 0o777 == 0o555
+        assert (task / "mypkg" / "__init__.py").stat().st_mode & 0o777 == 0o444
+    assert (one / "checkpoint").read_text() == "mine"  # the task's own files stay
+    # Shared, not copied (ext4 here: hard links; a reflink would be a file of its own).
+    shared = (tree / "run.sh").stat()
+    hard_links = (one / "run.sh").stat().st_ino == shared.st_ino
+    assert hard_links or shared.st_nlink == 1
+    # Replacing a bundled file is the task's own business.
+    (one / "new.py").write_text("VALUE = 'mine'\n")
+    os.replace(one / "new.py", one / "mypkg" / "__init__.py")
+    (one / "sub" / "kept.txt").unlink()
+    for where in (tree, two):
+        assert (where / "mypkg" / "__init__.py").read_text() == "VALUE = '42'\n"
+        assert (where / "sub" / "kept.txt").read_text() == "yes\n"
+    # With BERTH_BUNDLE_COPIES, a task's files are its own and writable.
+    own = tmp_path / "tasks" / "own"
+    bundle_trees.place(tree, own, copies=True)
+    assert (own / "run.sh").stat().st_ino != shared.st_ino
+    (own / "run.sh").write_text("#!/bin/sh\necho mine\n")
+    assert (tree / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
+    task_dirs.remove_stale(tmp_path, 0, 0, [])  # read-only files go with their directory
+    assert not list((tmp_path / "tasks").iterdir())
+    # A write to a shared file in place (as root, whom read-only does not stop, or after a
+    # chmod): the next placement notices, and the worker fetches the bundle again.
+    bundle_trees.place(tree, two)
+    (two / "run.sh").chmod(0o755)
+    (two / "run.sh").write_text("#!/bin/sh\necho changed\n")
+    if hard_links:
+        with pytest.raises(bundle_trees.TreeChanged, match=r"^run\.sh was written"):
+            bundle_trees.place(tree, tmp_path / "tasks" / "2")
 
 
 def test_bad_workspaces_are_one_clear_line(tmp_path: Path) -> None:
@@ -181,6 +246,17 @@ def test_status_shows_a_build_failures_output_tail_below_its_attempt() -> None:
         "      | oops"]
 
 
+def test_status_says_what_an_assigned_task_waits_for_on_its_worker() -> None:
+    slot = "waiting for a build slot: 4 builds at once on this worker (BERTH_MAX_BUILDS)"
+    attempt = {"attempt_id": 0, "worker_id": "local-0", "state": "assigned",
+               "worker_failure": False, "exit_code": None, "error": "",
+               "assigned_at": None, "started_at": None, "finished_at": None}
+    job = {"job_id": "j1-aaaa", "name": "b", "state": "pending", "error": "",
+           "tasks": [{"index": 0, "state": "assigned", "pending_reason": slot, "error": "",
+                      "refused_reports": [], "attempts": [attempt]}]}
+    assert cli._format_job(job).splitlines()[1] == f"  task 0: assigned  (waiting: {slot})"
+
+
 # --- with a running stack -----------------------------------------------------------------
 
 
@@ -281,8 +357,21 @@ time.sleep(60)
 """
 
 
+async def reports_of(nc: NATS, job_id: str) -> list[tuple[TaskState, str]]:
+    """The (state, waiting) of every attempt report of the job in the event log so far."""
+    last = await nats_io.last_event_seq(nc.jetstream())
+    out = []
+    async for record in nats_io.follow_events(nc.jetstream()):
+        event = record.event
+        if isinstance(event, AttemptReported) and event.job_id == job_id:
+            out.append((event.state, event.waiting))
+        if record.seq >= last:
+            return out
+    raise AssertionError("the stream ended")
+
+
 async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes(
-        make_stack, nc) -> None:
+        make_stack, nc, tmp_path: Path) -> None:
     """One worker, for time: the BUILDING phase's failures, and a task stopped at its timeout
     that resumes from its checkpoint in BERTH_TASK_DIR."""
     stack: Stack = make_stack(workers=1, worker_cpu=4, extra_env={"BERTH_MAX_BUILDS": "1"})
@@ -323,9 +412,11 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     job = await wait_for_job(stack, str(forged.job_id), {"failed", "succeeded"})
     assert job["tasks"][0]["error"] == (
         f"bundle {forged_digest}: the object store's copy does not match its digest")
-    # It waited for the slow build's slot (BERTH_MAX_BUILDS=1), and its log says so.
-    assert logs_of(stack, str(lost.job_id)) == (
-        "waiting for a build slot: 1 builds at once on this worker (BERTH_MAX_BUILDS)\n")
+    # It waited for the slow build's slot (BERTH_MAX_BUILDS=1), staying assigned: its worker
+    # said why (the task's pending_reason meanwhile), and its log says so too.
+    slot = "waiting for a build slot: 1 builds at once on this worker (BERTH_MAX_BUILDS)"
+    assert logs_of(stack, str(lost.job_id)) == slot + "\n"
+    assert (S.ASSIGNED, slot) in await reports_of(nc, str(lost.job_id))
     job = await wait_for_job(stack, str(resumable.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "succeeded"
     first, second = job["tasks"][0]["attempts"]
@@ -334,6 +425,35 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert "resumed from step 7 retry 1" in logs_of(stack, str(resumable.job_id))
     job = await wait_for_job(stack, str(no_budget.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "killed" and len(job["tasks"][0]["attempts"]) == 1
+    await bundle_cache_shares_fetches_repairs_and_evicts(nc, tmp_path)
+
+
+async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Path) -> None:
+    """A worker's cache, over the stack's object store (as the admin, who may read it)."""
+    digests = []
+    for name in ("one", "two"):
+        root = make_tree(tmp_path / "trees" / name)
+        (root / "which.txt").write_text(name)
+        with tempfile.TemporaryFile() as archive:
+            digests.append((await workspace.upload(
+                nc, archive, bundles.pack(root, archive))).digest)  # type: ignore[arg-type]
+    one, two = digests
+    cache = BundleCache(tmp_path / "cache", 1, nc.jetstream())  # a 1-byte cap
+    tasks = [tmp_path / "tasks" / str(i) for i in range(4)]
+    # Four attempts want it at once: one fetch and one unpack, shared by all.
+    await asyncio.gather(*(cache.place(one, task) for task in tasks))
+    assert cache.fetches == 1
+    assert all((task / "which.txt").read_text() == "one" for task in tasks)
+    # A write in place (as root, or after a chmod) is noticed, and the bundle fetched again.
+    (tasks[0] / "which.txt").chmod(0o644)
+    (tasks[0] / "which.txt").write_text("changed")
+    await cache.place(one, tmp_path / "tasks" / "after")
+    assert cache.fetches == 2
+    assert (tmp_path / "tasks" / "after" / "which.txt").read_text() == "one"
+    # Over the cap, the least recently used tree goes; the task directories keep its files.
+    await cache.place(two, tmp_path / "tasks" / "two")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [two.split(":")[1]]
+    assert (tmp_path / "tasks" / "after" / "which.txt").read_text() == "one"
 
 
 def test_quick_bundles_benchmark_runs_and_each_worker_fetches_a_bundle_once() -> None:

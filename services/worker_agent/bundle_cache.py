@@ -1,15 +1,19 @@
-"""The worker's bundle cache: each bundle fetched from the object store once, kept on disk
-by digest, and evicted least recently used first above a size cap (BERTH_BUNDLE_CACHE_MB).
-Attempts that need the same bundle at once share one fetch. A fetched bundle is kept only if
-its bytes hash to its name: the object store is written by submit users."""
+"""The worker's bundle cache: each bundle fetched from the object store once, unpacked once
+into a read-only tree kept on disk by digest (which task directories then share, see
+bundle_trees.py), and evicted least recently used first above a size cap
+(BERTH_BUNDLE_CACHE_MB). Attempts that need the same bundle at once share one fetch and one
+unpack. A fetched bundle is kept only if its bytes hash to its name: the object store is
+written by submit users."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -19,11 +23,14 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from services.worker_agent import bundle_trees
 from shared import bundles, subjects
 
 log = logging.getLogger("berth.worker.bundles")
 # A fetch that has received nothing for this long has failed.
 STALLED_AFTER = 30.0
+# Trees with at most this many files are given to a task directory on the event loop.
+PLACE_INLINE_FILES = 256
 
 
 class BundleUnavailable(Exception):
@@ -31,41 +38,81 @@ class BundleUnavailable(Exception):
 
 
 class BundleCache:
-    def __init__(self, root: Path, cap_bytes: int, js: JetStreamContext) -> None:
+    def __init__(self, root: Path, cap_bytes: int, js: JetStreamContext,
+                 copies: bool = False) -> None:
         self.root = root
+        self.copies = copies  # BERTH_BUNDLE_COPIES
+        self.placer = bundle_trees.Placer(copies)
         self.cap_bytes = cap_bytes
         self.js = js
         self.fetching: dict[str, asyncio.Task[Path]] = {}
         self.fetches = 0  # how many were fetched from the object store (benchmarks)
+        self.trees: dict[str, bundle_trees.Footprint] = {}  # by the tree's directory name
+        # Trees being placed in a task directory right now: never evicted meanwhile.
+        self.in_use: collections.Counter[str] = collections.Counter()
 
-    def remove_partial(self) -> None:
-        """Fetches a previous agent left half done (it died during them)."""
-        for partial in self.root.glob("*.part-*"):
-            partial.unlink(missing_ok=True)
+    def tidy(self) -> None:
+        """At start: what a previous agent left half done (it died during a fetch or an
+        eviction), and bundles an older agent cached as tars; what each tree holds."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for entry in self.root.iterdir():
+            if ".part-" in entry.name or entry.suffix == ".tar":
+                _remove(entry)
+            elif entry.is_dir():
+                with contextlib.suppress(OSError):
+                    self.trees[entry.name] = bundle_trees.footprint(entry)
 
-    def path(self, digest: str) -> Path:
-        return self.root / f"{digest.removeprefix(bundles.DIGEST_PREFIX)}.tar"
+    def tree(self, digest: str) -> Path:
+        return self.root / digest.removeprefix(bundles.DIGEST_PREFIX)
+
+    async def place(self, digest: str, dest: Path) -> None:
+        """Gives the task directory `dest` the bundle's files (bundle_trees.place), fetching
+        and unpacking it first if this worker has not. Raises BundleUnavailable, OSError."""
+        for _ in range(2):
+            tree = await self.get(digest)
+            self.in_use[tree.name] += 1
+            try:
+                held = self.trees.get(tree.name)
+                if held is not None and held.files <= PLACE_INLINE_FILES and not self.copies:
+                    # A few hundred links: quicker here than a thread's hand-off, which on a
+                    # busy host costs more than the links themselves.
+                    self.placer.place(tree, dest)
+                else:
+                    await asyncio.to_thread(self.placer.place, tree, dest)
+                return
+            except bundle_trees.TreeChanged as exc:
+                # An attempt placing from it at this moment fails ("cannot unpack it") and is
+                # retried under its failure budget: rare, and better than sharing the change.
+                log.warning("bundle %s: %s; fetching it again", digest, exc)
+                await self._drop(tree)
+            finally:
+                self.in_use[tree.name] -= 1
+                if not self.in_use[tree.name]:
+                    del self.in_use[tree.name]
+        raise BundleUnavailable(f"bundle {digest}: its cached copy keeps being written to")
 
     async def get(self, digest: str) -> Path:
-        """The bundle's file on disk, fetched if it is not cached. Raises BundleUnavailable."""
-        path = self.path(digest)
-        if path.exists():
+        """The bundle's unpacked, read-only tree, fetched and unpacked if it is not cached.
+        Raises BundleUnavailable."""
+        tree = self.tree(digest)
+        if tree.is_dir():
             with contextlib.suppress(OSError):
-                os.utime(path)  # its last use, for the LRU order
-            return path
+                os.utime(tree)  # its last use, for the LRU order
+            return tree
         task = self.fetching.get(digest)
         if task is None:
-            task = asyncio.create_task(self._fetch(digest, path))
+            task = asyncio.create_task(self._fetch(digest, tree))
             self.fetching[digest] = task
             task.add_done_callback(lambda _: self.fetching.pop(digest, None))
         return await asyncio.shield(task)
 
-    async def _fetch(self, digest: str, path: Path) -> Path:
+    async def _fetch(self, digest: str, tree: Path) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         missing = (f"bundle {digest} is not in the object store (bucket "
                    f"{subjects.BUNDLES_BUCKET}): submit it again")
         started = time.monotonic()
-        partial = path.with_suffix(f".part-{os.getpid()}")
+        partial = tree.with_name(f"{tree.name}.part-{os.getpid()}")
+        staging = tree.with_name(f"{tree.name}.part-{os.getpid()}.d")
         try:
             try:
                 store = await self.js.object_store(subjects.BUNDLES_BUCKET)
@@ -80,20 +127,30 @@ class BundleCache:
             if bundles.digest_of(sha) != digest:
                 raise BundleUnavailable(f"bundle {digest}: the object store's copy does not "
                                         "match its digest")
-            os.replace(partial, path)
+            fetched = time.monotonic()
+            held = await asyncio.to_thread(_unpack, partial, staging)
+            os.replace(staging, tree)
+        except BundleUnavailable:
+            raise
         except (nats.errors.Error, TimeoutError) as exc:
             raise BundleUnavailable(f"bundle {digest}: cannot fetch it from the object store: "
                                     f"{exc}") from None
         except OSError as exc:
             raise BundleUnavailable(f"bundle {digest}: cannot store it on this worker: "
                                     f"{exc.strerror or exc}") from None
+        except Exception as exc:  # tarfile's filter errors: a bundle no packer made
+            raise BundleUnavailable(f"bundle {digest}: cannot unpack it: {exc}") from None
         finally:
             partial.unlink(missing_ok=True)
+            if staging.exists():
+                await asyncio.to_thread(_remove, staging)
         self.fetches += 1
-        log.info("fetched bundle %s (%s) in %.2f s", digest, bundles.mib(info.size or 0),
-                 time.monotonic() - started)
-        self._evict(keep=path)
-        return path
+        self.trees[tree.name] = held
+        now = time.monotonic()
+        log.info("fetched bundle %s (%s) in %.2f s, unpacked in %.2f s", digest,
+                 bundles.mib(info.size or 0), fetched - started, now - fetched)
+        await self._evict(keep=tree.name)
+        return tree
 
     async def _receive(self, nuid: str, size: int, out: BinaryIO) -> str:
         """The object's chunks written to `out` as they arrive; their sha256 (hex).
@@ -133,18 +190,42 @@ class BundleCache:
                 await sub.unsubscribe()
         return sha.hexdigest()
 
-    def _evict(self, keep: Path) -> None:
-        """Least recently used first, until the cache fits its cap (the newest always stays)."""
-        files = []
-        for entry in self.root.glob("*.tar"):
+    async def _evict(self, keep: str) -> None:
+        """Least recently used first, until the cache fits its cap (the newest always stays,
+        and so does a tree being placed). Task directories keep their links to an evicted
+        tree's files: its space comes back when they go too."""
+        trees = []
+        for name, held in self.trees.items():
             with contextlib.suppress(OSError):
-                st = entry.stat()
-                files.append((st.st_mtime, st.st_size, entry))
-        total = sum(size for _, size, _ in files)
-        for _, size, entry in sorted(files):
+                trees.append(((self.root / name).stat().st_mtime, held.bytes, name))
+        total = sum(size for _, size, _ in trees)
+        for _, size, name in sorted(trees):
             if total <= self.cap_bytes:
                 return
-            if entry != keep:
-                entry.unlink(missing_ok=True)
+            if name != keep and name not in self.in_use:
+                await self._drop(self.root / name)
                 total -= size
-                log.info("evicted bundle %s from the cache", entry.name)
+                log.info("evicted bundle %s from the cache", name)
+
+    async def _drop(self, tree: Path) -> None:
+        """Out of the cache at once (renamed), then removed from disk off the event loop."""
+        self.trees.pop(tree.name, None)
+        gone = tree.with_name(f"{tree.name}.part-{os.getpid()}.gone")
+        try:
+            os.replace(tree, gone)
+        except OSError:
+            return
+        await asyncio.to_thread(_remove, gone)
+
+
+def _unpack(archive: Path, dest: Path) -> bundle_trees.Footprint:
+    """The bundle unpacked and sealed into `dest`."""
+    bundles.unpack(archive, dest)
+    return bundle_trees.seal(dest)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

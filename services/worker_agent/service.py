@@ -29,7 +29,7 @@ from services.worker_agent.gpu_watch import GpuWatch
 from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
 from services.worker_agent.task_dirs import TaskDirs
 from services.worker_agent.task_env import gpu_devices, task_environment
-from shared import bounded, bundles, dir_lock, nats_io, service, subjects, telemetry
+from shared import bounded, dir_lock, nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
@@ -119,7 +119,8 @@ class WorkerAgent:
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
-        self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js)
+        self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js,
+                                   copies=settings.bundle_copies)
         # At most this many attempts in BUILDING at once; the others wait ASSIGNED.
         self.builds = asyncio.Semaphore(settings.max_builds)
         # Until when (CLOCK_MONOTONIC) this incarnation's tasks may run: moved later each
@@ -136,7 +137,7 @@ class WorkerAgent:
         subscription that calls `on_leader` for all of them."""
         if self.simulate is None:
             self._kill_orphans()
-            self.bundles.remove_partial()
+            self.bundles.tidy()
             self._spawn(self._collect_task_dirs(stop))
         cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
                                           cb=self._on_command)
@@ -403,7 +404,7 @@ class WorkerAgent:
     async def _report(self, cmd: RunAttempt | KillAttempt, state: TaskState,
                       exit_code: int | None = None, error: str = "",
                       timed_out: bool = False, usage: ResourceUse | None = None,
-                      worker_fault: bool = False) -> None:
+                      worker_fault: bool = False, waiting: str = "") -> None:
         if self.winding_down and state not in (TaskState.BUILDING, TaskState.RUNNING):
             return  # a worker-level event accounts for the attempts stopped now
         key = attempt_key(cmd.job_id, cmd.task_index, cmd.attempt_id)
@@ -414,7 +415,7 @@ class WorkerAgent:
             job_id=cmd.job_id, task_index=cmd.task_index, attempt_id=cmd.attempt_id,
             worker_id=self.worker_id, state=state, exit_code=exit_code, error=error,
             timed_out=timed_out, ts=time.time(), gpu=gpu, usage=usage,
-            worker_fault=worker_fault,
+            worker_fault=worker_fault, waiting=waiting,
         )
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
@@ -473,10 +474,12 @@ class WorkerAgent:
         error = ""
         if cmd.bundle or cmd.setup:
             if self.builds.locked():
-                # Said in the task's log too, where its user looks while it stays ASSIGNED.
+                # The task's pending_reason while it stays ASSIGNED (API, `berth status`,
+                # dashboard), and a line of its log.
                 note = (f"waiting for a build slot: {self.settings.max_builds} builds at once "
                         "on this worker (BERTH_MAX_BUILDS)")
                 log.info("%s stays assigned, %s", key, note)
+                await self._report(cmd, TaskState.ASSIGNED, waiting=note)
                 with contextlib.suppress(Exception):
                     await self.js.publish(self._log_subject(cmd), f"{note}\n".encode(),
                                           headers={"Berth-Stream": "build"})
@@ -506,11 +509,10 @@ class WorkerAgent:
         cmd = attempt.command
         if cmd.bundle and dirs.unpacked() != cmd.bundle:
             try:
-                archive = await self.bundles.get(cmd.bundle)
-                await asyncio.to_thread(bundles.unpack, archive, dirs.task)
+                await self.bundles.place(cmd.bundle, dirs.task)
             except BundleUnavailable as exc:
                 return str(exc)
-            except Exception as exc:  # tarfile's filter errors and OSError alike
+            except OSError as exc:
                 return f"bundle {cmd.bundle}: cannot unpack it: {exc}"
             dirs.mark_unpacked(cmd.bundle)
         tail = build.OutputTail()

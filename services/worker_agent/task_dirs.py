@@ -85,11 +85,15 @@ def to_remove(jobs: list[JobDir], max_age: float, max_bytes: int, in_use: set[st
 
 
 def _size(path: Path) -> int:
+    """The bytes a directory holds, a hard-linked file's size shared among its links: a
+    bundled file linked from the cache into many task directories is not counted in full
+    for each (bundle_trees.py)."""
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
+                st = os.lstat(os.path.join(root, name))
+                total += st.st_size // max(1, st.st_nlink)
     return total
 
 

@@ -108,7 +108,7 @@ async function jobPage(jobId) {
   const ended = (await states()).job_terminal.includes(job.state);
   const tasks = job.tasks.map((t) => `<tr class="task" data-task="${t.index}">
       <td>${t.index}</td><td></td>
-      <td class="task-state">${badge(t.state)}${t.state === "pending" && t.pending_reason
+      <td class="task-state">${badge(t.state)}${t.pending_reason
         ? `<div class="pending-reason"${t.retry_at ? ` data-retry-at="${t.retry_at}" data-try="${t.retries + 1}"` : ""}>${esc(t.pending_reason)}</div>` : ""}</td>
       <td>${t.failure_count} failures, ${t.preemption_count} preemptions</td>
       <td>${t.exit_code ?? ""}</td><td></td><td class="error">${esc(t.error)}</td><td></td></tr>
