@@ -6,20 +6,20 @@ original."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Annotated
 
 import nats.js.errors
+import typer
 from nats.js import JetStreamContext
 
+from berth.cli_app import fail, globals_of
 from berth.creds_cli import cli_connection, cli_credentials
-from berth.stack_info import nats_url
 from shared import nats_io, subjects
 from shared.config import Settings
 
@@ -90,52 +90,58 @@ def open_lines(path: Path) -> Iterator[str]:
         yield from f
 
 
-def cmd_backup(args: argparse.Namespace) -> int:
-    url = nats_url(args.nats_url, args.data_dir)
-    creds = cli_credentials(args.data_dir, admin=True)
+def cmd_backup(ctx: typer.Context,
+               file: Annotated[str, typer.Argument(help="the file to write (JSON lines)")]
+               ) -> int:
+    """Copy the events stream (every job and its history) to a file.
+
+    Writes every event of BERTH_EVENTS, the source of truth, to FILE (JSON lines), while
+    berth runs. Submits not yet decided are not in it. Needs admin credentials
+    (BERTH_NATS_CREDS, or a local `berth up`'s)."""
+    where = globals_of(ctx)
+    url = where.nats_url()
+    creds = cli_credentials(where.data_dir, admin=True)
 
     async def run(out: IO[str]) -> int:
         async with cli_connection(url, creds) as nc:
             return await backup(nc.jetstream(), out)
 
-    with open(args.file, "w", encoding="utf-8") as out:
-        count = asyncio.run(run(out))
-    print(f"backed up {count} events to {args.file}", file=sys.stderr)
+    try:
+        with open(file, "w", encoding="utf-8") as out:
+            count = asyncio.run(run(out))
+    except OSError as exc:
+        fail(str(exc))
+    print(f"backed up {count} events to {file}", file=sys.stderr)
     return 0
 
 
-def cmd_restore(args: argparse.Namespace) -> int:
-    url = nats_url(args.nats_url, args.data_dir)
-    creds = cli_credentials(args.data_dir, admin=True)
+def cmd_restore(ctx: typer.Context,
+                file: Annotated[str, typer.Argument(help="a file `berth backup` wrote")]
+                ) -> int:
+    """Replay a backup into a new cluster's empty events stream.
+
+    Replays FILE, made by `berth backup`, into an empty BERTH_EVENTS with every event at its
+    original sequence; start the services afterwards and they fold it as they would the
+    original. Refuses a stream that already holds events."""
+    where = globals_of(ctx)
+    url = where.nats_url()
+    creds = cli_credentials(where.data_dir, admin=True)
 
     async def run() -> int:
         async with cli_connection(url, creds) as nc:
             js = nc.jetstream()
             # Into a NATS cluster: as many copies as its services keep (BERTH_STREAM_REPLICAS).
             await nats_io.ensure_streams(js, Settings.from_env().stream_replicas)
-            return await restore(js, open_lines(Path(args.file)))
+            return await restore(js, open_lines(Path(file)))
 
     try:
         count = asyncio.run(run())
     except (BackupError, OSError) as exc:
-        print(f"berth: {exc}", file=sys.stderr)
-        return 1
-    print(f"restored {count} events from {args.file}", file=sys.stderr)
+        fail(str(exc))
+    print(f"restored {count} events from {file}", file=sys.stderr)
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "backup", help="copy the events stream (every job and its history) to a file",
-        description="Writes every event of BERTH_EVENTS, the source of truth, to FILE (JSON "
-        "lines), while berth runs. Submits not yet decided are not in it. Needs admin "
-        "credentials (BERTH_NATS_CREDS, or a local `berth up`'s).")
-    p.add_argument("file")
-    p.set_defaults(func=cmd_backup)
-    p = sub.add_parser(
-        "restore", help="replay a backup into a new cluster's empty events stream",
-        description="Replays FILE, made by `berth backup`, into an empty BERTH_EVENTS with "
-        "every event at its original sequence; start the services afterwards and they fold "
-        "it as they would the original. Refuses a stream that already holds events.")
-    p.add_argument("file")
-    p.set_defaults(func=cmd_restore)
+def register(app: typer.Typer) -> None:
+    app.command("backup")(cmd_backup)
+    app.command("restore")(cmd_restore)

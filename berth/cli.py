@@ -1,22 +1,37 @@
-"""The `berth` command."""
+"""The `berth` command: its commands that act (submit, cancel, up, doctor, ...), and its
+entry point, which registers every command module on one Typer app (berth/cli_app.py)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
+import enum
+import functools
 import hashlib
 import json
-import os
 import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from berth import backup, creds_cli, health, node_cli, token_cli, workspace
+import typer
+import typer.main
+from typer.core import TyperGroup
+
+from berth import backup, cli_read, creds_cli, health, node_cli, token_cli, workspace
+from berth.cli_app import (
+    Globals,
+    JsonFlag,
+    fail,
+    globals_of,
+    hoist_global_options,
+    new_app,
+    print_json,
+)
 from berth.client import (
     ApiError,
     SubmitOutcome,
@@ -28,30 +43,53 @@ from berth.client import (
     wait_for_outcome,
 )
 from berth.creds_cli import cli_connection, cli_credentials
-from berth.stack_info import nats_url, read_stack_info
+from berth.stack_info import read_stack_info
 from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
 from shared.messages import decode, job_spec_decoder, job_spec_schema
-from shared.states import JOB_TERMINAL_NAMES, JobState
+from shared.states import JOB_TERMINAL_NAMES
 
-TERMINAL = JOB_TERMINAL_NAMES
-
-
-def _urls(args: argparse.Namespace) -> tuple[str, str]:
-    """NATS and API URLs: flags, then BERTH_* variables, then a running `berth up`."""
-    api_url = args.api_url or config.cli_api_url() or str(
-        read_stack_info(args.data_dir).get("api_url", "http://127.0.0.1:8080"))
-    return nats_url(args.nats_url, args.data_dir), api_url
+app = new_app()
 
 
-# --- commands ------------------------------------------------------------------------------
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"berth {version('berth')}")
+        raise typer.Exit(0)
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(job_spec_schema(), indent=2))
-    return 0
+@app.callback()
+def root(
+    ctx: typer.Context,
+    data_dir: Annotated[str | None, typer.Option(
+        help="where `berth up` keeps NATS/Redis data and logs (default: $BERTH_DATA_DIR, "
+        "the profile's, else .berth)")] = None,
+    nats_url: Annotated[str | None, typer.Option(
+        help="NATS URL, or several comma-separated (default: $BERTH_NATS_URL, the "
+        "profile's, else `berth up`'s)")] = None,
+    api_url: Annotated[str | None, typer.Option(
+        help="dashboard API URL (default: $BERTH_API_URL, the profile's, else `berth up`'s)")]
+    = None,
+    profile: Annotated[str | None, typer.Option(
+        help="the profile of the config file to use (default: $BERTH_PROFILE, the file's "
+        "default_profile, else the one named default)")] = None,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print berth's version")] = False,
+) -> None:
+    if ctx.invoked_subcommand in VERBATIM:
+        return  # a service (`berth run`) reads only its BERTH_* variables, no user's profile
+    try:
+        config.select_cli_profile(profile)
+    except config.ConfigFileError as exc:
+        fail(str(exc), 2)
+    ctx.obj = Globals(data_dir or config.cli_data_dir(), nats_url, api_url)
+
+
+# --- submit, cancel --------------------------------------------------------------------------
 
 
 def submit_msg_id(user: str | None, key: str, payload: bytes) -> str:
@@ -78,8 +116,8 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
         try:
             return await asyncio.wait_for(wait_for_outcome(nc, seq, creds.user, 5), 5)
         except TimeoutError:
-            print(f"submit {seq} stored; waiting for the submitter's verdict ...",
-                  file=sys.stderr)
+            print(f"submit {seq} stored, no verdict yet (is the submitter running?); waiting "
+                  f"up to {timeout:g}s ...", file=sys.stderr)
         try:
             return await wait_for_outcome(nc, seq, creds.user, max(timeout - 5, 1))
         except TimeoutError:
@@ -96,34 +134,53 @@ async def _resolve(nats_url: str, data_dir: str, payload: bytes, base: Path) -> 
         lambda line: print(line, file=sys.stderr))
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    nats_url, api_url = _urls(args)
+@app.command("submit")
+def cmd_submit(
+    ctx: typer.Context,
+    file: Annotated[str, typer.Argument(
+        help="the spec: a .json file is JSON, any other YAML 1.2; - reads standard input "
+        "(JSON if it parses as JSON, else YAML)")],
+    wait: Annotated[bool, typer.Option(
+        help="watch the job until it ends (as `berth watch`)")] = False,
+    timeout: Annotated[float, typer.Option(help="with --wait, seconds")] = 3600,
+    idempotency_key: Annotated[str | None, typer.Option(
+        metavar="KEY", help="a key that makes a retry of this same submit the same submit "
+        "(not a second job) for 10 minutes; printed when a submit's fate is unknown")] = None,
+    submit_timeout: Annotated[float, typer.Option(
+        help="seconds to wait for the submitter's verdict")] = 120,
+    workspace_dir: Annotated[str | None, typer.Option(
+        "--workspace", metavar="DIR", help="pack DIR (honouring .gitignore and .berthignore) "
+        "into a bundle each task runs in, as the spec's `workspace` does "
+        "(docs/workspaces.md)")] = None,
+) -> int:
+    """Submit a job spec file (YAML or JSON); prints the job id."""
+    where = globals_of(ctx)
+    nats_url = where.nats_url()
     try:
-        payload = load_spec_file(args.file)
-        payload = workspace.with_workspace(payload, args.workspace)
+        payload = load_spec_file(file)
+        payload = workspace.with_workspace(payload, workspace_dir)
     except (OSError, ValueError) as exc:
-        print(f"berth: {exc}", file=sys.stderr)
-        return 2
+        fail(str(exc), 2)
     if workspace.needs_resolving(payload):
-        base = Path.cwd() if args.file == "-" else Path(args.file).resolve().parent
+        base = Path.cwd() if file == "-" else Path(file).resolve().parent
         try:
-            payload = asyncio.run(_resolve(nats_url, args.data_dir, payload, base))
+            payload = asyncio.run(_resolve(nats_url, where.data_dir, payload, base))
         except ValueError as exc:
-            print(f"berth: {exc}", file=sys.stderr)
-            return 2
-    outcome = asyncio.run(_submit(nats_url, cli_credentials(args.data_dir), payload,
-                                  args.idempotency_key, args.submit_timeout))
+            fail(str(exc), 2)
+    outcome = asyncio.run(_submit(nats_url, cli_credentials(where.data_dir), payload,
+                                  idempotency_key, submit_timeout))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
-    print(outcome.job_id)
+    print(outcome.job_id, flush=True)
     waits = _waits_for(payload)
     if waits:  # stdout stays the job id alone, for scripts
         print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
     if retry := _retry_words(payload):
         print(f"job {outcome.job_id} {retry}", file=sys.stderr)
-    if args.wait:
-        return _wait_and_show(api_url, str(outcome.job_id), args.timeout)
+    if wait:
+        return cli_read.succeeded(
+            cli_read.wait_for_end(where.api_url(), str(outcome.job_id), timeout))
     return 0
 
 
@@ -135,204 +192,11 @@ def _waits_for(payload: bytes) -> str:
     return " and ".join(parts)
 
 
+
 def _retry_words(payload: bytes) -> str:
     """What an accepted submit's retry policy will do, in words ("" without one)."""
     spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
     return spec.retry.describe() if spec.retry is not None else ""
-
-
-def _clock(ts: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def _format_attempt(a: dict[str, Any]) -> str:
-    line = f"    attempt {a['attempt_id']:<3} {a['worker_id']:<14} {a['state']}"
-    if a["worker_failure"]:
-        line += " (worker failure)"
-    if a["exit_code"] is not None:
-        line += f", exit code {a['exit_code']}"
-    first, _, rest = str(a["error"] or "").partition("\n")
-    if first:
-        line += f", {first}"
-    if a.get("devices"):
-        line += f", devices {','.join(str(d) for d in a['devices'])}"
-    if gpu := a.get("gpu"):
-        line += f", GPU memory peak {gpu['peak_memory_mb']} MiB"
-        if gpu["mean_utilization"] is not None:
-            line += (f", utilisation mean {gpu['mean_utilization']:.0f}% "
-                     f"peak {gpu['peak_utilization']}%")
-    if usage := a.get("usage"):
-        line += f", cpu {usage['cpu_seconds']:g}s, peak RSS {usage['peak_rss_mb']:g} MiB"
-    span = f"assigned {_clock(a['assigned_at'])}"
-    if a["started_at"]:
-        span += f", started {_clock(a['started_at'])}"
-    if a["finished_at"]:
-        span += f", ended {_clock(a['finished_at'])}"
-    # An error's further lines (a failed build's output tail) go below, indented.
-    return "\n".join([f"{line}  [{span}]", *(f"      | {x}" for x in rest.splitlines())])
-
-
-def _format_job(job: dict[str, Any]) -> str:
-    lines = [f"job {job['job_id']} ({job['name']}): {job['state']}"]
-    if job.get("error"):
-        lines.append(f"  error: {job['error'].partition(chr(10))[0]}")
-    if job.get("failure_reason"):
-        lines.append(f"  failure_reason: {job['failure_reason']}")
-    if job.get("waiting_for"):
-        lines.append(f"  waiting for: {job['waiting_for']}")
-    if job.get("parent"):
-        lines.append(f"  parent: {job['parent']}")
-    if job.get("children"):
-        lines.append(f"  children: {', '.join(job['children'])}")
-    for task in job["tasks"]:
-        line = f"  task {task['index']}: {task['state']}"
-        # Set only while the task waits: to be placed (pending), or on its worker (assigned).
-        if task["pending_reason"]:
-            line += f"  (waiting: {task['pending_reason']})"
-        elif task["error"]:
-            line += f"  ({task['error'].partition(chr(10))[0]})"
-        lines.append(line)
-        lines += [_format_attempt(a) for a in task["attempts"]]
-        lines += [f"    refused report: {why}" for why in task["refused_reports"]]
-    return "\n".join(lines)
-
-
-def _wait_for_end(api_url: str, job_id: str, timeout: float) -> dict[str, Any] | None:
-    """Polls the job until it ends, printing its task counts as they change; returns the
-    ended job, or None (after saying why) on an error or timeout."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
-        try:
-            job: dict[str, Any] = api_get(api_url, f"/api/jobs/{job_id}")
-        except ApiError as exc:
-            if "404" not in str(exc) or time.monotonic() > deadline:
-                print(f"berth: {exc}", file=sys.stderr)
-                return None
-            time.sleep(0.2)
-            continue
-        summary = " ".join(f"{n} {s}" for s, n in sorted(job["task_counts"].items()))
-        if summary != last:
-            print(f"  {job['state']}: {summary}", file=sys.stderr)
-            last = summary
-        if job["state"] in TERMINAL:
-            print(_format_job(job))
-            return job
-        if time.monotonic() > deadline:
-            print(f"berth: job {job_id} still {job['state']} after {timeout:.0f}s",
-                  file=sys.stderr)
-            return None
-        time.sleep(0.2)
-
-
-def _wait_and_show(api_url: str, job_id: str, timeout: float) -> int:
-    """Exit status 0 when the job succeeded."""
-    job = _wait_for_end(api_url, job_id, timeout)
-    return 0 if job is not None and job["state"] == JobState.SUCCEEDED.display else 1
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    _, api_url = _urls(args)
-    try:
-        if args.job is None:
-            page = api_get(api_url, "/api/jobs?limit=100")
-            for job in page["jobs"]:
-                counts = " ".join(f"{n} {s}" for s, n in sorted(job["task_counts"].items()))
-                print(f"{job['job_id']:<16} {job['name']:<24} {job['state']:<14} {counts}")
-            if page["next_cursor"]:
-                print("(the 100 newest jobs; see /api/jobs?cursor=... for older ones)")
-        else:
-            print(_format_job(api_get(api_url, f"/api/jobs/{args.job}")))
-    except ApiError as exc:
-        print(f"berth: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _format_worker(w: dict[str, Any]) -> list[str]:
-    res = w["resources"]
-    device = res["device"]
-    offer = f"{res['cpu']:g} cpu, {res['memory_mb']} MiB"
-    if device["type"] != "cpu":
-        offer += f", {device['count']} {device['type']}:{device['variant']}"
-    state = "healthy" if w["healthy"] else "unhealthy"
-    lines = [f"{w['worker_id']:<16} {state:<9} {offer}  "
-             f"({len(w['running_attempts'])} running, {w['cpu_free']:g} cpu free, "
-             f"{w['devices_free']} devices free)"]
-    if away := w.get("out_of_service"):
-        if w.get("drain_deadline"):
-            away += f" (deadline {_clock(w['drain_deadline'])})"
-        lines.append(f"  OUT OF SERVICE: {away}")
-    for d in w.get("devices", []):
-        what = " ".join(x for x in (d["uuid"], d["model"],
-                                    f"{d['memory_mb']} MiB" if d["memory_mb"] else "") if x)
-        state = f"held by {d['held_by']}" if d["held_by"] else "free"
-        now = [f"{d[k]}{unit}" for k, unit in (("utilization", "% busy"),
-                                                ("memory_used_mb", " MiB used"),
-                                                ("temperature_c", " C"))
-               if d.get(k) is not None]
-        if now:
-            state += f" ({', '.join(now)})"
-        if d.get("unhealthy"):
-            state += f", UNHEALTHY: {d['unhealthy']}"
-        lines.append(f"  device {d['index']}: {what or 'unchecked'}  {state}")
-    return lines
-
-
-def cmd_workers(args: argparse.Namespace) -> int:
-    _, api_url = _urls(args)
-    try:
-        workers = api_get(api_url, "/api/workers")
-    except ApiError as exc:
-        print(f"berth: {exc}", file=sys.stderr)
-        return 1
-    for w in workers:
-        print("\n".join(_format_worker(w)))
-    return 0
-
-
-async def _device_health(nats_url: str, creds: Credentials, worker_id: str, index: int,
-                         healthy: bool, reason: str) -> None:
-    from shared import nats_io
-    from shared.messages import DeviceHealthChanged
-
-    async with cli_connection(nats_url, creds) as nc:
-        await nats_io.publish_event(
-            nc.jetstream(), subjects.worker_events(worker_id),
-            DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
-                                reason=reason, ts=time.time()),
-            msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
-
-
-def cmd_device(args: argparse.Namespace) -> int:
-    """An operator takes a worker's device out of service or returns it (an admin's
-    identity: it speaks on the worker's own event subject)."""
-    nats_url, api_url = _urls(args)
-    try:
-        worker = api_get(api_url, f"/api/workers/{args.worker}")
-    except ApiError as exc:
-        print(f"berth: worker {args.worker}: {exc}", file=sys.stderr)
-        return 1
-    indices = [d["index"] for d in worker.get("devices", [])]
-    if args.index not in indices:
-        print(f"berth: index: worker {args.worker} has no device {args.index} (it has "
-              f"{', '.join(map(str, indices)) or 'none'})", file=sys.stderr)
-        return 1
-    healthy = args.action == "enable"
-    reason = args.reason or ("" if healthy else "taken out of service by an operator")
-    asyncio.run(_device_health(nats_url, cli_credentials(args.data_dir, admin=True),
-                               args.worker, args.index, healthy, reason))
-    print(f"device {args.index} of {args.worker} "
-          f"{'returned to service' if healthy else 'takes no new attempts'}")
-    return 0
-
-
-def cmd_node(args: argparse.Namespace) -> int:
-    from shared.messages import NodeAction
-
-    deadline = args.deadline if args.command == "drain" else None
-    return node_cli.node_health(*_urls(args), args.data_dir, args.worker,
-                                NodeAction(args.command), args.reason, deadline)
 
 
 async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
@@ -349,25 +213,89 @@ def _ended(api_url: str, job_id: str) -> str | None:
     except ApiError:
         return None
     state = job.get("state") if isinstance(job, dict) else None
-    return state if state in TERMINAL else None
+    return state if state in JOB_TERMINAL_NAMES else None
 
+@app.command("cancel")
+def cmd_cancel(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="job id, e.g. j42-1a2b")],
+    reason: Annotated[str, typer.Option(help="recorded with the job's error")] = "",
+    wait: Annotated[bool, typer.Option(help="wait until the job has ended")] = False,
+    timeout: Annotated[float, typer.Option(help="with --wait, seconds")] = 120,
+) -> int:
+    """Cancel a job: kill its unfinished tasks, cancel its children.
 
-def cmd_cancel(args: argparse.Namespace) -> int:
-    nats_url, api_url = _urls(args)
+    Its unfinished tasks are killed (SIGTERM, then SIGKILL after BERTH_KILL_GRACE seconds)
+    and its child jobs are cancelled. Cancelling a job that already ended changes nothing:
+    berth says so and exits with status 1."""
+    where = globals_of(ctx)
+    api_url = where.api_url()
     # Cancelling a job that already ended changes nothing: say so, and fail, rather than
     # report a cancel that did not happen.
-    if (state := _ended(api_url, args.job)) is not None:
-        print(f"berth: job {args.job} already ended ({state}); nothing to cancel",
-              file=sys.stderr)
-        return 1
-    creds = cli_credentials(args.data_dir)
-    outcome = asyncio.run(_cancel(nats_url, creds, args.job, args.reason))
+    if (state := _ended(api_url, job)) is not None:
+        fail(f"job {job} already ended ({state}); nothing to cancel")
+    creds = cli_credentials(where.data_dir)
+    outcome = asyncio.run(_cancel(where.nats_url(), creds, job, reason))
     if not outcome.accepted:
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
-    print(f"cancelling {args.job} (request {outcome.submit_seq})", file=sys.stderr)
-    if args.wait and _wait_for_end(api_url, args.job, args.timeout) is None:
+    print(f"cancelling {job} (request {outcome.submit_seq})", file=sys.stderr)
+    if wait and cli_read.wait_for_end(api_url, job, timeout) is None:
         return 1
+    return 0
+
+
+# --- operators: devices, doctor, health ------------------------------------------------------
+
+
+async def _device_health(nats_url: str, creds: Credentials, worker_id: str, index: int,
+                         healthy: bool, reason: str) -> None:
+    from shared import nats_io
+    from shared.messages import DeviceHealthChanged
+
+    async with cli_connection(nats_url, creds) as nc:
+        await nats_io.publish_event(
+            nc.jetstream(), subjects.worker_events(worker_id),
+            DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
+                                reason=reason, ts=time.time()),
+            msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
+
+
+class DeviceAction(enum.StrEnum):
+    ENABLE = "enable"
+    DISABLE = "disable"
+
+
+@app.command("device")
+def cmd_device(
+    ctx: typer.Context,
+    action: Annotated[DeviceAction, typer.Argument()],
+    worker: Annotated[str, typer.Argument(help="worker id")],
+    index: Annotated[int, typer.Argument(help="the device's index (`berth workers` lists "
+                                         "them)")],
+    reason: Annotated[str, typer.Option(help="recorded with a disable")] = "",
+) -> int:
+    """Take a worker's device (GPU) out of service, or return it.
+
+    disable: no new attempt is placed on the device, and the one running on it is killed
+    and retried elsewhere (a worker failure, not the user's). enable: return a device to
+    service, e.g. one its worker reported unhealthy (NVML errors, uncorrectable ECC errors,
+    gone from the bus) once it is fixed. Speaks as the admin identity."""
+    where = globals_of(ctx)
+    try:
+        found = api_get(where.api_url(), f"/api/workers/{worker}")
+    except ApiError as exc:
+        fail(f"worker {worker}: {exc}")
+    indices = [d["index"] for d in found.get("devices", [])]
+    if index not in indices:
+        fail(f"index: worker {worker} has no device {index} (it has "
+             f"{', '.join(map(str, indices)) or 'none'})")
+    healthy = action is DeviceAction.ENABLE
+    why = reason or ("" if healthy else "taken out of service by an operator")
+    asyncio.run(_device_health(where.nats_url(), cli_credentials(where.data_dir, admin=True),
+                               worker, index, healthy, why))
+    print(f"device {index} of {worker} "
+          f"{'returned to service' if healthy else 'takes no new attempts'}")
     return 0
 
 
@@ -383,20 +311,19 @@ async def _doctor(nats_url: str, creds: Credentials, redis: RedisSettings) -> An
         finally:
             await client.aclose()
 
-
-def doctor_redis(args: argparse.Namespace) -> RedisSettings:
+def doctor_redis(data_dir: str, redis_url: str | None) -> RedisSettings:
     """Where and as whom `berth doctor` reads Redis: --redis-url, then BERTH_REDIS_URL (with
     BERTH_REDIS_SENTINELS), else beside a running `berth up`: its Redis (or Sentinels) as
     the read-only `doctor` user, whose password is in <data dir>/auth/redis.json."""
     from shared import redis_auth
 
-    explicit = args.redis_url or RedisSettings.url_from_env()
+    explicit = redis_url or RedisSettings.url_from_env()
     if explicit:
         return RedisSettings.from_env(explicit)
-    info = read_stack_info(args.data_dir)
+    info = read_stack_info(data_dir)
     url = info.get("redis_url", "redis://127.0.0.1:6379/0")
-    if redis_auth.RedisUsers.path_of(args.data_dir).exists():
-        users = redis_auth.RedisUsers.load(args.data_dir)
+    if redis_auth.RedisUsers.path_of(data_dir).exists():
+        users = redis_auth.RedisUsers.load(data_dir)
         url = redis_auth.with_user(url, redis_auth.DOCTOR, users.passwords[redis_auth.DOCTOR])
     settings = RedisSettings.from_env(url)
     if not settings.sentinels and info.get("redis_sentinels"):
@@ -405,29 +332,53 @@ def doctor_redis(args: argparse.Namespace) -> RedisSettings:
             master=info.get("redis_master", settings.master))
     return settings
 
+RedisUrlOption = Annotated[str | None, typer.Option(
+    help="Redis URL with the doctor user's credentials (default: $BERTH_REDIS_URL, else "
+    "`berth up`'s, as its doctor user)")]
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+
+@app.command("doctor")
+def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
+               as_json: JsonFlag = False) -> int:
+    """Check the placement invariants from Redis and the event log.
+
+    Reads Redis and the event log and reports every violation of the placement invariants:
+    over-committed hosts, a group held by two gangs, a host shared by two gangs, a port
+    given twice, a device (GPU) given to two live attempts, reservations with no live
+    attempt, live attempts with no reservation. Prints double_booked_hosts=0,
+    double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted
+    per host address, devices per worker); exit status 1 when anything is wrong."""
     from redis.exceptions import RedisError
 
     from shared import redis_auth, redis_io
 
-    nats_url, _ = _urls(args)
+    where = globals_of(ctx)
     try:
-        redis = doctor_redis(args)
+        redis = doctor_redis(where.data_dir, redis_url)
     except redis_auth.RedisAuthError as exc:
         print(f"berth doctor: {exc}", file=sys.stderr)
         return 2
-    where = redis_auth.redact(redis.url)
+    shown = redis_auth.redact(redis.url)
     if redis.sentinels:
-        where += f" (primary {redis.master!r} from Sentinel " + ",".join(
+        shown += f" (primary {redis.master!r} from Sentinel " + ",".join(
             f"{h}:{p}" for h, p in redis.sentinels) + ")"
-    print(f"checking placement invariants (events and {where}) ...", file=sys.stderr)
+    print(f"checking placement invariants (events and {shown}) ...", file=sys.stderr)
     try:
-        report = asyncio.run(_doctor(nats_url, cli_credentials(args.data_dir, admin=True),
-                                     redis))
+        report = asyncio.run(_doctor(where.nats_url(),
+                                     cli_credentials(where.data_dir, admin=True), redis))
     except (redis_io.RedisConfigError, RedisError) as exc:
-        print(f"berth doctor: Redis at {where}: {exc}", file=sys.stderr)
+        print(f"berth doctor: Redis at {shown}: {exc}", file=sys.stderr)
         return 2
+    if as_json:
+        print_json({"ok": report.ok, "violations": report.violations(),
+                    "events_seq": report.events_seq,
+                    "refused_double_bookings": report.refused_double_bookings,
+                    "refused_events": report.refused_events,
+                    "last_refused_seq": report.last_refused_seq,
+                    "double_booked_hosts": report.double_booked_hosts,
+                    "double_booked_ports": report.double_booked_ports,
+                    "double_booked_devices": report.double_booked_devices})
+        return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
     print(f"events_seq={report.events_seq}")
@@ -470,16 +421,23 @@ def _healthz(api_url: str) -> tuple[int | None, Any, str]:
     except (OSError, ValueError) as exc:
         return None, None, f"{api_url}: {exc}"
 
+@app.command("health")
+def cmd_health(ctx: typer.Context, redis_url: RedisUrlOption = None,
+               as_json: JsonFlag = False) -> int:
+    """One line per service: leading, caught up, heartbeating.
 
-def cmd_health(args: argparse.Namespace) -> int:
+    Whether the scheduler holds the leader lease (and its epoch), the dashboard has caught
+    up with the event log, and each worker heartbeats; beside a running `berth up`, also how
+    often it restarted its children. Exit status 1 when anything is unhealthy."""
     from redis.exceptions import RedisError
 
     from shared import redis_auth, redis_io
 
-    _, api_url = _urls(args)
+    where = globals_of(ctx)
+    api_url = where.api_url()
     verdicts: list[health.Verdict] = []
     try:
-        redis = doctor_redis(args)
+        redis = doctor_redis(where.data_dir, redis_url)
         lease, ttl = asyncio.run(asyncio.wait_for(_leader_lease(redis), 10))
         verdicts.append(health.scheduler(lease, ttl))
     except (redis_auth.RedisAuthError, redis_io.RedisConfigError, RedisError, OSError,
@@ -490,54 +448,90 @@ def cmd_health(args: argparse.Namespace) -> int:
         verdicts += health.workers(api_get(api_url, "/api/workers"), time.time())
     except ApiError as exc:
         verdicts.append(health.Verdict("workers", False, str(exc)))
-    if (stack := health.children(read_stack_info(args.data_dir))) is not None:
+    if (stack := health.children(read_stack_info(where.data_dir))) is not None:
         verdicts.append(stack)
-    for verdict in verdicts:
+    if as_json:
+        print_json([{"service": v.service, "ok": v.ok, "detail": v.detail} for v in verdicts])
+    for verdict in [] if as_json else verdicts:
         print(verdict.line())
     return 0 if all(v.ok for v in verdicts) else 1
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    sys.argv = [f"berth run {args.service}", *args.rest]
-    if args.service == "worker":
+# --- the local stack, services ---------------------------------------------------------------
+
+
+class Service(enum.StrEnum):
+    SCHEDULER = "scheduler"
+    SUBMITTER = "submitter"
+    DASHBOARD = "dashboard"
+    WORKER = "worker"
+
+
+@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                      "help_option_names": []})
+def cmd_run(ctx: typer.Context, service: Annotated[Service, typer.Argument()]) -> int:
+    """Run one service in the foreground.
+
+    Run one berth service; configure it with BERTH_* variables (see
+    docs/configuration.md). `berth run worker --help` for workers."""
+    rest = list(ctx.args)
+    sys.argv = [f"berth run {service.value}", *rest]
+    if service is Service.WORKER:
         from services.worker_agent.service import main as worker_main
 
-        worker_main(args.rest)
+        worker_main(rest)
         return 0
-    if args.rest:
-        print(f"berth run {args.service} takes no arguments (configure with BERTH_* variables)",
-              file=sys.stderr)
-        return 2
+    if rest:
+        fail(f"run {service.value} takes no arguments (configure with BERTH_* variables)", 2)
     from services.dashboard_api.service import main as dashboard_main
     from services.scheduler.service import main as scheduler_main
     from services.submitter.service import main as submitter_main
 
-    {"scheduler": scheduler_main, "submitter": submitter_main,
-     "dashboard": dashboard_main}[args.service]()
+    mains: dict[Service, Callable[[], None]] = {
+        Service.SCHEDULER: scheduler_main, Service.SUBMITTER: submitter_main,
+        Service.DASHBOARD: dashboard_main}
+    mains[service]()
     return 0
 
 
-def _start(args: argparse.Namespace) -> Any:
-    from berth.stack import start_stack
+Workers = Annotated[int, typer.Option(help="local workers")]
+WorkerCpu = Annotated[float, typer.Option(help="cpu cores each local worker offers")]
+WorkerMemory = Annotated[int, typer.Option(help="memory each local worker offers, MiB")]
+Port = Annotated[int | None, typer.Option(help="dashboard port (default: a free port)")]
+NatsPort = Annotated[int | None, typer.Option(
+    help="default: a free port (with --nats-nodes: the first node's)")]
+NatsNodes = Annotated[int, typer.Option(
+    metavar="N", help="run NATS as a JetStream cluster of N nodes on loopback, streams with "
+    "min(N, 3) replicas (default: 1, one server)")]
+RedisPort = Annotated[int | None, typer.Option(help="default: a free port")]
+RedisServer = Annotated[bool, typer.Option(
+    help="use redis-server from PATH instead of the bundled valkey-server")]
 
-    data_dir = Path(args.data_dir).resolve()
+
+def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_mb: int,
+           port: int | None, nats_port: int | None, redis_port: int | None,
+           redis_server: bool, nats_nodes: int) -> Any:
+    from berth.stack import start_stack
+    from shared.servers import ServerError
+
+    data_dir = Path(data_dir_given).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
     try:
         stack = start_stack(
-            data_dir, workers=args.workers, worker_cpu=args.worker_cpu,
-            worker_memory_mb=args.worker_memory_mb, api_port=args.port,
-            nats_port=args.nats_port, redis_port=args.redis_port,
-            prefer_redis_on_path=args.redis_server, nats_nodes=args.nats_nodes,
+            data_dir, workers=workers, worker_cpu=worker_cpu,
+            worker_memory_mb=worker_memory_mb, api_port=port,
+            nats_port=nats_port, redis_port=redis_port,
+            prefer_redis_on_path=redis_server, nats_nodes=nats_nodes,
         )
-    except DirLocked as exc:
-        raise SystemExit(f"berth: {exc}") from None
+    except (DirLocked, ServerError) as exc:  # what it started is stopped again
+        fail(str(exc))
     nodes = len(stack.nats.nodes)
     if nodes > 1:
         print(f"  NATS       {nodes} nodes, streams with {stack.nats.stream_replicas} "
               "replicas (docs/nats-cluster.md)", file=sys.stderr)
     print(f"  NATS       {stack.nats.url}\n"
           f"  Redis      {stack.redis.url} (users: {data_dir / 'auth' / 'redis.json'})\n"
-          f"  dashboard  {stack.api_url}/\n  workers    {args.workers}\n"
+          f"  dashboard  {stack.api_url}/\n  workers    {workers}\n"
           f"  logs       {data_dir / 'logs'}\n"
           f"  identities {stack.auth.path} (`berth creds --help`)\n"
           f"  API token  {data_dir / 'api-token'} (for submit and cancel over HTTP)",
@@ -545,10 +539,16 @@ def _start(args: argparse.Namespace) -> Any:
     return stack
 
 
-def cmd_up(args: argparse.Namespace) -> int:
+@app.command("up")
+def cmd_up(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2.0,
+           worker_memory_mb: WorkerMemory = 2048, port: Port = None,
+           nats_port: NatsPort = None, nats_nodes: NatsNodes = 1, redis_port: RedisPort = None,
+           redis_server: RedisServer = False) -> int:
+    """Start NATS, Redis, all services and local workers."""
     from shared.servers import ServerError
 
-    stack = _start(args)
+    stack = _start(globals_of(ctx).data_dir, workers, worker_cpu, worker_memory_mb, port,
+                   nats_port, redis_port, redis_server, nats_nodes)
     print("berth is up; a child that exits is started again; Ctrl-C stops every process "
           "it started.", file=sys.stderr)
     stopping = False
@@ -574,8 +574,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    stack = _start(args)
+@app.command("demo")
+def cmd_demo(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2.0,
+             worker_memory_mb: WorkerMemory = 2048, port: Port = None,
+             nats_port: NatsPort = None, nats_nodes: NatsNodes = 1,
+             redis_port: RedisPort = None, redis_server: RedisServer = False,
+             timeout: Annotated[float, typer.Option(help="seconds to wait")] = 120) -> int:
+    """Start berth, run a demo job to completion, stop."""
+    stack = _start(globals_of(ctx).data_dir, workers, worker_cpu, worker_memory_mb, port,
+                   nats_port, redis_port, redis_server, nats_nodes)
     try:
         demo = resources.files("berth").joinpath("examples", "demo.yaml")
         with resources.as_file(demo) as path:
@@ -587,7 +594,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"rejected: {outcome.reason}", file=sys.stderr)
             return 1
         print(f"job {outcome.job_id} accepted", file=sys.stderr)
-        code = _wait_and_show(stack.api_url, str(outcome.job_id), args.timeout)
+        code = cli_read.succeeded(
+            cli_read.wait_for_end(stack.api_url, str(outcome.job_id), timeout))
         try:
             job = api_get(stack.api_url, f"/api/jobs/{outcome.job_id}")
             for task in job["tasks"]:
@@ -602,144 +610,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
         stack.stop()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="berth",
-        description="berth: a cluster job scheduler. Start a local cluster with `berth up`, "
-        "submit with `berth submit job.yaml`, watch with `berth status`.",
-    )
-    parser.add_argument("--data-dir", default=config.cli_data_dir(),
-                        help="where `berth up` keeps NATS/Redis data and logs (default: .berth)")
-    parser.add_argument("--nats-url", help="NATS URL, or several comma-separated (default: "
-                        "$BERTH_NATS_URL or `berth up`'s)")
-    parser.add_argument("--api-url", help="dashboard API URL (default: $BERTH_API_URL or "
-                        "`berth up`'s)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+@app.command("schema")
+def cmd_schema() -> int:
+    """Print the JSON Schema of the submit message."""
+    print(json.dumps(job_spec_schema(), indent=2))
+    return 0
 
-    def stack_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--workers", type=int, default=2, help="local workers (default: 2)")
-        p.add_argument("--worker-cpu", type=float, default=2.0,
-                       help="cpu cores each local worker offers (default: 2)")
-        p.add_argument("--worker-memory-mb", type=int, default=2048,
-                       help="memory each local worker offers, MiB (default: 2048)")
-        p.add_argument("--port", type=int, default=None,
-                       help="dashboard port (default: a free port)")
-        p.add_argument("--nats-port", type=int, default=None,
-                       help="default: a free port (with --nats-nodes: the first node's)")
-        p.add_argument("--nats-nodes", type=int, default=1, metavar="N",
-                       help="run NATS as a JetStream cluster of N nodes on loopback, streams "
-                       "with min(N, 3) replicas (default: 1, one server)")
-        p.add_argument("--redis-port", type=int, default=None, help="default: a free port")
-        p.add_argument("--redis-server", action="store_true",
-                       help="use redis-server from PATH instead of the bundled valkey-server")
 
-    p = sub.add_parser("up", help="start NATS, Redis, all services and local workers")
-    stack_options(p)
-    p.set_defaults(func=cmd_up)
-    p = sub.add_parser("demo", help="start berth, run a demo job to completion, stop")
-    stack_options(p)
-    p.add_argument("--timeout", type=float, default=120, help="seconds to wait (default: 120)")
-    p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")
-    p.add_argument("file", help="the spec: a .json file is JSON, any other YAML 1.2; - reads "
-                   "standard input (JSON if it parses as JSON, else YAML)")
-    p.add_argument("--wait", action="store_true", help="wait until the job finishes")
-    p.add_argument("--timeout", type=float, default=3600, help="with --wait (default: 3600 s)")
-    p.add_argument("--idempotency-key", default=None, metavar="KEY",
-                   help="a key that makes a retry of this same submit the same submit (not a "
-                   "second job) for 10 minutes; printed when a submit's fate is unknown")
-    p.add_argument("--submit-timeout", type=float, default=120,
-                   help="seconds to wait for the submitter's verdict (default: 120)")
-    p.add_argument("--workspace", default=None, metavar="DIR",
-                   help="pack DIR (honouring .gitignore and .berthignore) into a bundle each "
-                   "task runs in, as the spec's `workspace` does (docs/workspaces.md)")
-    p.set_defaults(func=cmd_submit)
-    p = sub.add_parser(
-        "cancel", help="cancel a job: kill its unfinished tasks, cancel its children",
-        description="Cancel a job. Its unfinished tasks are killed (SIGTERM, then SIGKILL "
-        "after BERTH_KILL_GRACE seconds) and its child jobs are cancelled. Cancelling a job "
-        "that already ended changes nothing: berth says so and exits with status 1.")
-    p.add_argument("job", help="job id, e.g. j42-1a2b")
-    p.add_argument("--reason", default="", help="recorded with the job's error")
-    p.add_argument("--wait", action="store_true", help="wait until the job has ended")
-    p.add_argument("--timeout", type=float, default=120, help="with --wait (default: 120 s)")
-    p.set_defaults(func=cmd_cancel)
-    p = sub.add_parser("status", help="show one job with its tasks, or list all jobs")
-    p.add_argument("job", nargs="?")
-    p.set_defaults(func=cmd_status)
-    p = sub.add_parser("workers", help="list the workers, their resources and devices (GPUs)")
-    p.set_defaults(func=cmd_workers)
-    p = sub.add_parser(
-        "device", help="take a worker's device (GPU) out of service, or return it",
-        description="disable: no new attempt is placed on the device, and the one running "
-        "on it is killed and retried elsewhere (a worker failure, not the user's). "
-        "enable: return a device to service, e.g. one its worker reported unhealthy (NVML "
-        "errors, uncorrectable ECC errors, gone from the bus) once it is fixed.")
-    p.add_argument("action", choices=["enable", "disable"])
-    p.add_argument("worker", help="worker id")
-    p.add_argument("index", type=int, help="the device's index (`berth workers` lists them)")
-    p.add_argument("--reason", default="", help="recorded with a disable")
-    p.set_defaults(func=cmd_device)
-    for name, text in (
-            ("cordon", "the worker takes no new work; what runs there runs on"),
-            ("drain", "the worker takes no new work; what still runs there at the deadline "
-                      "is preempted (retried elsewhere)"),
-            ("uncordon", "return a cordoned, drained or quarantined worker to service")):
-        p = sub.add_parser(name, help=text, description=text + " (docs/operations.md).")
-        p.add_argument("worker", help="worker id (`berth workers` lists them)")
-        p.add_argument("--reason", default="", help="recorded in the event log")
-        if name == "drain":
-            p.add_argument("--deadline", type=float, default=node_cli.DEFAULT_DRAIN_DEADLINE,
-                           help="seconds to wait for running work (default: %(default)g)")
-        p.set_defaults(func=cmd_node)
-    p = sub.add_parser(
-        "doctor", help="check the placement invariants from Redis and the event log",
-        description="Reads Redis and the event log and reports every violation of the "
-        "placement invariants: over-committed hosts, a group held by two gangs, a host shared "
-        "by two gangs, a port given twice, a device (GPU) given to two live attempts, reservations "
-        "with no live attempt, live attempts with no reservation. Prints double_booked_hosts=0, "
-        "double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted "
-        "per host address, devices per worker); exit status 1 "
-        "when anything is wrong.")
-    p.add_argument("--redis-url", help="Redis URL with the doctor user's credentials "
-                   "(default: $BERTH_REDIS_URL, else `berth up`'s, as its doctor user)")
-    p.set_defaults(func=cmd_doctor)
-    p = sub.add_parser(
-        "health", help="one line per service: leading, caught up, heartbeating",
-        description="Whether the scheduler holds the leader lease (and its epoch), the "
-        "dashboard has caught up with the event log, and each worker heartbeats; beside a "
-        "running `berth up`, also how often it restarted its children. Exit status 1 when "
-        "anything is unhealthy.")
-    p.add_argument("--redis-url", help="as for `berth doctor`")
-    p.set_defaults(func=cmd_health)
-    creds_cli.add_parser(sub)
-    backup.add_parsers(sub)
-    token_cli.add_parser(sub)
-    p = sub.add_parser("schema", help="print the JSON Schema of the submit message")
-    p.set_defaults(func=cmd_schema)
-    p = sub.add_parser("run", help="run one service in the foreground",
-                       description="Run one berth service; configure it with BERTH_* variables "
-                       "(see docs/configuration.md). `berth run worker --help` for workers.")
-    p.add_argument("service", choices=["scheduler", "submitter", "dashboard", "worker"])
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_run)
-    return parser
+# Each module that adds commands registers them here.
+for module in (cli_read, node_cli, creds_cli, backup, token_cli):
+    module.register(app)
+
+# Subcommands that pass their arguments on as they are (a global flag among them is theirs).
+VERBATIM = ("run",)
+
+
+@functools.cache
+def _command() -> TyperGroup:
+    """The app as a command, built once (tests call main many times in one process)."""
+    command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = hoist_global_options(sys.argv[1:] if argv is None else argv, VERBATIM)
     try:
-        code: int = args.func(args)
-        sys.stdout.flush()  # here, where a closed pipe can still be caught
-    except KeyboardInterrupt:
-        code = 130
-    except BrokenPipeError:
-        # The reader went away (`berth status | head -1`): end quietly, as a SIGPIPE
-        # would, and keep Python from complaining as it flushes stdout on exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = 128 + signal.SIGPIPE
-    return code
+        code = _command().main(args=args, prog_name="berth", standalone_mode=False)
+    except typer.TyperException as exc:  # a usage error: one line, naming the command
+        where = str(getattr(getattr(exc, "ctx", None), "command_path", None) or "berth")
+        print(f"{where}: {exc.format_message()} (see `{where} --help`)", file=sys.stderr)
+        return exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        return 130
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

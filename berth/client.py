@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,14 +118,20 @@ def api_get(api_url: str, path: str, timeout: float = 10) -> Any:
 
 def api_fetch(api_url: str, path: str, timeout: float = 10) -> bytes:
     """The body of GET `path`; any failure is an ApiError saying what went wrong."""
+    return b"".join(api_stream(api_url, path, timeout))
+
+
+def api_stream(api_url: str, path: str, timeout: float | None = 10) -> Iterator[bytes]:
+    """The body of GET `path` as it arrives (a followed log: until the server ends it);
+    `timeout` bounds each wait for more. Any failure is an ApiError saying what went wrong."""
     # Needed only where the dashboard runs with BERTH_API_CLOSED_READS.
     token = config.cli_api_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(api_url.rstrip("/") + path, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
-            body: bytes = resp.read()
-            return body
+            while chunk := resp.read1(65536):
+                yield chunk
     except urllib.error.HTTPError as exc:
         try:
             detail = json.loads(exc.read()).get("detail", "")

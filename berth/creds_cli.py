@@ -3,15 +3,17 @@ which identity the `berth` command itself speaks as."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import getpass
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Annotated, Literal
 
+import typer
 from nats.aio.client import Client as NATS
 
+from berth.cli_app import globals_of
 from berth.stack_info import read_stack_info
 from shared import config, servers
 from shared.credentials import (
@@ -143,29 +145,51 @@ def _routes(auth: AuthDir, addresses: str) -> int:
     return 0
 
 
-def cmd_creds(args: argparse.Namespace) -> int:
-    data_dir = Path(args.data_dir).resolve()
+Action = Literal["worker", "user", "scheduler", "submitter", "dashboard", "admin", "list",
+                 "revoke", "routes"]
+
+
+def cmd_creds(
+    ctx: typer.Context,
+    action: Annotated[Action, typer.Argument(
+        help="the role to make credentials for, or list / revoke / routes")],
+    name: Annotated[str, typer.Argument(
+        help="worker id (worker), user name (user), identity (revoke), the nodes' route "
+        "addresses host:port, comma-separated (routes)")] = "",
+) -> int:
+    """Make, list or revoke identities on the bus (NATS credentials).
+
+    Every connection to berth's NATS is an identity with one role, and nats-server lets
+    each role publish and read only its own subjects. `berth creds worker HOST` makes the
+    credentials file for one worker host (it may report only as HOST and receive only
+    HOST's commands); `berth creds user NAME` one for a user who submits jobs (which are
+    then NAME's, and only NAME may cancel them). Beside a running `berth up` the NATS server
+    is reloaded at once; elsewhere, copy the rendered users file to the servers and reload
+    them. `berth creds routes nats-1:6222,nats-2:6222,nats-3:6222` renders the routes file
+    of a NATS cluster (its route password, made once, and the routes;
+    docs/nats-cluster.md)."""
+    data_dir = Path(globals_of(ctx).data_dir).resolve()
     auth = _local_auth(data_dir)
     try:
-        if args.action == "routes":
-            return _routes(auth, args.name)
-        if args.action == "list":
+        if action == "routes":
+            return _routes(auth, name)
+        if action == "list":
             for identity in auth.identities():
                 scope = f" ({identity.scope})" if identity.scope else ""
                 print(f"{identity.name:<32} {identity.role}{scope}")
             return 0
-        if args.action == "revoke":
-            if not auth.revoke(args.name):
-                print(f"berth: no identity {args.name!r} (see `berth creds list`)",
+        if action == "revoke":
+            if not auth.revoke(name):
+                print(f"berth: no identity {name!r} (see `berth creds list`)",
                       file=sys.stderr)
                 return 1
             _apply(data_dir, auth)
-            print(f"revoked {args.name}", file=sys.stderr)
+            print(f"revoked {name}", file=sys.stderr)
             return 0
-        role = ROLES_WITH_SCOPE.get(args.action) or Role(args.action)
-        scope = args.name if args.action in ROLES_WITH_SCOPE else ""
-        if args.action in ROLES_WITH_SCOPE and not scope:
-            print(f"berth: `berth creds {args.action}` needs a name", file=sys.stderr)
+        role = ROLES_WITH_SCOPE.get(action) or Role(action)
+        scope = name if action in ROLES_WITH_SCOPE else ""
+        if action in ROLES_WITH_SCOPE and not scope:
+            print(f"berth: `berth creds {action}` needs a name", file=sys.stderr)
             return 2
         existed = auth.creds_path(identity_name(role, scope)).exists()
         creds = auth.ensure(role, scope)
@@ -182,22 +206,5 @@ def cmd_creds(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "creds", help="make, list or revoke identities on the bus (NATS credentials)",
-        description="Every connection to berth's NATS is an identity with one role, and "
-        "nats-server lets each role publish and read only its own subjects. `berth creds "
-        "worker HOST` makes the credentials file for one worker host (it may report only "
-        "as HOST and receive only HOST's commands); `berth creds user NAME` one for a user "
-        "who submits jobs (which are then NAME's, and only NAME may cancel them). Beside a "
-        "running `berth up` the NATS server is reloaded at once; elsewhere, copy the "
-        "rendered users file to the servers and reload them. `berth creds routes "
-        "nats-1:6222,nats-2:6222,nats-3:6222` renders the routes file of a NATS cluster "
-        "(its route password, made once, and the routes; docs/nats-cluster.md).")
-    p.add_argument("action", choices=["worker", "user", "scheduler", "submitter", "dashboard",
-                                      "admin", "list", "revoke", "routes"],
-                   help="the role to make credentials for, or list / revoke / routes")
-    p.add_argument("name", nargs="?", default="",
-                   help="worker id (worker), user name (user), identity (revoke), the nodes' "
-                   "route addresses host:port, comma-separated (routes)")
-    p.set_defaults(func=cmd_creds)
+def register(app: typer.Typer) -> None:
+    app.command("creds")(cmd_creds)

@@ -11,7 +11,11 @@ import math
 import sys
 import time
 import uuid
+from typing import Annotated
 
+import typer
+
+from berth.cli_app import globals_of
 from berth.client import ApiError, api_get
 from berth.creds_cli import cli_connection, cli_credentials, local_user
 from shared import subjects
@@ -58,3 +62,36 @@ def node_health(nats_url: str, api_url: str, data_dir: str, worker_id: str,
         case _:
             print(f"{worker_id} returned to service")
     return 0
+
+
+WorkerArg = Annotated[str, typer.Argument(help="worker id (`berth workers` lists them)")]
+ReasonOption = Annotated[str, typer.Option(help="recorded in the event log")]
+
+
+def cordon(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "") -> int:
+    """The worker takes no new work; what runs there runs on (docs/operations.md)."""
+    where = globals_of(ctx)
+    return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
+                       NodeAction.CORDON, reason)
+
+
+def drain(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "",
+          deadline: Annotated[float, typer.Option(
+              help="seconds to wait for running work")] = DEFAULT_DRAIN_DEADLINE) -> int:
+    """The worker takes no new work; what still runs there at the deadline is preempted
+    (retried elsewhere; docs/operations.md)."""
+    where = globals_of(ctx)
+    return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
+                       NodeAction.DRAIN, reason, deadline)
+
+
+def uncordon(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "") -> int:
+    """Return a cordoned, drained or quarantined worker to service (docs/operations.md)."""
+    where = globals_of(ctx)
+    return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
+                       NodeAction.UNCORDON, reason)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (cordon, drain, uncordon):
+        app.command()(command)

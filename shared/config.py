@@ -1,10 +1,13 @@
-"""Configuration from environment variables. Every variable, its default and its meaning
-is listed in `docs/configuration.md`; this is the only place that reads them."""
+"""Configuration from environment variables, and for the `berth` command also from its
+config file (profiles). Every variable, its default and its meaning is listed in
+`docs/configuration.md`; this is the only place that reads them."""
 
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shared.bounded import MAX_MESSAGE_BYTES
 from shared.node_health import QuarantinePolicy
@@ -71,31 +74,111 @@ def log_level() -> str:
 
 # What the `berth` command reads. Each is a function on its own, not a Settings field:
 # Settings.from_env checks the services' settings, and a bad scheduler setting in the
-# environment must not stop `berth status`.
+# environment must not stop `berth status`. Each takes, in order: its BERTH_* variable, then
+# the selected profile of the config file (CLI_PROFILE_KEYS), else its default.
+
+CLI_PROFILE_KEYS = {
+    "nats_url": "NATS URL, or several comma-separated (as BERTH_NATS_URL)",
+    "api_url": "dashboard API URL (as BERTH_API_URL)",
+    "nats_creds": "credentials file on the bus (as BERTH_NATS_CREDS)",
+    "api_token": "bearer token for the HTTP API (as BERTH_API_TOKEN)",
+    "data_dir": "the folder of a local `berth up` (as BERTH_DATA_DIR)",
+}
+
+
+class ConfigFileError(ValueError):
+    """The config file, or the profile asked for, cannot be used (one line)."""
+
+
+_cli_profile: dict[str, str] | None = None
+_cli_profile_name: str | None = None
+
+
+def cli_config_path() -> Path:
+    """BERTH_CONFIG, else $XDG_CONFIG_HOME/berth/config.toml (~/.config by default)."""
+    given = os.environ.get("BERTH_CONFIG")
+    if given:
+        return Path(given).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "berth" / "config.toml"
+
+
+def read_cli_profile(path: Path, name: str | None) -> dict[str, str]:
+    """The settings of profile `name` (else the file's `default_profile`, else the profile
+    called "default", else none) in the config file at `path`. A missing file is no
+    settings; a named profile that is not there, or a key that is no setting, is an error."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        if name:
+            raise ConfigFileError(f"profile {name!r}: there is no config file {path}") from None
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigFileError(f"{path}: {exc}") from None
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise ConfigFileError(f"{path}: profiles: must be a table of profiles")
+    chosen = name or data.get("default_profile") or ""
+    if not isinstance(chosen, str):
+        raise ConfigFileError(f"{path}: default_profile: must be a profile's name")
+    if chosen and chosen not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ConfigFileError(f"{path}: profile {chosen!r}: not in the file (it has {known})")
+    # Every profile is checked, not only the one used: a typo is said the first time.
+    for profile_name, profile in profiles.items():
+        where = f"{path}: profiles.{profile_name}"
+        if not isinstance(profile, dict):
+            raise ConfigFileError(f"{where}: must be a table")
+        for key, value in profile.items():
+            if key not in CLI_PROFILE_KEYS:
+                raise ConfigFileError(f"{where}.{key}: not a setting (one of "
+                                      f"{', '.join(CLI_PROFILE_KEYS)})")
+            if not isinstance(value, str) or not value:
+                raise ConfigFileError(f"{where}.{key}: must be a non-empty string")
+    return {k: os.path.expanduser(v) if k in ("nats_creds", "data_dir") else v
+            for k, v in profiles.get(chosen or "default", {}).items()}
+
+
+def select_cli_profile(name: str | None) -> None:
+    """The profile the `berth` command reads (its --profile, else BERTH_PROFILE); read at
+    once, so a bad config file is said before anything connects."""
+    global _cli_profile, _cli_profile_name
+    _cli_profile_name = name or os.environ.get("BERTH_PROFILE") or None
+    _cli_profile = read_cli_profile(cli_config_path(), _cli_profile_name)
+
+
+def _cli_setting(variable: str, key: str) -> str | None:
+    if os.environ.get(variable):
+        return os.environ[variable]
+    if _cli_profile is None:
+        select_cli_profile(None)
+    assert _cli_profile is not None
+    return _cli_profile.get(key)
+
 
 def cli_data_dir() -> str:
     """BERTH_DATA_DIR for the `berth` command: relative, as given (the default of --data-dir)."""
-    return os.environ.get("BERTH_DATA_DIR", ".berth")
+    return _cli_setting("BERTH_DATA_DIR", "data_dir") or ".berth"
 
 
 def cli_nats_url() -> str | None:
     """BERTH_NATS_URL when set (else the command looks beside `berth up`)."""
-    return os.environ.get("BERTH_NATS_URL") or None
+    return _cli_setting("BERTH_NATS_URL", "nats_url")
 
 
 def cli_api_url() -> str | None:
     """BERTH_API_URL when set (else the command looks beside `berth up`)."""
-    return os.environ.get("BERTH_API_URL") or None
+    return _cli_setting("BERTH_API_URL", "api_url")
 
 
 def cli_api_token() -> str | None:
     """BERTH_API_TOKEN when set: the bearer token the command sends to the HTTP API."""
-    return os.environ.get("BERTH_API_TOKEN") or None
+    return _cli_setting("BERTH_API_TOKEN", "api_token")
 
 
 def cli_nats_creds() -> str | None:
     """BERTH_NATS_CREDS when set: the credentials file the command uses on the bus."""
-    return os.environ.get("BERTH_NATS_CREDS") or None
+    return _cli_setting("BERTH_NATS_CREDS", "nats_creds")
 
 
 def bundle_max_bytes() -> int:

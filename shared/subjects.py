@@ -105,6 +105,11 @@ def attempt_logs(worker_id: str, job_id: str, task_index: int, attempt_id: int) 
     return f"berth.logs.{worker_id}.{job_id}.{task_index}.{attempt_id}"
 
 
+# The header on each attempt_logs message naming the output it is: one of LOG_STREAMS.
+LOG_STREAM_HEADER = "Berth-Stream"
+LOG_STREAMS = ("stdout", "stderr", "build")
+
+
 def worker_logs(worker_id: str) -> str:
     """Every attempt_logs subject of one worker."""
     return f"berth.logs.{worker_id}.>"

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from berth import cli
 from berth.stack import Stack
+from shared import redis_auth
 from shared.credentials import Role
 from tests.conftest import wait_until
 
@@ -88,7 +90,8 @@ def wait_until_sync(predicate: object, timeout: float = 30) -> None:
     raise AssertionError("timed out")
 
 
-def test_submit_and_status_against_a_running_stack(make_stack, tmp_path: Path) -> None:
+def test_submit_and_status_against_a_running_stack(
+        make_stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     stack: Stack = make_stack(workers=1)
     spec = tmp_path / "job.yaml"
     spec.write_text("name: cli\ncommand: [python3, -c, 'print(42)']\n"
@@ -114,6 +117,79 @@ def test_submit_and_status_against_a_running_stack(make_stack, tmp_path: Path) -
         result.stderr
     missing = run_berth("status", "j999-0000", env=env)
     assert missing.returncode == 1 and "404" in missing.stderr
+    read_commands_on_the_same_stack(stack, job_id, tmp_path, capsys)
+
+
+def berth_in_process(capsys: pytest.CaptureFixture[str], *args: str, fails: bool = False
+                     ) -> tuple[int, str]:
+    """`berth ARGS` in this process (the same entry point, a fraction of the start-up)."""
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    assert (code != 0) == fails, f"berth {' '.join(args)}: exit status {code}; {err}"
+    assert out if not fails else len(err.strip().splitlines()) == 1, (out, err)
+    return code, out
+
+
+def read_commands_on_the_same_stack(stack: Stack, done: str, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """jobs, status, logs (-f, --stderr), workers, why, watch, each --json where it reads,
+    and a global flag after the command, all against one running stack."""
+    talker = tmp_path / "talker.json"
+    program = ("import sys, time\nfor i in range(3):\n    print('out', i, flush=True)\n"
+               "    print('err', i, file=sys.stderr, flush=True)\n    time.sleep(0.3)\n")
+    talker.write_text(json.dumps({"name": "talker", "command": ["python3", "-c", program],
+                                  "resources": {"cpu": 0.5, "memory_mb": 64}}))
+    data = ["--data-dir", str(stack.data_dir)]
+    talker_id = berth_in_process(capsys, *data, "submit", str(talker))[1].strip()
+    # Followed from before the task has an attempt: it waits for one, then ends with it;
+    # with a global flag after the command, as a user types it.
+    follow = subprocess.run([*BERTH, "logs", talker_id, "0", "-f", "--api-url", stack.api_url],
+                            capture_output=True, text=True, timeout=60)
+    assert follow.returncode == 0, follow.stderr
+    # stdout and stderr are read apart, so only each one's own order is certain.
+    assert sorted(follow.stdout.splitlines()) == [f"{s} {i}" for s in ("err", "out")
+                                                  for i in range(3)], follow.stdout
+    api = ["--api-url", stack.api_url]
+    _, out = berth_in_process(capsys, "logs", talker_id, "--stderr", *api)
+    assert out.splitlines() == ["err 0", "err 1", "err 2"], out
+    _, out = berth_in_process(capsys, "watch", talker_id, "--json", *api)
+    assert json.loads(out)["state"] == "succeeded", out
+
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: huge\ncommand: ['true']\nresources: {cpu: 64, memory_mb: 64}\n")
+    huge_id = berth_in_process(capsys, *data, "submit", str(huge))[1].strip()
+    code, out = berth_in_process(capsys, "--api-url", stack.api_url, "why", huge_id, "--json")
+    why = json.loads(out)
+    assert code == 0 and why["queue"] == {"band": "interactive", "position": 1, "of": 1}, why
+    assert [t["index"] for t in why["pending"]] == [0]
+    code, out = berth_in_process(capsys, "why", huge_id, "--api-url", stack.api_url)
+    assert "position 1 of 1 in band interactive" in out and "task 0: " in out, out
+
+    code, out = berth_in_process(capsys, "jobs", "--json", "--api-url", stack.api_url)
+    listed = json.loads(out)["jobs"]
+    assert [j["job_id"] for j in listed][:3] == [huge_id, talker_id, done]  # newest first
+    code, out = berth_in_process(capsys, "jobs", "--json", "--state", "succeeded",
+                                 "--name", "tal", "--api-url", stack.api_url)
+    assert [j["job_id"] for j in json.loads(out)["jobs"]] == [talker_id]
+    code, out = berth_in_process(capsys, "jobs", "--limit", "1", "--api-url", stack.api_url)
+    assert huge_id in out and talker_id not in out
+    code, out = berth_in_process(capsys, "status", talker_id, "--json", "--api-url",
+                                 stack.api_url)
+    detail = json.loads(out)
+    assert detail["tasks"][0]["attempts"][0]["exit_code"] == 0
+    code, out = berth_in_process(capsys, "workers", "--json", "--api-url", stack.api_url)
+    (worker,) = json.loads(out)
+    assert worker["worker_id"] == "local-0" and worker["last_heartbeat"]
+    code, out = berth_in_process(capsys, "workers", "--api-url", stack.api_url)
+    assert "local-0" in out and "healthy" in out and "s ago" in out, out
+    code, out = berth_in_process(capsys, "doctor", "--json", "--data-dir", str(stack.data_dir),
+                                 "--redis-url", stack.redis.url_for(redis_auth.DOCTOR))
+    doctor = json.loads(out)
+    assert doctor["ok"] and doctor["double_booked_hosts"] == 0, doctor
+    code, out = berth_in_process(capsys, "--api-url", stack.api_url, "why", "j999-0000",
+                                 fails=True)
+    assert code == 1
 
 
 @pytest.mark.parametrize("service", ["scheduler", "submitter", "dashboard"])

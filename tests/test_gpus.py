@@ -320,7 +320,8 @@ def test_a_lost_gpu_or_uncorrectable_ecc_errors_make_a_device_unhealthy() -> Non
 
 
 def test_berth_status_and_workers_show_the_devices() -> None:
-    from berth.cli import _format_attempt, _format_worker
+    from berth.cli_views import format_attempt as _format_attempt
+    from berth.cli_views import format_worker as _format_worker
 
     attempt = {"attempt_id": 0, "worker_id": "gpu0", "state": "running",
                "worker_failure": False, "exit_code": None, "error": "", "devices": [2, 3],

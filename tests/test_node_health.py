@@ -133,7 +133,8 @@ def test_an_evicted_attempt_is_preempted_and_retried_not_counted_against_anyone(
 
 
 def test_berth_workers_shows_why_a_worker_is_out_of_service() -> None:
-    from berth.cli import _format_attempt, _format_worker
+    from berth.cli_views import format_attempt as _format_attempt
+    from berth.cli_views import format_worker as _format_worker
 
     worker = {"worker_id": "w1", "healthy": True, "running_attempts": [], "cpu_free": 2,
               "devices_free": 0, "resources": {"cpu": 2, "memory_mb": 1024,

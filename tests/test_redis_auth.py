@@ -4,7 +4,6 @@ touches berth's keys. Passwords are made once per data dir, owner-only, and kept
 
 from __future__ import annotations
 
-import argparse
 import json
 import stat
 from collections.abc import Iterator
@@ -147,12 +146,10 @@ def test_berth_doctor_uses_the_doctor_user_beside_berth_up(
     (tmp_path / "stack.json").write_text(json.dumps({
         "redis_url": "redis://127.0.0.1:7001/0", "redis_sentinels": "127.0.0.1:7010",
         "redis_master": "m"}))
-    args = argparse.Namespace(data_dir=str(tmp_path), redis_url=None)
-    settings = doctor_redis(args)
+    settings = doctor_redis(str(tmp_path), None)
     assert settings.url == users.url(redis_auth.DOCTOR, 7001)
     assert settings.sentinels == (("127.0.0.1", 7010),) and settings.master == "m"
-    explicit = argparse.Namespace(data_dir=str(tmp_path), redis_url="redis://d:x@h:1/0")
-    assert doctor_redis(explicit).url == "redis://d:x@h:1/0"
+    assert doctor_redis(str(tmp_path), "redis://d:x@h:1/0").url == "redis://d:x@h:1/0"
 
 
 @pytest.mark.parametrize(("url", "shown"), [

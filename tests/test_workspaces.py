@@ -19,7 +19,7 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from berth import cli, workspace
+from berth import cli_views, workspace
 from berth.client import submit_job
 from berth.stack import Stack
 from services.submitter.intake import intake
@@ -237,7 +237,7 @@ def test_status_shows_a_build_failures_output_tail_below_its_attempt() -> None:
            "error": f"job failed: task 0: {error}",
            "tasks": [{"index": 0, "state": "failed", "pending_reason": "", "error": error,
                       "refused_reports": [], "attempts": [attempt]}]}
-    assert cli._format_job(job).splitlines() == [
+    assert cli_views.format_job(job).splitlines() == [
         "job j1-aaaa (b): failed",
         "  error: job failed: task 0: build failed: make exited 2",
         "  task 0: failed  (build failed: make exited 2)",
@@ -254,7 +254,7 @@ def test_status_says_what_an_assigned_task_waits_for_on_its_worker() -> None:
     job = {"job_id": "j1-aaaa", "name": "b", "state": "pending", "error": "",
            "tasks": [{"index": 0, "state": "assigned", "pending_reason": slot, "error": "",
                       "refused_reports": [], "attempts": [attempt]}]}
-    assert cli._format_job(job).splitlines()[1] == f"  task 0: assigned  (waiting: {slot})"
+    assert cli_views.format_job(job).splitlines()[1] == f"  task 0: assigned  (waiting: {slot})"
 
 
 # --- with a running stack -----------------------------------------------------------------

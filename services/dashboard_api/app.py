@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 
 from services.dashboard_api import auth, live, redact, views
 from services.dashboard_api.projection import Projection
-from shared import nats_io, subjects
+from shared import nats_io, queue_order, subjects
 from shared.api_tokens import Role
 from shared.lifecycle import JobView, TaskView
 from shared.messages import CancelRequest, JobSpec, encode
@@ -130,6 +130,15 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         job = find_job(job_id)
         return views.job_detail(job, redact.spec_for(tokens.caller(request), job.spec))
 
+    @get("/jobs/{job_id:str}/queue", sync_to_thread=False)
+    def job_queue(job_id: str) -> views.QueuePlace | None:
+        """Where the job stands in its priority band's queue of jobs with pending tasks
+        (placed in that order: band, then submission); null when none of its tasks is
+        pending."""
+        job = find_job(job_id)
+        place = queue_order.band_place(job, projection.state.pending, projection.state.jobs)
+        return None if place is None else views.QueuePlace(job.spec.priority.value, *place)
+
     @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
     def task_detail(job_id: str, index: int) -> views.TaskDetail:
         """One task: state, current attempt, attempt history, pending_reason, exit, error."""
@@ -205,8 +214,14 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         = None,
         follow: Annotated[bool, Parameter(
             description="keep streaming until the attempt has exited")] = False,
+        stream: Annotated[str | None, Parameter(
+            description="only this output: stdout, stderr or build")] = None,
     ) -> Response[str] | Stream:
-        """A task attempt's stdout and stderr, interleaved as written."""
+        """A task attempt's stdout and stderr (and its build's output), interleaved as
+        written, or only the one `stream` names."""
+        if stream is not None and stream not in subjects.LOG_STREAMS:
+            raise ValidationException(
+                f"stream: {stream!r} is not one of {', '.join(subjects.LOG_STREAMS)}")
         _, task = find_task(job_id, index)
         if attempt is None:
             shown = task.current_attempt
@@ -217,7 +232,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             raise NotFoundException(f"task {job_id}/{index} has no attempt {attempt}")
         subject = subjects.attempt_logs(shown.worker_id, job_id, index, attempt)
         msgs = await nats_io.read_subject(js, subjects.LOGS_STREAM, subject)
-        text = b"".join(m.data for m in msgs).decode(errors="replace")
+        text = b"".join(m.data for m in msgs
+                        if live.of_stream(m, stream)).decode(errors="replace")
         if tail is not None:
             text = live.tail_lines(text, tail)
         if not follow:
@@ -232,7 +248,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
 
         async def body() -> AsyncGenerator[bytes]:
             yield text.encode()
-            async for chunk in live.follow_log(js, subject, exited, after):
+            async for chunk in live.follow_log(js, subject, exited, after, stream=stream):
                 yield chunk
 
         return Stream(body(), media_type=MediaType.TEXT)
@@ -288,8 +304,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     api = Router(
         path="/api",
         guards=[auth.read_guard(tokens, closed_reads)],
-        route_handlers=[list_jobs, states, job_detail, task_detail, submit, cancel, task_logs,
-                        list_workers, worker_detail, submit_outcome, events],
+        route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
+                        task_logs, list_workers, worker_detail, submit_outcome, events],
     )
 
     # --- open to all ------------------------------------------------------------------------

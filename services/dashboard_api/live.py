@@ -9,6 +9,7 @@ import itertools
 from collections.abc import AsyncGenerator, Callable
 
 import nats
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -55,12 +56,17 @@ async def sse_events(projection: Projection, after_seq: int,
             yield b": keepalive\n\n"
 
 
+def of_stream(msg: Msg, stream: str | None) -> bool:
+    """Whether an attempt_logs message is output of `stream` (None: of any)."""
+    return stream is None or (msg.headers or {}).get(subjects.LOG_STREAM_HEADER) == stream
+
+
 async def follow_log(js: JetStreamContext, subject: str, exited: Callable[[], bool],
-                     after_seq: int | None = None, quiet_after_exit: float = 1.0
-                     ) -> AsyncGenerator[bytes]:
-    """The attempt's output (after stream sequence `after_seq`, or all of it), then as it is
-    written; ends once the attempt has exited and its last output has had
-    `quiet_after_exit` seconds to arrive."""
+                     after_seq: int | None = None, quiet_after_exit: float = 1.0,
+                     stream: str | None = None) -> AsyncGenerator[bytes]:
+    """The attempt's output (after stream sequence `after_seq`, or all of it; only
+    `stream`'s if given), then as it is written; ends once the attempt has exited and its
+    last output has had `quiet_after_exit` seconds to arrive."""
     policy, config = ((DeliverPolicy.ALL, None) if after_seq is None else
                       (DeliverPolicy.BY_START_SEQUENCE,
                        ConsumerConfig(opt_start_seq=after_seq + 1)))
@@ -74,7 +80,8 @@ async def follow_log(js: JetStreamContext, subject: str, exited: Callable[[], bo
                 if exited():
                     return
                 continue
-            yield msg.data
+            if of_stream(msg, stream):
+                yield msg.data
     finally:
         await sub.unsubscribe()
 

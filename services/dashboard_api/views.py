@@ -101,6 +101,14 @@ class TaskDetail(TaskOut):
     job_state: str
 
 
+class QueuePlace(msgspec.Struct):
+    """Where a job with pending tasks stands in its priority band's queue."""
+
+    band: str
+    position: int  # 1: placed next, once capacity allows
+    of: int  # jobs in the band with pending tasks
+
+
 class JobDetail(JobSummary):
     spec: JobSpec
     children: list[str]

@@ -27,7 +27,17 @@ from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
 from services.scheduler import fencing, frameworks, heartbeats, placement
-from shared import bounded, nats_io, node_health, redis_io, service, subjects, task_rules, telemetry
+from shared import (
+    bounded,
+    nats_io,
+    node_health,
+    queue_order,
+    redis_io,
+    service,
+    subjects,
+    task_rules,
+    telemetry,
+)
 from shared.capacity import GroupClaim
 from shared.config import RedisSettings, Settings
 from shared.credentials import Role
@@ -480,7 +490,7 @@ class Leader:
         cached = self.unit_templates.get(job.job_id)
         if cached is None:
             spec = job.spec
-            cached = self.unit_templates[job.job_id] = ((spec.priority.rank, job.submit_seq),
+            cached = self.unit_templates[job.job_id] = (queue_order.placement_key(job),
                                                         placement.Unit(
                 job_id=job.job_id, indices=(), need=spec.resources.amounts,
                 device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),

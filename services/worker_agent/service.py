@@ -482,7 +482,7 @@ class WorkerAgent:
                 await self._report(cmd, TaskState.ASSIGNED, waiting=note)
                 with contextlib.suppress(Exception):
                     await self.js.publish(self._log_subject(cmd), f"{note}\n".encode(),
-                                          headers={"Berth-Stream": "build"})
+                                          headers={subjects.LOG_STREAM_HEADER: "build"})
             async with self.builds:
                 if not attempt.killed.is_set():
                     await self._report(cmd, TaskState.BUILDING)
@@ -520,7 +520,7 @@ class WorkerAgent:
 
         async def sink(stream: str, chunk: bytes) -> None:
             tail.add(chunk)
-            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": "build"})
+            await self.js.publish(log_subject, chunk, headers={subjects.LOG_STREAM_HEADER: "build"})
 
         loop = asyncio.get_running_loop()
         ends = None if cmd.build_timeout is None else loop.time() + cmd.build_timeout
@@ -609,7 +609,7 @@ class WorkerAgent:
         log_subject = self._log_subject(cmd)
 
         async def sink(stream: str, chunk: bytes) -> None:
-            await self.js.publish(log_subject, chunk, headers={"Berth-Stream": stream})
+            await self.js.publish(log_subject, chunk, headers={subjects.LOG_STREAM_HEADER: stream})
 
         return AttemptProcess(cmd.command, env, str(dirs.task), sink, self.fence_deadline,
                               dirs.scratch / ".berth-fenced", dirs.scratch / ".berth-usage")
