@@ -2,7 +2,7 @@
 dashboard) against simulated hosts (`berth run worker --simulate N`), measured the way
 kube-scheduler's scheduler_perf, Armada's fake executor and Volcano's KWOK runs measure.
 
-    .venv/bin/python bench/scale.py            # W1-W4 at full size (many minutes)
+    .venv/bin/python bench/scale.py            # W1-W5 at full size (many minutes)
     .venv/bin/python bench/scale.py --quick    # a small version of each, under a minute
     .venv/bin/python bench/scale.py --only W2,W3
     .venv/bin/python bench/scale.py --only W1 --nats-nodes 3   # NATS as 3 nodes, R3 streams
@@ -15,6 +15,10 @@ Workloads (each on a fresh stack):
                  time to place all, gang placements/s, the checker's (`berth doctor`) result.
   W3 latency     an idle cluster; 200 single-task jobs one after another: submit->RUNNING.
   W4 growth      W1 at 1,000, 5,000 and 10,000 hosts, tasks = 20 x hosts (capped by time).
+  W5 preemption  1,000 hosts in slices of 8, full of batch gangs; 100 production gangs of 8
+                 arrive at once: time until all run, evictions/s, how long each waited
+                 after its last victim exited (simulated victims exit at once: the grace
+                 ends there), the checker's result.
 
 Prints one JSON line per workload on stdout, then a table on stderr. Times are the events'
 own timestamps (every process is on this machine's clock) against the client's publish
@@ -47,11 +51,14 @@ from shared.messages import (
     Coscheduling,
     JobSpec,
     JobSubmitted,
+    Priority,
     Resources,
     SubmitRejected,
     TaskAssigned,
+    TasksPreempted,
     TpuDevice,
     WorkerRegistered,
+    attempt_key,
     encode,
 )
 from shared.reservations import ReservationStore
@@ -71,6 +78,9 @@ class Observed:
     finished: dict[tuple[str, int], float] = field(default_factory=dict)
     rejected: int = 0
     registered: set[str] = field(default_factory=set)  # worker ids
+    # Preemptions: (when, preemptor, victim attempt keys); attempt key -> when it exited.
+    preemptions: list[tuple[float, str, list[str]]] = field(default_factory=list)
+    exits: dict[str, float] = field(default_factory=dict)
     last_seq: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -95,12 +105,16 @@ async def observe(nc: NATS, seen: Observed) -> None:
             seen.rejected += 1
         elif isinstance(event, TaskAssigned):
             seen.assigned.setdefault((event.job_id, event.task_index), event.ts)
+        elif isinstance(event, TasksPreempted):
+            seen.preemptions.append((event.ts, event.job_id, event.victims))
         elif isinstance(event, AttemptReported):
             key = (event.job_id, event.task_index)
             if event.state == TaskState.RUNNING:
                 seen.running.setdefault(key, event.ts)
             elif event.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED):
                 seen.finished[key] = event.ts
+                seen.exits[attempt_key(event.job_id, event.task_index, event.attempt_id)] = \
+                    event.ts
         seen.changed.set()
 
 
@@ -300,6 +314,68 @@ async def latency(root: Path, hosts: int, jobs: int) -> dict[str, Any]:
         }
 
 
+async def preemption(root: Path, slices: int, size: int, count: int, cap: float
+                     ) -> dict[str, Any]:
+    """W5: every host runs a batch gang; `count` production gangs arrive at once, each
+    able to run only by evicting a batch gang whole."""
+    hosts = slices * size
+    async with Cluster(root, "W5", hosts, [
+            "--cpu", "4", "--memory-mb", "4096", "--tpu", "v5p:2x2x1:4",
+            "--sim-slice-size", str(size), "--sim-runtime", "const:3600"]) as c:
+        seen = c.seen
+
+        def gang_specs(name: str, n: int, priority: Priority) -> list[bytes]:
+            return [encode(JobSpec(
+                name=f"{name}{i}", replicas=size, command=["sim"], priority=priority,
+                resources=Resources(cpu=1, memory_mb=100, device=TPU),
+                coscheduling=Coscheduling(group_by="tpu-name", order_by="tpu-worker-id")))
+                for i in range(n)]
+
+        await submit_all(c.nc, seen, gang_specs("batch", slices, Priority.BATCH))  # type: ignore[arg-type]
+        filled = await wait_for(seen, lambda: len(seen.running) >= hosts, cap,
+                                "W5: batch gangs running on every host")
+        batch_jobs = set(seen.job_seq)
+        if not filled:
+            return {"workload": "W5", "hosts": hosts, "slices": slices, "gangs": count,
+                    "gang_size": size, "complete": False,
+                    "batch_running": len(seen.running)}
+        t0 = time.time()
+        await submit_all(c.nc, seen, gang_specs("prod", count, Priority.PRODUCTION))  # type: ignore[arg-type]
+
+        def prod_running() -> list[float]:
+            return [ts for (job, _), ts in seen.running.items() if job not in batch_jobs]
+
+        complete = await wait_for(
+            seen, lambda: len(prod_running()) >= count * size, cap,
+            f"W5: all {count} production gangs running")
+        all_running = max(prod_running()) - t0 if prod_running() else None
+        evicted = [k for _, _, victims in seen.preemptions for k in victims]
+        evict_times = [ts for ts, _, _ in seen.preemptions]
+        exits = [seen.exits[k] for k in evicted if k in seen.exits]
+        # Per preemptor: from its last victim's exit (the end of its grace) to its last
+        # task running.
+        waits = []
+        for _, job, victims in seen.preemptions:
+            gone = [seen.exits[k] for k in victims if k in seen.exits]
+            started = [ts for (j, _), ts in seen.running.items() if j == job]
+            if gone and len(started) == size:
+                waits.append(max(started) - max(gone))
+        doctor = await c.doctor()
+        span = (max(exits) - min(evict_times)) if exits and evict_times else None
+        return {
+            "workload": "W5", "hosts": hosts, "slices": slices, "gangs": count,
+            "gang_size": size, "complete": complete,
+            "gangs_running": len({job for (job, _) in seen.running if job not in batch_jobs}),
+            "time_to_all_running_s": round(all_running, 2) if all_running is not None else None,
+            "evictions": len(evicted),
+            "evictions_per_s": round(len(evicted) / span, 1) if span else None,
+            "placed_after_last_victim_p50_s": round(statistics.median(waits), 2)
+            if waits else None,
+            "placed_after_last_victim_max_s": round(max(waits), 2) if waits else None,
+            **{f"doctor_{k}": v for k, v in doctor.items()},
+        }
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'workload':<10}{'hosts':>7}  result"]
     for r in results:
@@ -307,6 +383,15 @@ def table(results: list[dict[str, Any]]) -> str:
             what = (f"{r['gangs_placed']}/{r['gangs']} gangs placed in "
                     f"{r['time_to_place_all_s']} s ({r['gang_placements_per_s']}/s), "
                     f"doctor violations={r['doctor_violations']}")
+        elif r["workload"] == "W5" and "gangs_running" not in r:
+            what = f"the batch gangs never filled the hosts ({r['batch_running']} running)"
+        elif r["workload"] == "W5":
+            what = (f"{r['gangs_running']}/{r['gangs']} production gangs running in "
+                    f"{r['time_to_all_running_s']} s, {r['evictions']} evictions "
+                    f"({r['evictions_per_s']}/s), placed after the last victim's exit: p50 "
+                    f"{r['placed_after_last_victim_p50_s']} s, max "
+                    f"{r['placed_after_last_victim_max_s']} s, doctor violations="
+                    f"{r['doctor_violations']}")
         elif r["workload"] == "W3":
             what = (f"submit->RUNNING p50 {r['submit_to_running_p50_ms']} ms, "
                     f"p99 {r['submit_to_running_p99_ms']} ms")
@@ -355,6 +440,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for hosts in sizes:
                 emit(await throughput(root, "W4", hosts, 20 * hosts,
                                       8 if quick else args.w4_cap, "uniform:0.5:1.5"))
+        if wanted("W5"):
+            emit(await preemption(root, 4 if quick else 125, 8, 2 if quick else 100,
+                                  30 if quick else 300))
     return results
 
 

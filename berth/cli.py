@@ -387,6 +387,7 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"double_booked_hosts={report.double_booked_hosts}")
     print(f"double_booked_ports={report.double_booked_ports}")
     print(f"double_booked_devices={report.double_booked_devices}")
+    print(f"taken_from_preemptor={len(report.taken_from_preemptor)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 

@@ -17,7 +17,7 @@ from shared.reservations import GroupUsage, HostUsage, ReservationStore
 
 # Violations that must never happen, not even for a moment.
 NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
-         "devices_given_twice")
+         "devices_given_twice", "taken_from_preemptor")
 # Disagreements between Redis and the log: real only when they persist.
 PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
 
@@ -29,6 +29,8 @@ class Report:
     hosts_shared_by_gangs: list[str] = field(default_factory=list)
     ports_given_twice: list[str] = field(default_factory=list)
     devices_given_twice: list[str] = field(default_factory=list)
+    # An attempt placed on a host held for another job's preemption (invariant 9).
+    taken_from_preemptor: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
     attempts_without_reservation: list[str] = field(default_factory=list)
     refused_double_bookings: int = 0
@@ -70,7 +72,8 @@ class Report:
 def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[GroupUsage]
           ) -> Report:
     report = Report(events_seq=state.last_seq, refused_events=state.refused_events,
-                    last_refused_seq=state.last_refused_seq)
+                    last_refused_seq=state.last_refused_seq,
+                    taken_from_preemptor=list(state.taken_from_preemptor))
     redis_hosts = {h.worker_id: h for h in hosts}
     # 1. Capacity, as Redis committed it and as the log says it is used.
     for h in hosts:

@@ -27,8 +27,10 @@ from shared.messages import (
     LeaderElected,
     NodeHealthChanged,
     PendingReasonsChanged,
+    PreemptionReleased,
     SubmitRejected,
     TaskAssigned,
+    TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
@@ -51,7 +53,7 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subjects.is_submit_outcome(subject)
         case LeaderElected():
             ok = subject == subjects.LEADER_EVENTS
-        case TaskAssigned() | TaskUnschedulable():
+        case TaskAssigned() | TaskUnschedulable() | TasksPreempted() | PreemptionReleased():
             ok = subject == subjects.task_events(event.job_id)
         case PendingReasonsChanged():
             ok = subject == subjects.PENDING_REASONS

@@ -30,17 +30,20 @@ from shared.messages import (
     NodeAction,
     NodeHealthChanged,
     PendingReasonsChanged,
+    PreemptionReleased,
     Resources,
     ResourceUse,
     RetryEvent,
     StopCriteria,
     SubmitRejected,
     TaskAssigned,
+    TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
     WorkerStopped,
     attempt_key,
+    parse_attempt_key,
 )
 from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 
@@ -62,6 +65,8 @@ class AttemptView(msgspec.Struct, kw_only=True):
     # then are its resources released (docs/invariants.md, invariant 3).
     exited: bool = False
     kill_requested: bool = False
+    # Seconds from SIGTERM to SIGKILL its kill gives (a preempted attempt's grace), or None.
+    kill_grace: float | None = None
     worker_failure: bool = False
     ports: dict[str, int] = {}
     group: str = ""
@@ -154,6 +159,9 @@ class WorkerView(msgspec.Struct, kw_only=True):
     devices: list[DeviceInfo] = []  # its accelerators, one per device it offers
     devices_used: dict[int, str] = {}  # device index -> attempt key
     unhealthy: dict[int, str] = {}  # device index -> why it takes no new attempts
+    # The preemptor this worker is held for, from its eviction until the preemptor is
+    # placed here or lets go (as Redis's host hash says: preempt.lua, reserve.lua).
+    held_for: str | None = None
     # Node health (NodeHealthChanged; kept across the worker's restarts): why it was
     # cordoned or drained (None: it was not), whether it drains and until when, why it is
     # quarantined, and the recent attempts that failed here for non-user causes.
@@ -196,6 +204,15 @@ class GroupView(msgspec.Struct, kw_only=True):
     live: list[str] = []  # attempt keys
 
 
+class HoldView(msgspec.Struct, kw_only=True):
+    """The hosts held for one preemptor, and the attempts it evicted for them."""
+
+    hosts: list[str] = []
+    victims: list[str] = []  # attempt keys
+    since: float = 0.0
+    reason: str = ""  # the preemptor's pending reason while it waits for its victims
+
+
 # --- effects for the scheduler ------------------------------------------------------------
 
 
@@ -213,6 +230,7 @@ class Kill:
     task_index: int
     attempt_id: int
     reason: str
+    grace: float | None = None  # SIGTERM to SIGKILL; None: the worker's own
 
 
 Effect = Release | Kill
@@ -239,6 +257,16 @@ class ClusterState:
         self.backoff: dict[tuple[str, int], float] = {}
         self.groups: dict[str, GroupView] = {}
         self.seen_incarnations: set[tuple[str, str]] = set()
+        # Preemption holds by preemptor job id, and the ids of the preemption events folded
+        # (the leader folds its own at once, and again when the log delivers them).
+        self.holds: dict[str, HoldView] = {}
+        self.preemption_events: set[str] = set()
+        # Attempts assigned to a host held for another job's preemption: must never happen
+        # (reserve.lua refuses them); the checker reports them.
+        self.taken_from_preemptor: list[str] = []
+        # Live attempts per priority rank: lets the scheduler skip preemption at once when
+        # nothing running is of a band a waiting unit could evict.
+        self.live_by_rank: dict[int, int] = {}
         # Jobs to cancel (job id, reason, time, failure_reason), drained at the end of each
         # apply: a cascade through generations of children (or of dependents) is a loop,
         # never a deep recursion.
@@ -299,6 +327,15 @@ class ClusterState:
             case TaskUnschedulable():
                 if event.epoch >= self.epoch:
                     self._task_unschedulable(event, effects)
+            case TasksPreempted() | PreemptionReleased() if (
+                    event.epoch < self.epoch or event.id in self.preemption_events):
+                pass  # a deposed leader's, or folded already
+            case TasksPreempted():
+                self.preemption_events.add(event.id)
+                self._tasks_preempted(event, effects)
+            case PreemptionReleased():
+                self.preemption_events.add(event.id)
+                self._unhold(event.job_id, event.hosts)
             case PendingReasonsChanged():
                 for item in event.reasons:
                     task = self.task(item.job_id, item.task_index)
@@ -406,6 +443,7 @@ class ClusterState:
             unhealthy=dict(old.unhealthy) if old is not None else {},
         )
         if old is not None:
+            worker.held_for = old.held_for  # Redis keeps the hold across a restart too
             # Nor a host: its cordon, drain, quarantine and failures stay with its id.
             worker.cordon, worker.draining = old.cordon, old.draining
             worker.drain_deadline, worker.quarantine = old.drain_deadline, old.quarantine
@@ -518,12 +556,22 @@ class ClusterState:
         key = attempt_key(event.job_id, event.task_index, event.attempt_id)
         worker.used = worker.used + job.spec.resources.amounts
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
+        rank = job.spec.priority.rank
+        self.live_by_rank[rank] = self.live_by_rank.get(rank, 0) + 1
         for port in event.ports.values():
             worker.ports_used[port] = key
         for index in event.devices:
             worker.devices_used[index] = key
         if event.group:
             self._hold_group(event.group, job, key)
+        if worker.held_for not in (None, job.job_id):
+            self.taken_from_preemptor.append(
+                f"{worker.worker_id}: {key} on a host held for preemptor {worker.held_for}")
+        # The preemptor has what was held for it (reserve.lua clears the same holds).
+        taken = [worker.worker_id]
+        if event.group and (group := self.groups.get(event.group)) is not None:
+            taken += group.members
+        self._unhold(job.job_id, taken)
         # The worker may have died or restarted between the placement and this event: the
         # attempt then fails at once, exactly as if it had been running (any fold order of
         # the two events gives the same state).
@@ -550,6 +598,68 @@ class ClusterState:
         if gone:
             self._fail_worker_attempts(worker, event.ts, "worker gone before its assignment",
                                        effects, [key])
+
+    def _tasks_preempted(self, event: TasksPreempted, effects: list[Effect]) -> None:
+        """Holds the hosts for the preemptor, and stops the victims: each ends WORKER_FAILED
+        `preempted by <job>`, retried under its preemption budget (the seed), and gets its
+        job's `preemption_grace` between SIGTERM and SIGKILL. Their reservations stay
+        until their exits are confirmed (invariant 3)."""
+        hold = self.holds.setdefault(event.job_id, HoldView(since=event.ts))
+        for worker_id in event.hosts:
+            worker = self.workers.get(worker_id)
+            if worker is not None:
+                worker.held_for = event.job_id
+            if worker_id not in hold.hosts:
+                hold.hosts.append(worker_id)
+        why = f"preempted by {event.job_id}"
+        stopped: list[tuple[JobView, TaskView]] = []
+        for key in event.victims:
+            if key not in hold.victims:
+                hold.victims.append(key)
+            job_id, index, attempt_id = parse_attempt_key(key)
+            task = self.task(job_id, index)
+            attempt = task.attempt(attempt_id) if task is not None else None
+            if task is None or attempt is None or attempt.exited or attempt.kill_requested:
+                continue
+            job = self.jobs[job_id]
+            attempt.kill_requested = True
+            attempt.kill_grace = job.spec.preemption_grace
+            attempt.worker_failure = True
+            attempt.error = why
+            effects.append(Kill(attempt.worker_id, attempt.incarnation, job_id, index,
+                                attempt_id, why, attempt.kill_grace))
+            if attempt is task.current_attempt and task_rules.can_transition(
+                    task.state, S.WORKER_FAILED):
+                self._preempt(task, job, why, event.ts)
+                stopped.append((job, task))
+        # A gang is evicted whole; should one member have run out of its preemption budget,
+        # the cascade finishes its siblings as it does for any gang failure.
+        for job, task in stopped:
+            self._cascade_gang(job, task, event.ts, effects)
+        for job in {id(j): j for j, _ in stopped}.values():
+            self._update_job(job, event.ts, effects)
+        victims = sorted({parse_attempt_key(k)[0] for k in hold.victims})
+        hold.reason = (f"preempting {len(hold.victims)} attempts of {', '.join(victims[:4])}"
+                       + (f" and {len(victims) - 4} more jobs" if len(victims) > 4 else "")
+                       + ": waiting for them to stop")
+        preemptor = self.jobs.get(event.job_id)
+        for task in preemptor.tasks if preemptor is not None else ():
+            if task.key in self.pending:
+                task.pending_reason = hold.reason
+
+    def _unhold(self, job_id: str, worker_ids: list[str]) -> None:
+        """The hosts among `worker_ids` held for `job_id` are held no more."""
+        hold = self.holds.get(job_id)
+        if hold is None:
+            return
+        for worker_id in worker_ids:
+            worker = self.workers.get(worker_id)
+            if worker is not None and worker.held_for == job_id:
+                worker.held_for = None
+            if worker_id in hold.hosts:
+                hold.hosts.remove(worker_id)
+        if not hold.hosts:
+            del self.holds[job_id]
 
     def _task_unschedulable(self, event: TaskUnschedulable, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
@@ -710,7 +820,9 @@ class ClusterState:
         worker = self.workers.get(attempt.worker_id)
         key = attempt_key(job_id, task_index, attempt.attempt_id)
         if worker is not None and worker.live_attempts.pop(key, None) is not None:
-            worker.used = worker.used - self.jobs[job_id].spec.resources.amounts
+            spec = self.jobs[job_id].spec
+            worker.used = worker.used - spec.resources.amounts
+            self.live_by_rank[spec.priority.rank] -= 1
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]

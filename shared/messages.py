@@ -299,6 +299,16 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
                            "master-done: it succeeds when task 0 succeeds, and its other "
                            "tasks are killed.")
     ] = StopCriteria.ALL_DONE
+    preemptible: Annotated[
+        bool, Meta(description="false: no job may preempt this one's tasks (only with "
+                   "priority production; docs/placement.md, \"Preemption\").")
+    ] = True
+    preemption_grace: Annotated[
+        Annotated[float, Meta(gt=0, le=3600)] | None,
+        Meta(description="Seconds (at most an hour: its hosts wait for it) a preempted task "
+             "has between SIGTERM and SIGKILL, to checkpoint (default: the worker's "
+             "BERTH_KILL_GRACE)."),
+    ] = None
     retry: Annotated[
         RetryPolicy | None,
         Meta(description="Retry by event, with a backoff between tries and a time limit "
@@ -332,6 +342,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
                 raise ValueError(f"{field}: job ids must be unique")
         if len(set(self.ports)) != len(self.ports):
             raise ValueError("ports: names must be unique")
+        if not self.preemptible and self.priority != Priority.PRODUCTION:
+            raise ValueError(f"preemptible: false is only for priority production (this job "
+                             f"is {self.priority.value}, which a higher band may preempt)")
         if self.retry is not None:
             check_retry(self.retry, self.max_retries_failure, self.scheduling_timeout)
         if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:
@@ -517,6 +530,30 @@ class TaskAssigned(Event, tag="task_assigned"):
     devices: list[int] = []
 
 
+class TasksPreempted(Event, tag="tasks_preempted"):
+    """A pending unit of job `job_id` (a task, or a whole gang) evicts lower-band attempts
+    (`victims`, attempt keys; a gang's whole), and `hosts` are held for it alone until it
+    is placed there: written to Redis in one fenced commit (shared/lua/preempt.lua) before
+    it is logged. The victims end WORKER_FAILED with `preempted by <job_id>`."""
+
+    id: str  # unique: the leader folds it at once, and again when the log delivers it
+    job_id: str
+    victims: list[str]
+    hosts: list[str]
+    epoch: int
+
+
+class PreemptionReleased(Event, tag="preemption_released"):
+    """The hosts held for preemptor `job_id` are let go without it being placed there (it
+    ended, or could not be placed once its victims had exited)."""
+
+    id: str  # unique, as TasksPreempted's
+    job_id: str
+    hosts: list[str]
+    epoch: int
+    reason: Reason = ""
+
+
 class TaskUnschedulable(Event, tag="task_unschedulable"):
     """The scheduler gave up placing a pending task: its scheduling_timeout expired. Under
     a retry policy naming no-capacity the fold may retry it instead (shared/lifecycle.py)."""
@@ -595,6 +632,8 @@ AnyEvent = (
     | LeaderElected
     | TaskAssigned
     | TaskUnschedulable
+    | TasksPreempted
+    | PreemptionReleased
     | PendingReasonsChanged
     | AttemptReported
 )
@@ -631,6 +670,9 @@ class KillAttempt(Command, tag="kill"):
     task_index: int
     attempt_id: int
     reason: str = ""
+    # Seconds between SIGTERM and SIGKILL; None: the worker's BERTH_KILL_GRACE. A
+    # preempted task gets its job's `preemption_grace`.
+    grace: float | None = None
 
 
 class ResetWorker(Command, tag="reset"):

@@ -12,7 +12,8 @@ def host(worker_id: str) -> str:
     """Hash: <dim>_cap (the worker's capacity) and <dim>_used (committed) for dim in cpu
     (millicores), mem, disk (MiB), dev (devices); dev_kind; dev_ids (JSON list of its
     device indices); gang: the job whose gang holds a group this host belongs to, while it
-    does."""
+    does; held_for: the preemptor it is held for, from the eviction (preempt.lua) until the
+    preemptor is reserved there (reserve.lua) or lets go (unhold.lua)."""
     return f"{PREFIX}:host:{worker_id}"
 
 

@@ -48,6 +48,17 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """A preemption's commit: `victims` (worker id, attempt key) are evicted and `hosts` held
+    for preemptor `job_id`, which will take `needs` (per worker id) there."""
+
+    job_id: str
+    hosts: tuple[str, ...]
+    victims: tuple[tuple[str, str], ...]
+    needs: dict[str, Amounts]
+
+
+@dataclass(frozen=True)
 class Allocation:
     job_id: str
     need: Amounts
@@ -65,6 +76,7 @@ class HostUsage:
     device_kind: str
     gang: str | None
     allocations: dict[str, Allocation]
+    held_for: str | None = None  # the preemptor it is held for (preempt.lua)
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,8 @@ class ReservationStore:
         self._release = load_script(client, "release")
         self._register = load_script(client, "register_host")
         self._lease = load_script(client, "lease")
+        self._preempt = load_script(client, "preempt")
+        self._unhold = load_script(client, "unhold")
 
     async def _fenced(self, script: AsyncScript, keys: list[str], args: list[str | int]
                       ) -> Any:
@@ -174,6 +188,31 @@ class ReservationStore:
         args: list[str | int] = [epoch, json.dumps(request)]
         _check(await self._fenced(self._reserve, keys, args))
 
+    async def preempt(self, epoch: int, eviction: Eviction) -> int:
+        """Evicts the victims and holds the hosts for the preemptor, in one fenced commit
+        (raises StaleEpochError or ReservationConflict, writing nothing). Returns how many
+        victims it evicted."""
+        hosts = {w: i for i, w in enumerate(dict.fromkeys(
+            [*eviction.hosts, *(w for w, _ in eviction.victims), *eviction.needs]))}
+        keys = [redis_keys.EPOCH]
+        for worker_id in hosts:
+            keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
+        request = {
+            "job": eviction.job_id,
+            "hosts": list(hosts),
+            "held": [hosts[w] for w in eviction.hosts],
+            "victims": [{"h": hosts[w], "key": k} for w, k in eviction.victims],
+            "need": [{"h": hosts[w], **n.as_dict()} for w, n in eviction.needs.items()],
+        }
+        return _check(await self._fenced(self._preempt, keys, [epoch, json.dumps(request)]))
+
+    async def unhold(self, epoch: int, job_id: str, hosts: Sequence[str]) -> int:
+        """Lets go of the hosts held for preemptor `job_id`; returns how many it held."""
+        if not hosts:
+            return 0
+        keys = [redis_keys.EPOCH, *(redis_keys.host(w) for w in hosts)]
+        return _check(await self._fenced(self._unhold, keys, [epoch, job_id]))
+
     async def release(self, epoch: int, releases: Sequence[tuple[str, str]]) -> int:
         """Releases (worker_id, attempt_key) pairs; returns how many were still held."""
         if not releases:
@@ -209,6 +248,7 @@ class ReservationStore:
                 device_kind=h.get("dev_kind", ""),
                 gang=h.get("gang"),
                 allocations={key: _allocation(raw) for key, raw in allocs.items()},
+                held_for=h.get("held_for"),
             ))
         group_usage: list[GroupUsage] = []
         for key, g in zip(group_keys, replies[2 * len(worker_ids):], strict=True):

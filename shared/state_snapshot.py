@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.lifecycle import ClusterState, GroupView, JobView, WorkerView
+from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
 from shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 8
+FORMAT = 9
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -30,6 +30,10 @@ class Snapshot(msgspec.Struct, kw_only=True):
     seen_incarnations: list[tuple[str, str]]
     refused_events: int
     last_refused_seq: int
+    holds: dict[str, HoldView]
+    preemption_events: list[str]
+    taken_from_preemptor: list[str]
+    live_by_rank: dict[int, int]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -51,6 +55,10 @@ def dump(state: ClusterState, stream: str) -> bytes:
         seen_incarnations=sorted(state.seen_incarnations),
         refused_events=state.refused_events,
         last_refused_seq=state.last_refused_seq,
+        holds=state.holds,
+        preemption_events=sorted(state.preemption_events),
+        taken_from_preemptor=state.taken_from_preemptor,
+        live_by_rank=state.live_by_rank,
     ))
 
 
@@ -89,4 +97,8 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.seen_incarnations = set(snap.seen_incarnations)
     state.refused_events = snap.refused_events
     state.last_refused_seq = snap.last_refused_seq
+    state.holds = snap.holds
+    state.preemption_events = set(snap.preemption_events)
+    state.taken_from_preemptor = snap.taken_from_preemptor
+    state.live_by_rank = snap.live_by_rank
     return state

@@ -21,8 +21,10 @@ from shared.messages import (
     NodeHealthChanged,
     PendingReason,
     PendingReasonsChanged,
+    PreemptionReleased,
     Resources,
     TaskAssigned,
+    TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
@@ -428,8 +430,8 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
     ]
     incarnations = {"w1": 1, "w2": 1}
     kinds = ["assign", "report", "report", "report", "dead", "dup", "cancel", "unschedulable",
-             "reasons", "device", "node"]
-    for _ in range(draw(st.integers(0, 40))):
+             "reasons", "device", "node", "preempt", "unhold"]
+    for n in range(draw(st.integers(0, 40))):
         kind = draw(st.sampled_from(kinds))
         worker = draw(st.sampled_from(["w1", "w2"]))
         job = draw(st.sampled_from([J1, J1, J2]))
@@ -465,6 +467,15 @@ def event_sequences(draw: st.DrawFn) -> list[AnyEvent]:
             events.append(cancel(job))
         elif kind == "unschedulable":
             events.append(unschedulable(index, job))
+        elif kind == "preempt":
+            # The other job preempts this attempt (and the gang's whole, as the planner
+            # always asks), holding the worker.
+            victims = [f"{job}/{i}/{attempt}" for i in range(replicas)] if job == J2 else [
+                f"{job}/{index}/{attempt}"]
+            events.append(TasksPreempted(id=f"p{n}", job_id=J2 if job == J1 else J1,
+                                         victims=victims, hosts=[worker], epoch=1))
+        elif kind == "unhold":
+            events.append(PreemptionReleased(id=f"u{n}", job_id=job, hosts=[worker], epoch=1))
         elif kind == "reasons":
             events.append(PendingReasonsChanged(epoch=1, reasons=[
                 PendingReason(job, index, draw(st.sampled_from(["no live workers", "cpu"])))]))

@@ -11,6 +11,7 @@ import pytest
 from shared import redis_auth, redis_io
 from shared.capacity import Amounts, GroupClaim
 from shared.reservations import (
+    Eviction,
     Reservation,
     ReservationConflict,
     ReservationStore,
@@ -225,3 +226,46 @@ async def test_random_commits_and_releases_never_give_a_device_twice(
                                for d in a.devices}
             assert h.used.dev == len(taken)
     assert held and refused  # both kinds of commit were tried
+
+
+async def test_preemption_evicts_and_holds_in_one_fenced_commit(store: ReservationStore) -> None:
+    """preempt.lua: the victims must still be reserved and free enough; the held hosts take
+    no one but the preemptor (whose reservation clears the hold) until it lets go."""
+    epoch = await leader_with_hosts(store, "h1", "h2")
+    await store.reserve(epoch, [res("h1", "b/0/0", 2000), res("h2", "c/0/0", 2000)])
+    need = {"h1": Amounts(2000, 100)}
+    with pytest.raises(ReservationConflict, match="victim gone/0/0 is not reserved on h1"):
+        await store.preempt(epoch, Eviction("p", ("h1",), (("h1", "gone/0/0"),), need))
+    with pytest.raises(ReservationConflict, match=r"does not free enough on h1 \(cpu\)"):
+        await store.preempt(epoch, Eviction("p", ("h1",), (("h1", "b/0/0"),),
+                                            {"h1": Amounts(2500, 100)}))
+    with pytest.raises(StaleEpochError):
+        await store.preempt(epoch + 1, Eviction("p", ("h1",), (("h1", "b/0/0"),), need))
+    assert await store.preempt(epoch, Eviction("p", ("h1",), (("h1", "b/0/0"),), need)) == 1
+    usage = {u.worker_id: u for u in await store.host_usage()}
+    assert usage["h1"].held_for == "p" and "b/0/0" in usage["h1"].allocations  # still held
+    with pytest.raises(ReservationConflict, match="h1 is held for preemptor p"):
+        await store.preempt(epoch, Eviction("q", ("h1",), (("h1", "b/0/0"),), need))
+    await store.release(epoch, [("h1", "b/0/0")])  # the victim's exit
+    with pytest.raises(ReservationConflict, match="host h1 is held for preemptor p"):
+        await store.reserve(epoch, [res("h1", "third/0/0")])
+    await store.reserve(epoch, [res("h1", "p/0/0", 2000)])
+    assert {u.worker_id: u for u in await store.host_usage()}["h1"].held_for is None
+    # Letting go: only the preemptor's own holds.
+    await store.preempt(epoch, Eviction("q", ("h2",), (("h2", "c/0/0"),),
+                                        {"h2": Amounts(2000, 100)}))
+    assert await store.unhold(epoch, "other", ["h2"]) == 0
+    assert await store.unhold(epoch, "q", ["h2"]) == 1
+    assert {u.worker_id: u for u in await store.host_usage()}["h2"].held_for is None
+
+
+async def test_a_gang_holding_a_held_host_is_evicted_whole(store: ReservationStore) -> None:
+    epoch = await leader_with_hosts(store, "s0", "s1")
+    claim = GroupClaim("slice=s", "g", ("s0", "s1"))
+    await store.reserve(epoch, [res("s0", "g/0/0", 2000, group="slice=s"),
+                                res("s1", "g/1/0", 2000, group="slice=s")], [claim])
+    needs = {"s0": Amounts(2000, 100), "s1": Amounts(2000, 100)}
+    with pytest.raises(ReservationConflict, match="gang g would keep g/1/0"):
+        await store.preempt(epoch, Eviction("p", ("s0", "s1"), (("s0", "g/0/0"),), needs))
+    assert await store.preempt(epoch, Eviction(
+        "p", ("s0", "s1"), (("s0", "g/0/0"), ("s1", "g/1/0")), needs)) == 2

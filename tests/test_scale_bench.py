@@ -1,6 +1,6 @@
 """`bench/scale.py --quick` runs end to end against the real services and simulated hosts,
-prints one well-formed JSON line per workload, and W2's checker finds zero violations. The
-numbers themselves are not asserted (they are the benchmark's to report)."""
+prints one well-formed JSON line per workload, and W2's and W5's checker finds zero
+violations. The numbers themselves are not asserted (they are the benchmark's to report)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ THROUGHPUT_KEYS = {"placements_per_s", "completions_per_s", "submit_to_assigned_
                    "submit_to_running_p99_ms", "scheduler_peak_rss_mib", "placed", "jobs"}
 
 
-def test_quick_scale_benchmark_is_well_formed_and_w2_is_clean() -> None:
+def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     done = subprocess.run([sys.executable, "bench/scale.py", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -26,13 +26,18 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_is_clean() -> None:
     by_name: dict[str, list[dict[str, object]]] = {}
     for result in results:
         by_name.setdefault(str(result["workload"]), []).append(result)
-    assert set(by_name) == {"W1", "W2", "W3", "W4"}
+    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5"}
     assert set(by_name["W1"][0]) >= THROUGHPUT_KEYS
     assert len(by_name["W4"]) >= 2 and all(set(r) >= THROUGHPUT_KEYS for r in by_name["W4"])
     w2 = by_name["W2"][0]
     assert w2["doctor_violations"] == 0 and w2["doctor_double_booked_hosts"] == 0
     assert w2["gangs_placed"] == w2["gangs"]
     assert {"submit_to_running_p50_ms", "submit_to_running_p99_ms"} <= set(by_name["W3"][0])
+    w5 = by_name["W5"][0]
+    assert w5["doctor_violations"] == 0 and w5["doctor_double_booked_hosts"] == 0
+    assert w5["gangs_running"] == w5["gangs"] and w5["evictions"] == w5["gangs"] * 8
+    assert {"evictions_per_s", "time_to_all_running_s", "placed_after_last_victim_max_s"} \
+        <= set(w5)
     assert "workload" in done.stderr and "placements/s" in done.stderr  # the table
 
 

@@ -54,6 +54,9 @@ class Host:
     free_devices: list[int] | None = None
     # Why it takes no new work ("cordoned: ...", "quarantined: ..."), or "" (in service).
     out_of_service: str = ""
+    # The preemptor this host is held for while its victims stop (docs/placement.md,
+    # "Preemption"): no other job is placed on it.
+    held_for: str | None = None
 
     @property
     def port_domain(self) -> str:
@@ -109,7 +112,7 @@ def _take(host: Host, need: Amounts) -> tuple[int, ...]:
     return tuple(free[:need.dev])
 
 
-def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
+def candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
     return [h for h in hosts
             if not h.out_of_service and matches(h.attributes, unit.constraints)
             and (not unit.need.dev or h.device_kind == unit.device_kind)]
@@ -174,8 +177,21 @@ class _SingleTasks:
         self.heaps: dict[tuple[object, ...], list[tuple[int, int, str, int]]] = {}
         self.candidates: dict[tuple[object, ...], list[Host]] = {}
         self.failed: dict[tuple[object, ...], str] = {}
+        # Hosts held for a preemptor go to it alone, so they are kept out of the heaps.
+        self.held: dict[str, list[Host]] = {}
+        for h in hosts:
+            if h.held_for is not None:
+                self.held.setdefault(h.held_for, []).append(h)
 
     def place(self, unit: Unit, index: int, out: Placement) -> None:
+        own = [h for h in candidates(unit, self.held.get(unit.job_id, ()))
+               if unit.need.fits_in(h.free)]
+        if own:
+            mine = min(own, key=lambda h: (-h.free.cpu, h.worker_id))
+            ports = _free_ports(mine, unit.ports)
+            out.assignments.append(Assignment(unit.job_id, index, mine.worker_id, ports,
+                                              devices=_take(mine, unit.need)))
+            return
         shape = (unit.constraints, unit.device_kind if unit.need.dev else None)
         failed_key = (shape, unit.need)
         reason = self.failed.get(failed_key)
@@ -184,11 +200,12 @@ class _SingleTasks:
             return
         heap = self.heaps.get(shape)
         if heap is None:
-            candidates = self.candidates[shape] = _candidates(unit, self.hosts)
+            found = self.candidates[shape] = [h for h in candidates(unit, self.hosts)
+                                              if h.held_for is None]
             position = {id(h): i for i, h in enumerate(self.hosts)}
             heap = self.heaps[shape] = [
                 (-preference(h.attributes, unit.constraints), -h.free.cpu, h.worker_id,
-                 position[id(h)]) for h in candidates]
+                 position[id(h)]) for h in found]
             heapq.heapify(heap)
         best = self._best(heap, unit.need)
         if best is None:
@@ -219,7 +236,7 @@ class _SingleTasks:
         return best
 
 
-def _order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
+def order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
     raw = host.attributes.get(attribute, "") if attribute else ""
     try:
         return (float(raw), "", host.worker_id)
@@ -251,7 +268,11 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         if held:
             notes.append(f"{name} held by {', '.join(sorted(h for h in held if h))}")
             continue
-        ordered = sorted(_candidates(unit, members), key=lambda h: _order_key(h, gang.order_by))
+        held = {h.held_for for h in members if h.held_for not in (None, unit.job_id)}
+        if held:
+            notes.append(f"{name} held for preemptor {', '.join(sorted(h for h in held if h))}")
+            continue
+        ordered = sorted(candidates(unit, members), key=lambda h: order_key(h, gang.order_by))
         if len(ordered) < size:
             away = _out_of_service(members)
             notes.append(f"{name} has {len(ordered)} matching workers, needs {size}"
@@ -290,7 +311,7 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         out.pending_reasons[(unit.job_id, i)] = reason
 
 
-def _free_amounts(host: Host) -> Amounts:
+def free_amounts(host: Host) -> Amounts:
     """Its free amounts, devices counted no higher than the devices free one by one."""
     if host.free_devices is None or len(host.free_devices) >= host.free.dev:
         return host.free
@@ -309,18 +330,33 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     taken: dict[str, set[int]] = {}
     for h in hosts:
         taken.setdefault(h.port_domain, set()).update(h.ports_used)
-    free = [Host(h.worker_id, _free_amounts(h), h.device_kind, h.attributes, h.address,
+    free = [Host(h.worker_id, free_amounts(h), h.device_kind, h.attributes, h.address,
                  h.holder, taken[h.port_domain],
-                 None if h.free_devices is None else sorted(h.free_devices), h.out_of_service)
+                 None if h.free_devices is None else sorted(h.free_devices), h.out_of_service,
+                 h.held_for)
             for h in hosts]
     out = Placement()
     singles = _SingleTasks(free)
+    # A gang that found no group cannot find one later in the same call (free capacity
+    # only shrinks, groups only get taken), nor can another of its shape: its reason is
+    # reused, as _SingleTasks does. Not for a job with held hosts: those are its own.
+    held_jobs = {h.held_for for h in free if h.held_for is not None}
+    gangs_failed: dict[tuple[object, ...], str] = {}
     for unit in units:
         if unit.gang is not None:
             if limit is not None and len(out.assignments) >= limit:
                 out.truncated = True
                 break
+            shape = (unit.gang, unit.indices, unit.need, unit.device_kind, unit.constraints)
+            reason = None if unit.job_id in held_jobs else gangs_failed.get(shape)
+            if reason is not None:
+                for i in unit.indices:
+                    out.pending_reasons[(unit.job_id, i)] = reason
+                continue
+            placed = len(out.assignments)
             _place_gang(unit, free, out)
+            if len(out.assignments) == placed and unit.job_id not in held_jobs:
+                gangs_failed[shape] = out.pending_reasons[(unit.job_id, unit.indices[0])]
             continue
         for index in unit.indices:
             if limit is not None and len(out.assignments) >= limit:

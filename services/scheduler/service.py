@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, frameworks, heartbeats, placement
+from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
 from shared import (
     bounded,
     nats_io,
@@ -55,9 +55,12 @@ from shared.messages import (
     NodeHealthChanged,
     PendingReason,
     PendingReasonsChanged,
+    PreemptionReleased,
+    Priority,
     ResetWorker,
     RunAttempt,
     TaskAssigned,
+    TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
     WorkerRegistered,
@@ -66,6 +69,7 @@ from shared.messages import (
     parse_attempt_key,
 )
 from shared.reservations import (
+    Eviction,
     NotDurable,
     Reservation,
     ReservationConflict,
@@ -94,6 +98,10 @@ BUS_FRESH_TTLS = 1.0
 # Placements per tick: a tick runs without yielding, and the lease must be renewed (every
 # TTL/3) while thousands of hosts free up at once. The next tick follows at once.
 MAX_TICK_PLACEMENTS = 1000
+# Preemptions a tick commits at most (each is one Lua call and one logged event).
+MAX_TICK_PREEMPTIONS = 200
+# The lowest band: it never preempts anyone.
+LOWEST_BAND = max(p.rank for p in Priority)
 TICK_STATS_EVERY = 10.0
 
 
@@ -265,11 +273,21 @@ class Leader:
             live[worker.worker_id] = set(worker.live_attempts)
         stale: list[tuple[str, str]] = []
         missing: dict[str, list[str]] = {}
+        holds: dict[str, list[str]] = {}
         for host in await self.store.host_usage():
+            view = self.state.workers.get(host.worker_id)
+            if host.held_for and (view is None or view.held_for != host.held_for):
+                # Held in Redis by a preemption whose event never reached the log (its
+                # leader died in between): its victims were never stopped, so let go.
+                holds.setdefault(host.held_for, []).append(host.worker_id)
             held = live.get(host.worker_id, set())
             stale += [(host.worker_id, key) for key in host.allocations if key not in held]
             if lost := [k for k in held if k not in host.allocations]:
                 missing[host.worker_id] = lost
+        for job_id, worker_ids in holds.items():
+            log.info("letting go of %d hosts held in Redis for %s by an unlogged preemption",
+                     len(worker_ids), job_id)
+            await self.store.unhold(self.epoch, job_id, worker_ids)
         # Stale ones first: the capacity they hold may be what a lost one needs back.
         if stale:
             log.info("releasing %d reservations with no live attempt", len(stale))
@@ -502,7 +520,7 @@ class Leader:
         return [
             placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
                            w.address, w.holder, set(w.ports_used), w.free_devices,
-                           w.out_of_service)
+                           w.out_of_service, w.held_for)
             for w in self._live_workers()
         ]
 
@@ -510,9 +528,15 @@ class Leader:
         """One round of placement; returns how many tasks it placed."""
         self.placing_seconds = 0.0
         if not self.state.pending:
+            if self.state.holds:  # e.g. a preemptor cancelled while its victims stopped
+                await self._let_go_of_holds(placement.Placement(), set())
             return 0
         with tracer.start_as_current_span("schedule.tick") as span:
             started = time.perf_counter()
+            # Preemptors all of whose victims had stopped when this placement was computed
+            # (more may stop while the tick awaits its commit: no verdict on those).
+            settled = {job_id for job_id, hold in self.state.holds.items()
+                       if all(self._exited(k) for k in hold.victims)}
             result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS)
             self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
@@ -523,9 +547,133 @@ class Leader:
                 return 0
             if result.truncated:
                 self.wake.set()  # more may fit: the next tick follows the pause
+            await self._let_go_of_holds(result, settled)
+            await self._preempt(result)
+            for key in result.pending_reasons:
+                hold = self.state.holds.get(key[0])
+                if hold is not None and hold.reason:
+                    result.pending_reasons[key] = hold.reason
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
             return len(result.assignments)
+
+    def _running(self) -> list[preemption.Running]:
+        """Every live attempt not already being stopped, as preemption sees it."""
+        out = []
+        for worker in self._live_workers():
+            for key, (job_id, index, attempt_id) in worker.live_attempts.items():
+                job = self.state.jobs[job_id]
+                attempt = job.tasks[index].attempt(attempt_id)
+                if attempt is None or attempt.kill_requested or attempt.exited:
+                    continue
+                spec = job.spec
+                out.append(preemption.Running(
+                    key, job_id, worker.worker_id, spec.priority.rank, spec.resources.amounts,
+                    spec.coscheduling is not None, spec.preemptible, attempt.assigned_at))
+        return out
+
+    async def _preempt(self, result: placement.Placement) -> None:
+        """Evicts lower-band attempts for units of a higher band this tick could not place
+        (docs/placement.md, "Preemption"): each eviction and the hold of the hosts it frees
+        for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
+        stopped by the fold's kills."""
+        waiting = {job_id for job_id, _ in result.pending_reasons}
+        # The lowest band running: a task may evict only below its band, a gang a
+        # squatter of its own band too. Nothing to evict, nothing to plan (e.g. all work
+        # of one band, however much of it waits).
+        lowest = max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
+        if not waiting or lowest < 0:
+            return
+        eligible = []
+        for job_id in waiting:
+            if job_id in self.state.holds:
+                continue
+            order, template = self._unit_template(self.state.jobs[job_id])
+            band = order[0]
+            if band < LOWEST_BAND and (band < lowest
+                                       or (band == lowest and template.gang is not None)):
+                eligible.append((order, job_id))
+        units = []
+        for (band, _), job_id in sorted(eligible):
+            job = self.state.jobs[job_id]
+            t = self._unit_template(job)[1]
+            if t.gang is not None and any(x.state in ATTEMPT_LIVE for x in job.tasks):
+                continue  # placed whole once none of it is live
+            indices = tuple(x.index for x in job.tasks if x.key in self.state.pending)
+            unit = placement.Unit(job_id, indices, t.need, t.device_kind, t.constraints,
+                                  t.ports, t.gang)
+            if unit.gang is not None:
+                units.append((unit, band))
+                continue
+            # Each task of a job is planned on its own (each may need a different host).
+            units += [(placement.Unit(unit.job_id, (i,), unit.need, unit.device_kind,
+                                      unit.constraints, unit.ports), band)
+                      for i in unit.indices if (unit.job_id, i) in result.pending_reasons]
+            if len(units) >= MAX_TICK_PREEMPTIONS:
+                break
+        if not units:
+            return
+        running = self._running()
+        where = {r.key: r.worker_id for r in running}
+        plans = preemption.plan(units, self._hosts(), running, limit=MAX_TICK_PREEMPTIONS)
+        committed: list[TasksPreempted] = []
+        refused = False
+        for p in plans:
+            eviction = Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
+                                p.needs)
+            self._check_lease()  # nothing committed that this term could not log
+            try:
+                await self.store.preempt(self.epoch, eviction)
+            except ReservationConflict as exc:
+                log.error("preemption for %s refused (%s); re-reconciling with Redis",
+                          p.job_id, exc)
+                refused = True
+                break
+            committed.append(TasksPreempted(
+                id=uuid.uuid4().hex, job_id=p.job_id, victims=list(p.victims),
+                hosts=list(p.hosts), epoch=self.epoch, ts=time.time()))
+            log.info("%s preempts %d attempts of %s", p.job_id, len(p.victims),
+                     ", ".join(p.victim_jobs))
+        if committed:
+            # Logged together (acks awaited at once); a term that ends before this leaves
+            # holds only in Redis, which the next leader lets go (_reconcile).
+            self._check_lease()
+            await nats_io.publish_events(self.js, [nats_io.Outgoing(
+                subjects.task_events(e.job_id), encode(e),
+                nats_io.message_headers(f"preempt:{e.id}")) for e in committed])
+            for event in committed:
+                await self._carry_out(self.state.apply(0, event))
+        if refused:
+            await self._reconcile()
+
+    async def _let_go_of_holds(self, result: placement.Placement, settled: set[str]) -> None:
+        """Lets go of hosts held for a preemptor that no longer waits (it ended), or that
+        this tick's placement could not place although every victim had stopped before it
+        was computed (`settled`: the cluster changed): it may preempt afresh later."""
+        tried = {job_id for job_id, _ in result.pending_reasons}
+        for job_id, hold in list(self.state.holds.items()):
+            job = self.state.jobs.get(job_id)
+            if job is not None and any(t.key in self.state.pending for t in job.tasks):
+                if job_id not in tried or job_id not in settled:
+                    continue
+                why = "could not be placed once its victims had stopped"
+            else:
+                why = "no longer waits for placement"
+            await self.store.unhold(self.epoch, job_id, hold.hosts)
+            event = PreemptionReleased(id=uuid.uuid4().hex, job_id=job_id,
+                                       hosts=list(hold.hosts), epoch=self.epoch,
+                                       ts=time.time(), reason=why)
+            log.info("letting go of %d hosts held for %s: %s", len(hold.hosts), job_id, why)
+            self._check_lease()
+            await nats_io.publish_event(self.js, subjects.task_events(job_id), event,
+                                        msg_id=f"unhold:{event.id}")
+            self.state.apply(0, event)
+
+    def _exited(self, key: str) -> bool:
+        job_id, index, attempt_id = parse_attempt_key(key)
+        task = self.state.task(job_id, index)
+        attempt = task.attempt(attempt_id) if task is not None else None
+        return attempt is None or attempt.exited
 
     def _link_submits(self, span: trace.Span, result: placement.Placement) -> None:
         """Links the tick to the submit of every job it placed or left waiting, so a job's
@@ -719,6 +867,8 @@ class Leader:
             "BERTH_RETRY_COUNT": str(task.failure_count + task.preemption_count
                                      + task.resume_count),
             "BERTH_HOST_ADDRESS": worker.address,
+            **({"BERTH_PREEMPTION_GRACE": f"{spec.preemption_grace:g}"}
+               if spec.preemption_grace is not None else {}),
             **{f"BERTH_PORT_{name.upper().replace('-', '_')}": str(port)
                for name, port in attempt.ports.items()},
         }
@@ -742,6 +892,7 @@ class Leader:
         await self._send(kill.worker_id, KillAttempt(
             epoch=self.epoch, incarnation=kill.incarnation, job_id=kill.job_id,
             task_index=kill.task_index, attempt_id=kill.attempt_id, reason=kill.reason,
+            grace=kill.grace,
         ))
 
     # --- heartbeats ---------------------------------------------------------------------
@@ -794,8 +945,13 @@ class Leader:
         verdict = heartbeats.judge(self.state, worker, hb, as_of,
                                    grace=2 * self.settings.heartbeat_interval)
         for job_id, index, attempt_id in verdict.strays:
+            task = self.state.task(job_id, index)
+            attempt = task.attempt(attempt_id) if task is not None else None
+            # A preempted attempt keeps its grace, should its first kill have been lost.
             await self._send_kill(Kill(worker.worker_id, worker.incarnation, job_id,
-                                       index, attempt_id, "not a live attempt"))
+                                       index, attempt_id, attempt.error if attempt and
+                                       attempt.kill_grace is not None else "not a live attempt",
+                                       attempt.kill_grace if attempt else None))
         for job_id, index, attempt_id in verdict.unconfirmed_kills:
             # Killed before it started: the worker confirms with a KILLED report (and will
             # refuse the run command from now on), which frees the reservation.

@@ -68,6 +68,7 @@ class RunningAttempt:
     command: RunAttempt
     process: Runnable | None = None
     kill_reason: str = ""
+    kill_grace: float | None = None  # the kill command's grace, if it gave one
     timed_out: bool = False
     task: asyncio.Task[None] | None = None
     killed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -381,6 +382,7 @@ class WorkerAgent:
                 return
             if not attempt.killed.is_set():
                 attempt.kill_reason = reason
+                attempt.kill_grace = command.grace
                 log.info("killing %s: %s", key, attempt.kill_reason)
                 self._spawn(self._stop_attempt(attempt))
 
@@ -397,7 +399,8 @@ class WorkerAgent:
     async def _stop_attempt(self, attempt: RunningAttempt) -> None:
         attempt.killed.set()
         if attempt.process is not None:
-            await attempt.process.stop(self.settings.kill_grace)
+            grace = attempt.kill_grace
+            await attempt.process.stop(self.settings.kill_grace if grace is None else grace)
 
     # --- running one attempt ----------------------------------------------------------
 

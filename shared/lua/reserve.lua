@@ -1,6 +1,8 @@
 -- Commit every placement of one scheduling tick, all or nothing, after re-checking, for every
 -- host it touches: capacity (cpu, memory, disk, devices), the device kind, named ports, and
--- gang ownership of coscheduling groups. Nothing is written unless everything holds.
+-- gang ownership of coscheduling groups, and preemption holds (a host held for a preemptor
+-- takes only it; its reservation there clears the hold). Nothing is written unless
+-- everything holds.
 -- Named ports belong to the host's address, not to the worker: workers sharing an address
 -- share one port hash, so a port goes to one live attempt per address.
 -- Devices are pinned the same way, per host: an attempt asking for N devices names N of the
@@ -58,6 +60,10 @@ for j0, g in ipairs(req.g) do
     if holder and holder ~= g.job then
       return {'conflict', 'host ' .. name(m) .. ' is held by gang ' .. holder}
     end
+    local held = redis.call('HGET', hkey(m), 'held_for')
+    if held and held ~= g.job then
+      return {'conflict', 'host ' .. name(m) .. ' is held for preemptor ' .. held}
+    end
   end
 end
 
@@ -72,6 +78,11 @@ for _, r in ipairs(req.r) do
   end
   if redis.call('HEXISTS', akey(h), r.key) == 1 then
     return {'conflict', 'attempt ' .. r.key .. ' already reserved'}
+  end
+  -- A host held for a preemptor (preempt.lua) takes no one else.
+  local held = redis.call('HGET', hkey(h), 'held_for')
+  if held and held ~= r.job then
+    return {'conflict', 'host ' .. name(h) .. ' is held for preemptor ' .. held}
   end
   if r.g >= 0 then
     local holder = redis.call('HGET', hkey(h), 'gang')
@@ -129,12 +140,15 @@ for _, r in ipairs(req.r) do
   for _, d in ipairs(dims) do redis.call('HINCRBY', hkey(h), d .. '_used', r[d]) end
   for _, p in ipairs(r.ports) do redis.call('HSET', pkey(h), p, r.key) end
   for _, d in ipairs(r.devs) do redis.call('HSET', dkey(h), d, r.key) end
+  -- The preemptor has what was held for it there.
+  if redis.call('HGET', hkey(h), 'held_for') == r.job then redis.call('HDEL', hkey(h), 'held_for') end
 end
 for j0, g in ipairs(req.g) do
   local members = {}
   for _, m in ipairs(g.members) do
     members[#members + 1] = hkey(m)
     if g.exclusive then redis.call('HSET', hkey(m), 'gang', g.job) end
+    if redis.call('HGET', hkey(m), 'held_for') == g.job then redis.call('HDEL', hkey(m), 'held_for') end
   end
   redis.call('HSET', gkey(j0 - 1), 'owner', g.job, 'name', g.name,
              'members', cjson.encode(members), 'exclusive', g.exclusive and '1' or '0')
