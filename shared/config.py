@@ -276,13 +276,17 @@ class Settings:
 def _quarantine_policy() -> QuarantinePolicy:
     policy = QuarantinePolicy(failures=_env_int("BERTH_QUARANTINE_FAILURES", 3),
                               jobs=_env_int("BERTH_QUARANTINE_JOBS", 2),
-                              window=_env_float("BERTH_QUARANTINE_WINDOW", 600.0))
+                              window=_env_float("BERTH_QUARANTINE_WINDOW", 600.0),
+                              max_share=_env_float("BERTH_QUARANTINE_MAX_SHARE", 0.25))
     if policy.failures < 0:
         raise SystemExit(f"BERTH_QUARANTINE_FAILURES={policy.failures} must be 0 (never) or more")
     if policy.jobs < 1:
         raise SystemExit(f"BERTH_QUARANTINE_JOBS={policy.jobs} must be 1 or more")
     if policy.window <= 0:
         raise SystemExit(f"BERTH_QUARANTINE_WINDOW={policy.window:g} must be above 0")
+    if not 0 <= policy.max_share <= 1:
+        raise SystemExit(f"BERTH_QUARANTINE_MAX_SHARE={policy.max_share:g} must be between 0 "
+                         "and 1")
     return policy
 
 

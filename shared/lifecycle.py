@@ -310,10 +310,12 @@ class ClusterState:
                 if worker and worker.alive and worker.incarnation == event.incarnation:
                     worker.alive = False
                     stopped = isinstance(event, WorkerStopped)
-                    # A clean stop is an operator's doing; a death is the host's.
+                    # Neither counts toward quarantine. A clean stop is an operator's doing;
+                    # a death is a silence, and a network cut silences many healthy hosts
+                    # at once (a partition on the test bed quarantined every worker).
                     self._fail_worker_attempts(worker, event.ts,
                                                "worker stopped" if stopped else "worker dead",
-                                               effects, host_fault=not stopped)
+                                               effects)
             case LeaderElected() if epoch_refusal(event.epoch, self.epoch) is not None:
                 # Only in order and in bounds: an epoch no leader could have taken would
                 # void every later assignment (shared/event_origin.py).

@@ -260,9 +260,11 @@ class Outgoing:
 # are the failures worth retrying. Anything else (a message over max_payload, a wrong
 # stream) cannot succeed by retrying: that message is logged and dropped, never raised, so
 # no publish stops a service (every message is bounded by construction, shared/bounded.py,
-# so this is a last resort).
+# so this is a last resort). JetStream's 503 "temporarily unavailable" comes while a NATS
+# cluster re-elects its meta leader (after a node rejoins from a partition): it passes.
 RETRIABLE = (nats.errors.TimeoutError, TimeoutError, nats.errors.ConnectionClosedError,
-             nats.errors.ConnectionReconnectingError, nats.js.errors.NoStreamResponseError)
+             nats.errors.ConnectionReconnectingError, nats.js.errors.NoStreamResponseError,
+             nats.js.errors.ServiceUnavailableError)
 
 
 async def publish_event(

@@ -20,6 +20,11 @@ class QuarantinePolicy:
     failures: int = 3
     jobs: int = 2
     window: float = 600.0
+    # At most this share of the registered workers quarantined automatically (at least
+    # one): a fault that strikes many hosts at once is the cluster's, not theirs, and
+    # quarantining them all would stop all work (Kubernetes' node controller stops
+    # evicting in an unhealthy zone for the same reason).
+    max_share: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,13 @@ def quarantine_reason(failures: Sequence[Failure], policy: QuarantinePolicy) -> 
         return None
     return (f"{len(recent)} attempts of {len(jobs)} jobs failed here within "
             f"{policy.window:g}s for non-user causes")
+
+
+def quarantine_room(quarantined: int, workers: int, policy: QuarantinePolicy) -> bool:
+    """Whether one more host may be quarantined automatically, with `quarantined` of
+    `workers` registered ones already out. An operator's cordon or drain is not counted:
+    only this rule's own verdicts are capped."""
+    return quarantined < max(1, int(workers * policy.max_share))
 
 
 def drain_overdue(deadline: float | None, now: float) -> bool:

@@ -13,6 +13,9 @@ tests/partitions.py, whose Run and Result these reuse, so each counts the same t
   address they were given (task 0 binds it: only its own host owns that address), and
   named ports on an address two workers share, bound for real by the tasks.
 - `delayed_worker`: one worker's NATS link through a relay that holds every chunk back.
+- `lossy_link`: one worker's packets to and from NATS lost at random (15% each way), or the
+  leader's to and from NATS and Redis: no verdict on a worker unless its heartbeats really
+  stopped reaching NATS for longer than D.
 
 `QUICK` are the forms tests/test_bed_scenarios.py runs; bench/partitions.py runs them all.
 """
@@ -73,7 +76,7 @@ def _layout_hosts() -> Layout:
                   delayed={"g4a": 0.2})
 
 
-def _layout_delayed() -> Layout:
+def _layout_workers3() -> Layout:
     return Layout(dict(WORKERS3), api="svc", schedulers=("ctl", "ctl2"))
 
 
@@ -458,6 +461,62 @@ async def delayed_worker(bed: Bed, data_dir: Path, delay: float, hold: float) ->
         return await run.finish()
 
 
+# --- a host whose links lose packets -------------------------------------------------------
+
+
+async def lossy_link(bed: Bed, data_dir: Path, host: str, peers: list[str], percent: int,
+                     hold: float) -> Result:
+    """`host` loses `percent` of its packets to and from `peers` (each packet on its own
+    chance) for `hold` seconds, while tasks run and new jobs are placed: a worker's link to
+    NATS, or the leader's to NATS and Redis. TCP retransmits, so heartbeats arrive late, not
+    never: a verdict on a worker is justified only if the NATS server went longer than D
+    without its heartbeat (each worker's longest gap is measured by a subscription of the
+    test's, whose own link loses nothing), so with the leader's links lossy none is."""
+    dead_after = float(ENV["BERTH_WORKER_DEAD_AFTER"])
+    cluster = start_cluster(bed, data_dir, _layout_workers3(), ENV)
+    async with Run(cluster, f"{host} losing {percent}% of packets to {'+'.join(peers)}, "
+                            f"{hold:g} s") as run:
+        ids = await run.submit(9, cpu=0.5)
+        await run.until("9 running", lambda: run.running(ids), 30)
+        notes = run.result.notes
+        notes["tasks_on_lossy_host"] = sum(
+            len(w["running_attempts"]) for w in run.workers() if w["worker_id"] == host)
+        heard: dict[str, list[float]] = {w: [] for w in WORKERS3}
+
+        async def heartbeat(msg: Any) -> None:
+            heard.setdefault(msg.subject.rsplit(".", 1)[1], []).append(time.monotonic())
+
+        sub = await run.nc.subscribe(subjects.HEARTBEATS_ALL, cb=heartbeat)
+        elected = len(run.bus.elected)
+        bed.lose([host], peers, percent)
+        started = time.monotonic()
+        later: list[str] = []
+        while time.monotonic() < started + hold:
+            later += await run.submit(1, cpu=0.1)
+            await asyncio.sleep(1.5)
+        bed.heal()
+        ended = time.monotonic()
+        await run.until("every later job running", lambda: run.running(later), 30)
+        await asyncio.sleep(2)  # verdicts and fences that the loss set off land now
+        await sub.unsubscribe()
+        gaps = {w: max(b - a for a, b in itertools.pairwise(
+            [started, *(t for t in times if started < t < ended), ended]))
+            for w, times in heard.items()}
+        notes["loss_percent"] = percent
+        notes["longest_heartbeat_gap_s"] = round(max(gaps.values()), 1)
+        notes["later_on_lossy_host"] = sum(
+            1 for i in later for t in (run.job(i) or {"tasks": []})["tasks"]
+            for a in t["attempts"] if a["worker_id"] == host)
+        logs = [cluster.log(w) for w in WORKERS3]
+        notes["fenced"] = sum(log.count("was fenced off") for log in logs)
+        notes["new_incarnations"] = sum(log.count("starting a new incarnation") for log in logs)
+        notes["take_overs"] = len(run.bus.elected) - elected
+        notes["deaths"] = [w for _, w in run.bus.deaths]
+        run.result.wrong_deaths = sum(1 for _, w in run.bus.deaths
+                                      if gaps.get(w, 0.0) <= dead_after)
+        return await run.finish()
+
+
 # --- the table ------------------------------------------------------------------------------
 
 BedScenario = Callable[[Bed, Path], Awaitable[Result]]
@@ -470,10 +529,14 @@ HOSTS = {
                        *WORKERS3],
     "hosts": ["nats", "redis", "ctl", "g1", "g2", "g3", "g4"],
     "delayed-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
+    "lossy-worker": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
+    "lossy-leader": ["nats", "redis", "svc", "ctl", "ctl2", *WORKERS3],
 }
 
 
 QUICK = ["hosts", "nats-minority"]
+# The share of a lossy host's packets lost each way.
+LOSS_PERCENT = 15
 
 
 def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
@@ -485,6 +548,11 @@ def scenarios(cut: float = 8, quick: bool = False) -> dict[str, BedScenario]:
         "redis-isolated": lambda bed, d: redis_failover(bed, d, cut, isolate=True),
         "hosts": lambda bed, d: hosts(bed, d, 4 if quick else 8),
         "delayed-worker": lambda bed, d: delayed_worker(bed, d, 0.2, 3 if quick else cut),
+        "lossy-worker": lambda bed, d: lossy_link(bed, d, "w1", ["nats"], LOSS_PERCENT,
+                                                  min(cut, 6) if quick else cut),
+        # The leader starts on ctl (scheduler A), the standby on ctl2.
+        "lossy-leader": lambda bed, d: lossy_link(bed, d, "ctl", ["nats", "redis"],
+                                                  LOSS_PERCENT, min(cut, 6) if quick else cut),
     }
 
 

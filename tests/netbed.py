@@ -10,6 +10,7 @@ namespaces with their other end moved straight into the bridge's.
     try:
         proc = bed.spawn("nats", ["nats-server", ...], log_path)   # ip netns exec …, a PID
         bed.partition({"w1"}, {"nats"})        # both ways; oneway=True: w1 → nats only
+        bed.lose({"w1"}, {"nats"}, 15)         # 15% of the packets lost, both ways
         bed.heal()
         local_port = bed.portal("nats", 4222)  # 127.0.0.1:local_port reaches nats:4222
     finally:
@@ -18,6 +19,8 @@ namespaces with their other end moved straight into the bridge's.
 The nemesis drops packets with `nft` rules in the *receiving* host's input chain: a real
 partition loses packets silently (a rule on the sender's output would fail its send at
 once with EPERM, which no real network does). A one-way cut drops what goes one way only.
+Loss is the same rule with a random number drawn per packet (`numgen random mod 100 < N`):
+TCP retransmits what is lost, as over a real lossy link.
 
 Processes are started with `ip netns exec NAME` and stopped by PID. Namespace names carry a
 prefix with the creating process's PID (`bnb<pid>-…`); `cleanup_stale` removes those whose
@@ -342,12 +345,18 @@ class Bed:
 
     # --- the nemesis ----------------------------------------------------------------------
 
-    def drop(self, sources: Iterable[str], targets: Iterable[str]) -> None:
-        """Packets from any of `sources` to any of `targets` are lost (one way)."""
+    def drop(self, sources: Iterable[str], targets: Iterable[str], percent: int = 100
+             ) -> None:
+        """Packets from any of `sources` to any of `targets` are lost (one way): all of
+        them, or each on its own `percent` chance (nft's random number per packet, so TCP
+        sees real loss and retransmits through it)."""
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent: {percent} is not in 1..100")
+        verdict = "drop" if percent == 100 else f"numgen random mod 100 < {percent} drop"
         sources = list(sources)
         for target in targets:
             rules = "".join(
-                f"add rule inet {TABLE} input ip saddr {self.addresses[s]} drop\n"
+                f"add rule inet {TABLE} input ip saddr {self.addresses[s]} {verdict}\n"
                 for s in sources if s != target)
             if rules:
                 _run("ip", "netns", "exec", self.ns(target), "nft", "-f", "-", input=rules)
@@ -359,6 +368,15 @@ class Bed:
         self.drop(side_a, side_b)
         if not oneway:
             self.drop(side_b, side_a)
+
+    def lose(self, side_a: Iterable[str], side_b: Iterable[str], percent: int,
+             oneway: bool = False) -> None:
+        """Loses `percent` of the packets between side A and side B (each packet on its own
+        chance): both ways, or (oneway) only what A sends to B. `heal` ends it."""
+        side_a, side_b = list(side_a), list(side_b)
+        self.drop(side_a, side_b, percent)
+        if not oneway:
+            self.drop(side_b, side_a, percent)
 
     def isolate(self, host: str) -> None:
         self.partition([host], [h for h in self.hosts if h != host])

@@ -303,6 +303,9 @@ class Run:
                 r.lost += 1
             elif state not in TERMINAL:
                 r.not_terminal += 1
+                # Which stage they are stuck in: never placed, placed and never started, ...
+                stuck = r.notes.setdefault("not_terminal_in", {})
+                stuck[state] = stuck.get(state, 0) + 1
             elif state != "succeeded":
                 r.notes.setdefault("not_succeeded", []).append(f"{job_id}:{state}")
         r.double_booked = self.max_double_booked
@@ -310,8 +313,10 @@ class Run:
             disagree = (self.report.reservations_without_attempt
                         + self.report.attempts_without_reservation)
             r.disagreements = len(disagree)
-            if disagree:
-                r.notes["disagreements"] = disagree[:3]
+            # Which way: a reservation no live attempt holds, or a live attempt without one.
+            for way in ("reservations_without_attempt", "attempts_without_reservation"):
+                if found := getattr(self.report, way):
+                    r.notes[way] = found[:3]
         r.two_copies = len(self.sampler.overlap)
         r.two_copies_s = round(self.sampler.longest_overlap(), 1) if r.two_copies else 0.0
         if r.two_copies:  # which attempts, where, and when (from the start of the run)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared import node_health
 from shared.lifecycle import Kill
 from shared.messages import (
     AnyEvent,
@@ -92,7 +93,7 @@ def test_a_deposed_leaders_quarantine_is_void() -> None:
     assert state.workers["w1"].out_of_service == ""
 
 
-def test_deaths_and_worker_faults_are_the_hosts_failures_user_exits_and_stops_are_not(
+def test_restarts_and_worker_faults_are_the_hosts_failures_exits_stops_and_deaths_are_not(
         ) -> None:
     events: list[AnyEvent] = [registered(), submitted("j1", max_retries_failure=5),
                               submitted("j2", max_retries_failure=5)]
@@ -104,8 +105,10 @@ def test_deaths_and_worker_faults_are_the_hosts_failures_user_exits_and_stops_ar
     events += [assigned(0, job="j2"), report(0, S.RUNNING, job="j2"),
                WorkerDeclaredDead(worker_id="w1", incarnation="i1")]
     state, _ = fold(events)
-    assert [(f.job_id) for f in state.workers["w1"].failures] == ["j1", "j2"]
-    # One death is one incident, however many attempts it takes down.
+    # A death is a silence, which a network cut gives healthy hosts too: not counted.
+    assert [(f.job_id) for f in state.workers["w1"].failures] == ["j1"]
+    assert state.jobs["j2"].tasks[0].attempts[0].worker_failure
+    # A restart under running work is one incident, however many attempts it takes down.
     state, _ = fold([registered(), submitted("j1", replicas=2), submitted("j2"),
                      assigned(0, 0, job="j1"), assigned(0, 1, job="j1"), assigned(0, job="j2"),
                      registered(incarnation="i2")])
@@ -157,3 +160,20 @@ def test_a_bad_drain_deadline_is_one_line_naming_it(capsys: pytest.CaptureFixtur
                                     "w1", NodeAction.DRAIN, deadline=bad) == 1
         err = capsys.readouterr().err
         assert err.startswith("berth: deadline: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("quarantined", "workers", "share", "room"), [
+    (0, 1, 0.25, True),    # always room for one
+    (1, 1, 0.25, False),
+    (1, 3, 0.25, False),   # a 3-host partition quarantines at most one
+    (1, 8, 0.25, True),
+    (2, 8, 0.25, False),
+    (0, 100, 0.0, True),   # 0 still allows one
+    (1, 100, 0.0, False),
+    (99, 100, 1.0, True),
+    (100, 100, 1.0, False),
+])
+def test_automatic_quarantine_takes_at_most_its_share_of_the_workers(
+        quarantined: int, workers: int, share: float, room: bool) -> None:
+    policy = QuarantinePolicy(max_share=share)
+    assert node_health.quarantine_room(quarantined, workers, policy) is room

@@ -182,6 +182,8 @@ class Leader:
         self.reasons_in_flight_seq = 0
         self.reasons_announced_at = -float("inf")
         self.unit_templates: dict[str, tuple[tuple[int, int], placement.Unit]] = {}
+        # Workers whose quarantine the cap refused, so the refusal is logged once each.
+        self.quarantine_refused: set[str] = set()
         # Releases folded but not yet written to Redis: written together, as soon as the
         # fold pauses, and always before a tick reserves (the Lua must never find in Redis
         # what the fold has already freed).
@@ -266,15 +268,21 @@ class Leader:
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
         await self._flush_releases()
-        live: dict[str, set[str]] = {}
-        for worker in self.state.workers.values():
+        for worker in list(self.state.workers.values()):
             if worker.alive:
                 await self._register_host(worker)
-            live[worker.worker_id] = set(worker.live_attempts)
+        usage = await self.store.host_usage()
+        # The fold goes on meanwhile (reports end attempts, their releases go out in the
+        # background), so it is read after Redis, with no await in between: an attempt it
+        # ends while Redis is read is then released twice (harmless), never re-reserved.
+        # Read before, such an attempt was "missing" from Redis, whose release had already
+        # gone out, and its reservation was written back for good (bench/partitions.py
+        # nats-minority, 2 disagreements once in 15 runs).
+        live = {w.worker_id: set(w.live_attempts) for w in self.state.workers.values()}
         stale: list[tuple[str, str]] = []
         missing: dict[str, list[str]] = {}
         holds: dict[str, list[str]] = {}
-        for host in await self.store.host_usage():
+        for host in usage:
             view = self.state.workers.get(host.worker_id)
             if host.held_for and (view is None or view.held_for != host.held_for):
                 # Held in Redis by a preemption whose event never reached the log (its
@@ -292,15 +300,23 @@ class Leader:
         if stale:
             log.info("releasing %d reservations with no live attempt", len(stale))
             await self.store.release(self.epoch, stale)
-        for worker_id, keys in missing.items():
-            # Only possible if Redis lost writes (e.g. a failover to a replica that was
-            # behind): re-reserve what the log says is running.
-            log.warning("re-reserving %d attempts on %s missing from Redis", len(keys),
-                        worker_id)
-            again = [self._reservation(worker_id, k) for k in keys]
-            await self.store.reserve(self.epoch, again, self._group_claims(again))
-        for worker in self.state.workers.values():
-            for job_id, index, attempt_id in worker.live_attempts.values():
+        # Under the release lock, and only what is still live: a release folded from now on
+        # reaches Redis after the reservation it undoes.
+        async with self.release_lock:
+            for worker_id, keys in missing.items():
+                view = self.state.workers.get(worker_id)
+                keys = [k for k in keys if view is not None and k in view.live_attempts]
+                if not keys:
+                    continue
+                # Only possible if Redis lost writes (e.g. a failover to a replica that was
+                # behind): re-reserve what the log says is running.
+                log.warning("re-reserving %d attempts on %s missing from Redis", len(keys),
+                            worker_id)
+                again = [self._reservation(worker_id, k) for k in keys]
+                await self.store.reserve(self.epoch, again, self._group_claims(again))
+        # Copies: a send may yield to the fold, which changes these dicts.
+        for worker in list(self.state.workers.values()):
+            for job_id, index, attempt_id in list(worker.live_attempts.values()):
                 task = self.state.task(job_id, index)
                 assert task is not None
                 attempt = task.attempt(attempt_id)
@@ -993,12 +1009,16 @@ class Leader:
         runs on a drained worker past its deadline (docs/operations.md, "Node health").
         Judged from the fold alone, so a new leader finishes what an old one began."""
         now = time.time()
+        policy = self.settings.quarantine
         for worker in list(self.state.workers.values()):
             verdict: NodeHealthChanged | None = None
             msg_id = ""
-            if worker.quarantine is None and worker.failures and (
-                    why := node_health.quarantine_reason(worker.failures,
-                                                         self.settings.quarantine)):
+            why = None
+            if worker.quarantine is None and worker.failures:
+                why = node_health.quarantine_reason(worker.failures, policy)
+            if why is not None and not self._room_to_quarantine(worker.worker_id, why):
+                why = None
+            if why is not None:
                 verdict = NodeHealthChanged(worker_id=worker.worker_id,
                                             action=NodeAction.QUARANTINE, reason=why,
                                             by="scheduler", epoch=self.epoch, ts=now)
@@ -1022,6 +1042,18 @@ class Leader:
             # Applied at once, so no tick places on it meanwhile (folding it again from the
             # stream changes nothing).
             await self._carry_out(self.state.apply(0, verdict))
+
+    def _room_to_quarantine(self, worker_id: str, why: str) -> bool:
+        quarantined = sum(w.quarantine is not None for w in self.state.workers.values())
+        if node_health.quarantine_room(quarantined, len(self.state.workers),
+                                       self.settings.quarantine):
+            return True
+        if worker_id not in self.quarantine_refused:
+            self.quarantine_refused.add(worker_id)
+            log.warning("worker %s not quarantined (%s): %d of %d workers are already, the "
+                        "most BERTH_QUARANTINE_MAX_SHARE allows", worker_id, why, quarantined,
+                        len(self.state.workers))
+        return False
 
     def _unstopped(self, job_id: str, index: int, attempt_id: int) -> bool:
         """Whether a live attempt has not been told to stop yet."""
@@ -1137,6 +1169,12 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             # No write can be fenced now, so nothing is placed until the lease is won again.
             outage.failed(exc, "standing down")
             await redis_io.ask_again(store.client)
+            await service.wait_or_stop(stop, backoff.next())
+        except nats_io.RETRIABLE as exc:
+            # E.g. JetStream answering 503 while a NATS cluster re-elects after a partition:
+            # it once ended both schedulers (exit 1), and nothing led again.
+            log.warning("lost leadership: NATS failed (%s: %s); standing by",
+                        type(exc).__name__, exc)
             await service.wait_or_stop(stop, backoff.next())
         finally:
             folded = max(folded, leader.state.epoch)

@@ -343,6 +343,14 @@ class WorkerAgent:
             log.warning("refusing command for incarnation %s (this is %s)",
                         command.incarnation, self.incarnation)
             return
+        if isinstance(command, ResetWorker) and self._past_fence():
+            # Whatever its epoch: past the fence deadline every task of this incarnation is
+            # already fenced off, so a reset costs nothing but a new registration. And a
+            # declared-dead incarnation can confirm no epoch (no leader answers its
+            # heartbeats): one that slept through two take-overs would refuse every reset
+            # of the new leader, and stay dead for ever (docs/reliability.md).
+            self._spawn(self._reset(f"reset by the scheduler ({command.reason})"))
+            return
         if self.simulate is None and self.epochs.unchecked(command.epoch):
             # A leader this worker has not confirmed yet (it joined after the announcement,
             # or missed it, and the epoch skipped a number) or a forgery: the leader's
@@ -361,7 +369,7 @@ class WorkerAgent:
         if isinstance(command, RunAttempt):
             if key in self.seen or self.winding_down:
                 return
-            if self.simulate is None and time.monotonic() > self.fence_deadline:
+            if self._past_fence():
                 log.warning("not starting %s: past this incarnation's fence deadline", key)
                 return
             self._remember(key)
@@ -385,6 +393,10 @@ class WorkerAgent:
                 attempt.kill_grace = command.grace
                 log.info("killing %s: %s", key, attempt.kill_reason)
                 self._spawn(self._stop_attempt(attempt))
+
+    def _past_fence(self) -> bool:
+        """Whether this incarnation's tasks may no longer run (simulated hosts run none)."""
+        return self.simulate is None and time.monotonic() > self.fence_deadline
 
     def _remember(self, key: str) -> None:
         self.seen[key] = None

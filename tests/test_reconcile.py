@@ -1,0 +1,52 @@
+"""The leader's reconcile of Redis with its fold, while the fold goes on (a mid-term one
+follows a refused reservation, and reports keep arriving): on a real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from services.scheduler import fencing
+from services.scheduler.service import Leader
+from shared import redis_auth, redis_io, servers
+from shared.config import Settings
+from shared.messages import attempt_key
+from shared.reservations import HostUsage, ReservationStore
+from shared.states import TaskState
+from tests.test_lifecycle import assigned, registered, report, submitted
+
+
+async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    client = redis_io.connect(clean_servers[1].url_for(redis_auth.SCHEDULER))
+    store = ReservationStore(client)
+    try:
+        epoch = await store.acquire_lease("s1", 60_000)
+        leader = Leader(Settings.from_env(), nc, store, "s1",
+                        fencing.Lease(epoch=epoch, after_seq=0, sent=time.monotonic()))
+        for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
+                                     report(0, TaskState.RUNNING)], start=1):
+            leader.state.apply(seq, event)
+        await leader._register_host(leader.state.workers["w1"])
+        key = attempt_key("j1", 0, 0)
+        await store.reserve(epoch, [leader._reservation("w1", key)])
+        read = store.host_usage
+
+        async def ending_meanwhile() -> list[HostUsage]:
+            # The attempt's report is folded while Redis is read, and its release goes out.
+            await leader._carry_out(leader.state.apply(5, report(0, TaskState.SUCCEEDED, 0)))
+            assert leader.release_task is not None
+            await leader.release_task
+            return await read()
+
+        monkeypatch.setattr(store, "host_usage", ending_meanwhile)
+        await leader._reconcile()
+        monkeypatch.setattr(store, "host_usage", read)
+        # Before: it was "missing from Redis" and reserved again, for good (nothing would
+        # release it: its release had been carried out already).
+        assert [list(h.allocations) for h in await store.host_usage()] == [[]]
+    finally:
+        await client.aclose()
