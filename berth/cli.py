@@ -48,7 +48,7 @@ from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
-from shared.messages import job_spec_schema
+from shared.messages import decode, job_spec_decoder, job_spec_schema
 from shared.states import JOB_TERMINAL_NAMES
 
 app = new_app()
@@ -176,6 +176,8 @@ def cmd_submit(
     waits = _waits_for(payload)
     if waits:  # stdout stays the job id alone, for scripts
         print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
+    if retry := _retry_words(payload):
+        print(f"job {outcome.job_id} {retry}", file=sys.stderr)
     if wait:
         return cli_read.succeeded(
             cli_read.wait_for_end(where.api_url(), str(outcome.job_id), timeout))
@@ -188,6 +190,14 @@ def _waits_for(payload: bytes) -> str:
     parts = [f"{', '.join(spec['after'])} to succeed"] if spec.get("after") else []
     parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
     return " and ".join(parts)
+
+
+
+def _retry_words(payload: bytes) -> str:
+    """What an accepted submit's retry policy will do, in words ("" without one)."""
+    spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
+    return spec.retry.describe() if spec.retry is not None else ""
+
 
 async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
                   ) -> SubmitOutcome:

@@ -33,6 +33,7 @@ from shared.messages import (
     PreemptionReleased,
     Resources,
     ResourceUse,
+    RetryEvent,
     StopCriteria,
     SubmitRejected,
     TaskAssigned,
@@ -91,8 +92,17 @@ class TaskView(msgspec.Struct, kw_only=True):
     error: str = ""
     pending_reason: str = ""
     # When the task last became PENDING (submission or retry): scheduling_timeout counts
-    # from here, so a retried task gets the full timeout again.
+    # from here, so a retried task gets the full timeout again (after its backoff, if any).
     pending_since: float = 0.0
+    # Under the job's retry policy (task_rules.retry_plan), all from event timestamps in
+    # the log: its retries so far (the backoff's exponent), when its retry window opened,
+    # and the time before which it may not be placed (0: none). A new leader derives the
+    # same wait, so a fail-over neither shortens nor restarts it.
+    retries: int = 0
+    retry_since: float | None = None
+    retry_at: float = 0.0
+    # Its policy's duration ran out: finished, whatever its budgets say.
+    retries_ended: bool = False
     refused_reports: list[str] = []
 
     @property
@@ -241,6 +251,10 @@ class ClusterState:
         self.last_refused_seq = 0
         # Tasks waiting for placement, in the order they became schedulable.
         self.pending: dict[tuple[str, int], None] = {}
+        # Those of them a retry policy's backoff holds back: key -> the time before which
+        # they may not be placed (TaskView.retry_at). Empty without retry policies, so the
+        # scheduler pays nothing for it then.
+        self.backoff: dict[tuple[str, int], float] = {}
         self.groups: dict[str, GroupView] = {}
         self.seen_incarnations: set[tuple[str, str]] = set()
         # Preemption holds by preemptor job id, and the ids of the preemption events folded
@@ -566,11 +580,12 @@ class ClusterState:
         gone = not worker.alive or worker.incarnation != event.incarnation
         if attempt is not task.current_attempt or job.waiting_for or not (
             task_rules.can_transition(task.state, S.ASSIGNED)
-        ):
-            # Superseded, the task finished (e.g. was killed) before this was folded, or
-            # its job still waits for a dependency: no leader offers such a task for
-            # placement (the release precedes any assignment in the log), so nothing
-            # may start early.
+        ) or event.ts < task.retry_at:
+            # Superseded, the task finished (e.g. was killed) before this was folded, its
+            # job still waits for a dependency, or it is still in its retry backoff: no
+            # leader offers such a task for placement (the release precedes any assignment
+            # in the log; a leader places none before its retry_at, by the clock it
+            # stamps the assignment with), so nothing may start early.
             attempt.kill_requested = True
             if not gone:
                 effects.append(
@@ -580,7 +595,7 @@ class ClusterState:
         else:
             self._set_state(job, task, S.ASSIGNED)
             task.pending_reason = ""
-            self.pending.pop(task.key, None)
+            self._unqueue(task)
             self._update_job(job, event.ts, effects)
         if gone:
             self._fail_worker_attempts(worker, event.ts, "worker gone before its assignment",
@@ -652,11 +667,25 @@ class ClusterState:
         task = self.task(event.job_id, event.task_index)
         if task is None or not task_rules.can_transition(task.state, S.UNSCHEDULABLE):
             return  # placed or ended before the timeout was folded
-        self._set_state(self.jobs[event.job_id], task, S.UNSCHEDULABLE)
+        job = self.jobs[event.job_id]
+        plan = task_rules.retry_plan(job.spec.retry, RetryEvent.NO_CAPACITY, event.ts,
+                                     task.retry_since, task.retries)
+        if plan is not None:
+            if event.retries != task.retries:
+                return  # decided before a retry this fold has already made
+            task.retries, task.retry_since = plan.retries, plan.since
+            task.error = event.reason
+            if plan.retry:  # it stays PENDING, held back until plan.at
+                task.pending_reason = ""
+                self._hold_until(task, plan.at)
+                task.pending_since = plan.at
+                return
+            task.retries_ended = True
+        self._set_state(job, task, S.UNSCHEDULABLE)
         task.error = event.reason
         task.pending_reason = ""
-        self.pending.pop(task.key, None)
-        self._update_job(self.jobs[event.job_id], event.ts, effects)
+        self._unqueue(task)
+        self._update_job(job, event.ts, effects)
 
     def _attempt_reported(self, event: AttemptReported, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
@@ -727,7 +756,7 @@ class ClusterState:
                 S.FAILED, task.failure_count, job.spec.max_retries_failure
             )
             if decision == task_rules.RetryDecision.SHOULD_RETRY:
-                self._requeue(job, task, event.ts)
+                self._retry(job, task, RetryEvent.ERROR, event.ts)
             self._cascade_gang(job, task, event.ts, effects)
         self._update_job(job, event.ts, effects)
 
@@ -750,10 +779,41 @@ class ClusterState:
         counts[state] = counts.get(state, 0) + 1
         task.state = state
 
-    def _requeue(self, job: JobView, task: TaskView, ts: float) -> None:
+    def _requeue(self, job: JobView, task: TaskView, ts: float, at: float = 0.0) -> None:
+        """Back to PENDING and the placement queue; `at`: not placed before then (a
+        backoff), and its scheduling_timeout counts from then."""
         self._set_state(job, task, S.PENDING)
-        task.pending_since = ts
+        task.pending_since = max(ts, at)
         self.pending[task.key] = None
+        task.retry_at = 0.0
+        if at:
+            self._hold_until(task, at)
+
+    def _retry(self, job: JobView, task: TaskView, event: RetryEvent, ts: float) -> None:
+        """A failed task its budget would retry: at once (the seed), or as its job's retry
+        policy says, which may instead end it (its duration has run out)."""
+        attempt = task.current_attempt
+        ran_for = (ts - attempt.started_at
+                   if attempt is not None and attempt.started_at is not None else None)
+        plan = task_rules.retry_plan(job.spec.retry, event, ts, task.retry_since,
+                                     task.retries, ran_for)
+        if plan is None:
+            self._requeue(job, task, ts)
+            return
+        task.retries, task.retry_since = plan.retries, plan.since
+        if plan.retry:
+            self._requeue(job, task, ts, plan.at)
+        else:
+            task.retries_ended = True
+
+    def _hold_until(self, task: TaskView, at: float) -> None:
+        task.retry_at = max(task.retry_at, at)
+        if task.retry_at:  # 0 holds nothing back (the backoff lists only real waits)
+            self.backoff[task.key] = task.retry_at
+
+    def _unqueue(self, task: TaskView) -> None:
+        self.pending.pop(task.key, None)
+        self.backoff.pop(task.key, None)
 
     def _attempt_exited(
         self, attempt: AttemptView, job_id: str, task_index: int, effects: list[Effect]
@@ -860,7 +920,7 @@ class ClusterState:
                 # It can never run as part of a whole gang now.
                 self._set_state(job, sibling, S.KILLED)
                 sibling.error = reason
-                self.pending.pop(sibling.key, None)
+                self._unqueue(sibling)
                 continue
             if sibling.state not in ATTEMPT_LIVE:
                 continue
@@ -870,6 +930,9 @@ class ClusterState:
                 effects.append(Kill(attempt.worker_id, attempt.incarnation, job.job_id,
                                     sibling.index, attempt.attempt_id, reason))
             self._preempt(sibling, job, reason, ts, exhaust=finished)
+            if sibling.state == S.PENDING and cause.retry_at:
+                # The gang is placed whole, so it waits out the backoff of its cause too.
+                self._hold_until(sibling, cause.retry_at)
 
     def _preempt(self, task: TaskView, job: JobView, why: str, ts: float,
                  exhaust: bool = False) -> None:
@@ -885,7 +948,7 @@ class ClusterState:
             return
         decision = task_rules.retry_decision(S.WORKER_FAILED, task.preemption_count, limit)
         if decision == task_rules.RetryDecision.SHOULD_RETRY:
-            self._requeue(job, task, ts)
+            self._retry(job, task, RetryEvent.INTERRUPTION, ts)
 
     def _cancel(self, job_id: str, reason: str, ts: float, effects: list[Effect],
                 failure_reason: str = "") -> None:
@@ -946,7 +1009,7 @@ class ClusterState:
             self._set_state(job, task, S.KILLED)
             task.error = reason
             task.pending_reason = ""
-            self.pending.pop(task.key, None)
+            self._unqueue(task)
             attempt = task.current_attempt
             if attempt is not None and not attempt.exited:
                 attempt.kill_requested = True

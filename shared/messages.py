@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from shared import job_ids
+from shared import durations, job_ids
 from shared.capacity import Amounts
 from shared.states import TaskState
 
@@ -163,6 +163,68 @@ class StopCriteria(enum.StrEnum):
     MASTER_DONE = "master-done"
 
 
+MAX_SECONDS = 366 * 24 * 3600
+Duration = Annotated[
+    Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+    # The pattern is checked by check_retry, whose error says what a duration is; the
+    # schema states it for other clients.
+    | Annotated[str, Meta(max_length=32, extra_json_schema={"pattern": durations.PATTERN})],
+    Meta(description=f"A duration: {durations.EXAMPLES}."),
+]
+
+
+class RetryEvent(enum.StrEnum):
+    """What a retry policy may retry (dstack's `retry.on_events`)."""
+
+    ERROR = "error"  # the task's process failed (FAILED): counts against max_retries_failure
+    INTERRUPTION = "interruption"  # its worker failed (WORKER_FAILED): max_retries_preemption
+    NO_CAPACITY = "no-capacity"  # its scheduling_timeout ran out before it was placed
+
+
+class Backoff(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The wait before retry n: initial * factor^(n-1), never more than max."""
+
+    initial: Duration = 15.0
+    factor: Annotated[float, Meta(ge=1, le=100)] = 2.0
+    max: Duration = 600.0
+
+    @property
+    def initial_s(self) -> float:
+        return durations.parse(self.initial)
+
+    @property
+    def max_s(self) -> float:
+        return durations.parse(self.max)
+
+
+class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Which events retry a task, for how long, and how long each retry waits first
+    (docs/lifecycle.md, "Retry policy")."""
+
+    on_events: Annotated[list[RetryEvent], Meta(min_length=1, max_length=3)]
+    duration: Annotated[
+        Duration | None,
+        Meta(description="How long after a task's first retry it may still be retried "
+             "(none: the retry budgets alone limit it)."),
+    ] = None
+    backoff: Backoff = Backoff()
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.duration is None else durations.parse(self.duration)
+
+    def describe(self) -> str:
+        """What the policy will do, in words (`berth submit` says it)."""
+        b = self.backoff
+        waits = f"{durations.show(b.initial_s)}"
+        if b.factor > 1 and b.max_s > b.initial_s:
+            waits += f", x{b.factor:g} each time up to {durations.show(b.max_s)}"
+        limit = (f"for {durations.show(d)} after its first retry"
+                 if (d := self.duration_s) is not None else "with no time limit")
+        return (f"retries on {', '.join(e.value for e in self.on_events)} {limit}, "
+                f"waiting {waits} before each")
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The submit message: publish it as JSON to `berth.submit.job`."""
 
@@ -247,6 +309,12 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
              "has between SIGTERM and SIGKILL, to checkpoint (default: the worker's "
              "BERTH_KILL_GRACE)."),
     ] = None
+    retry: Annotated[
+        RetryPolicy | None,
+        Meta(description="Retry by event, with a backoff between tries and a time limit "
+             "(docs/lifecycle.md); without it, FAILED and WORKER_FAILED tasks are retried "
+             "at once under their budgets, and a scheduling timeout is final."),
+    ] = None
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -277,9 +345,40 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         if not self.preemptible and self.priority != Priority.PRODUCTION:
             raise ValueError(f"preemptible: false is only for priority production (this job "
                              f"is {self.priority.value}, which a higher band may preempt)")
+        if self.retry is not None:
+            check_retry(self.retry, self.max_retries_failure, self.scheduling_timeout)
         if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:
             raise ValueError("coscheduling.shareable: a job with accelerators holds its "
                              "group exclusively")
+
+
+def check_retry(policy: RetryPolicy, max_retries_failure: int,
+                scheduling_timeout: float | None) -> None:
+    """A policy that could not do what it says is refused at submit, in one line."""
+    if len(set(policy.on_events)) != len(policy.on_events):
+        raise ValueError("retry.on_events: events must be unique")
+    seconds: dict[str, float] = {}
+    for field, value in (("duration", policy.duration), ("backoff.initial",
+                         policy.backoff.initial), ("backoff.max", policy.backoff.max)):
+        if value is None:
+            continue
+        try:
+            seconds[field] = durations.parse(value)
+        except ValueError as exc:
+            raise ValueError(f"retry.{field}: {exc}") from None
+        if seconds[field] > MAX_SECONDS:
+            raise ValueError(f"retry.{field}: {value!r} is longer than 366 days")
+    if seconds.get("duration") == 0:
+        raise ValueError("retry.duration: must be more than 0 (leave it out for no limit)")
+    if seconds["backoff.max"] < seconds["backoff.initial"]:
+        raise ValueError(f"retry.backoff.max: {policy.backoff.max!r} is less than "
+                         f"backoff.initial {policy.backoff.initial!r}")
+    if RetryEvent.ERROR in policy.on_events and max_retries_failure == 0:
+        raise ValueError("retry.on_events: 'error' retries nothing with max_retries_failure "
+                         "0; set max_retries_failure to how many errors may be retried")
+    if RetryEvent.NO_CAPACITY in policy.on_events and scheduling_timeout is None:
+        raise ValueError("retry.on_events: 'no-capacity' needs a scheduling_timeout (how "
+                         "long each try to place a task lasts)")
 
 
 def parse_number(text: str | None) -> float | None:
@@ -456,12 +555,16 @@ class PreemptionReleased(Event, tag="preemption_released"):
 
 
 class TaskUnschedulable(Event, tag="task_unschedulable"):
-    """The scheduler gave up placing a pending task: its scheduling_timeout expired."""
+    """The scheduler gave up placing a pending task: its scheduling_timeout expired. Under
+    a retry policy naming no-capacity the fold may retry it instead (shared/lifecycle.py)."""
 
     job_id: str
     task_index: int
     reason: str
     epoch: int
+    # The task's retry count when the scheduler decided: a copy folded after that retry
+    # (the leader applies its own event at once, then folds it again) changes nothing.
+    retries: int = 0
 
 
 class PendingReason(msgspec.Struct, frozen=True):

@@ -11,7 +11,7 @@ from shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 8
+FORMAT = 9
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -90,6 +90,9 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.rejections = snap.rejections
     state.cancel_by_submit = snap.cancel_by_submit
     state.pending = dict.fromkeys(snap.pending)
+    # Held back by a backoff: exactly the pending tasks with a retry_at (kept so by the fold).
+    state.backoff = {key: task.retry_at for key in state.pending
+                     if (task := state.jobs[key[0]].tasks[key[1]]).retry_at}
     state.groups = {group.name: group for group in snap.groups}
     state.seen_incarnations = set(snap.seen_incarnations)
     state.refused_events = snap.refused_events

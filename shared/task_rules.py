@@ -6,9 +6,12 @@ asks these functions every question about what a state change means.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import Enum
 
+from shared.messages import RetryEvent, RetryPolicy
 from shared.states import JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
@@ -93,16 +96,20 @@ def is_finished(
     preemption_count: int,
     max_retries_preemption: int,
     stopped_with_gang: bool = False,
+    retries_ended: bool = False,
 ) -> bool:
     """The seed's terminal-state summary. `stopped_with_gang`: a gang member brought down
     because another member failed terminally; its preemption budget counts as used up
-    (the seed), though its counter still counts only its own preemptions."""
+    (the seed), though its counter still counts only its own preemptions.
+    `retries_ended`: its retry policy's duration ran out (retry_plan), whatever its
+    budgets say."""
     if state in (S.SUCCEEDED, S.KILLED, S.UNSCHEDULABLE):
         return True
     if state == S.FAILED:
-        return failure_count > max_retries_failure
+        return retries_ended or failure_count > max_retries_failure
     if state == S.WORKER_FAILED:
-        return stopped_with_gang or preemption_count > max_retries_preemption
+        return (stopped_with_gang or retries_ended
+                or preemption_count > max_retries_preemption)
     return False
 
 
@@ -113,6 +120,7 @@ def can_be_scheduled(
     preemption_count: int,
     max_retries_preemption: int,
     stopped_with_gang: bool = False,
+    retries_ended: bool = False,
 ) -> bool:
     """The seed's `can_be_scheduled`: PENDING, or a failure with retry budget left (not
     finished at the task level, so a new attempt may be dispatched)."""
@@ -120,7 +128,7 @@ def can_be_scheduled(
         return True
     return state in (S.FAILED, S.WORKER_FAILED) and not is_finished(
         state, failure_count, max_retries_failure, preemption_count, max_retries_preemption,
-        stopped_with_gang,
+        stopped_with_gang, retries_ended,
     )
 
 
@@ -189,3 +197,79 @@ def master_done(master_done_criteria: bool, task0_state: TaskState) -> bool:
     """stop_criteria master-done: the job is done (SUCCEEDED) once task 0 has succeeded,
     whatever its other tasks are doing."""
     return master_done_criteria and task0_state == S.SUCCEEDED
+
+
+# --- retry policy by event, with backoff (issue 16) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What a retry policy makes of one event: retried (`retry`), placed no earlier than
+    `at`; the task's retry window then opens at `since` and it has been retried `retries`
+    times under the policy. `retry` False: the window has closed, so the task ends."""
+
+    retry: bool
+    at: float
+    since: float
+    retries: int
+
+
+def backoff_delay(initial: float, factor: float, maximum: float, retry_number: int) -> float:
+    """The wait before retry `retry_number` (1: the first): initial * factor^(n-1), at most
+    `maximum`. Computed by logarithms, so the 100000th retry costs what the first does."""
+    if initial <= 0 or retry_number <= 1 or factor <= 1:
+        return min(initial, maximum)
+    steps = retry_number - 1
+    growth = steps * math.log(factor)
+    if growth >= math.log(maximum) - math.log(initial):
+        return maximum
+    if growth < 700:  # factor ** steps is a finite float: exact for the usual backoffs
+        return min(initial * factor ** steps, maximum)
+    return min(math.exp(math.log(initial) + growth), maximum)
+
+
+def streak_starts_afresh(ran_for: float | None, duration: float | None,
+                         backoff_max: float) -> bool:
+    """A task whose attempt ran for a whole `duration` (without one: a whole backoff
+    `max`) before the event was doing well: its window and backoff start again, so a
+    long job preempted weekly is retried each time, while a crash loop's short runs
+    never renew its window."""
+    if ran_for is None:
+        return False
+    return ran_for >= (duration if duration is not None else backoff_max)
+
+
+def retry_plan(policy: RetryPolicy | None, event: RetryEvent, ts: float,
+               since: float | None, retries: int, ran_for: float | None = None
+               ) -> RetryPlan | None:
+    """The policy's answer to `event` at time `ts` (the event's own timestamp, from the
+    log), for a task whose window opened at `since` (None: never retried under it) after
+    `retries` retries; `ran_for`: how long the attempt that ended had been running (None
+    if it never ran). None: the policy does not name the event, so the seed's rule
+    applies (retried at once under its budget; a scheduling timeout is final)."""
+    if policy is None or event not in policy.on_events:
+        return None
+    duration, backoff = policy.duration_s, policy.backoff
+    if streak_starts_afresh(ran_for, duration, backoff.max_s):
+        since, retries = None, 0
+    start = ts if since is None else since
+    if duration is not None and ts - start >= duration:
+        return RetryPlan(retry=False, at=ts, since=start, retries=retries)
+    number = retries + 1
+    wait = backoff_delay(backoff.initial_s, backoff.factor, backoff.max_s, number)
+    return RetryPlan(retry=True, at=ts + wait, since=start, retries=number)
+
+
+def held_back(backoff: Mapping[tuple[str, int], float], now: float) -> set[tuple[str, int]]:
+    """The tasks of `backoff` (ClusterState.backoff: task -> retry_at) that may not be
+    placed at `now`; a leader uses the clock it then stamps its assignments with, so the
+    fold never finds one of them placed early."""
+    return {key for key, at in backoff.items() if at > now}
+
+
+def backoff_reason(retry_at: float, retries: int, now: float) -> str | None:
+    """A pending task's reason while it waits out its backoff (None once it may be placed):
+    the try it waits for is attempt `retries + 1`."""
+    if retry_at <= now:
+        return None
+    return f"retrying in {math.ceil(retry_at - now)}s (attempt {retries + 1}, backoff)"

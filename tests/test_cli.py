@@ -95,13 +95,16 @@ def test_submit_and_status_against_a_running_stack(
     stack: Stack = make_stack(workers=1)
     spec = tmp_path / "job.yaml"
     spec.write_text("name: cli\ncommand: [python3, -c, 'print(42)']\n"
-                    "resources: {cpu: 0.5, memory_mb: 64}\n")
+                    "resources: {cpu: 0.5, memory_mb: 64}\nmax_retries_failure: 1\n"
+                    "retry: {on_events: [error], backoff: {initial: 2s, max: 1m}}\n")
     # Beside the running stack, the command speaks as the local user `berth up` made.
     env = {"BERTH_DATA_DIR": str(stack.data_dir)}
     result = run_berth("submit", str(spec), "--wait", "--timeout", "60", env=env)
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.splitlines()[0]
     assert f"job {job_id} (cli): succeeded" in result.stdout
+    assert (f"job {job_id} retries on error with no time limit, waiting 2s, x2 each time "
+            "up to 1m before each") in result.stderr
     status = run_berth("status", job_id, env=env)
     assert "task 0: succeeded" in status.stdout and "exit code 0" in status.stdout
     assert job_id in run_berth("status", env=env).stdout

@@ -3,10 +3,12 @@ their display names (`running`, `worker_failed`), as on the dashboard."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import msgspec
 
+from shared import task_rules
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
 from shared.messages import (
     DeviceStats,
@@ -51,6 +53,10 @@ class TaskOut(msgspec.Struct):
     pending_since: float | None
     attempts: list[AttemptOut]
     refused_reports: list[str]
+    # Retries under the job's retry policy, and (while it waits out a backoff) the time
+    # before which it is not placed.
+    retries: int
+    retry_at: float | None
 
 
 class JobSummary(msgspec.Struct):
@@ -180,15 +186,21 @@ def attempt_out(a: AttemptView) -> AttemptOut:
     )
 
 
-def task_out(t: TaskView) -> TaskOut:
+def task_out(t: TaskView, now: float | None = None) -> TaskOut:
     current = t.current_attempt
+    pending = t.state == TaskState.PENDING
+    # A backoff's countdown is stated as of now, not as of the event that began it.
+    backoff = task_rules.backoff_reason(t.retry_at, t.retries,
+                                        time.time() if now is None else now)
     return TaskOut(
         index=t.index, state=t.state.display,
         current_attempt=current.attempt_id if current else None,
         failure_count=t.failure_count, preemption_count=t.preemption_count,
-        exit_code=t.exit_code, error=t.error, pending_reason=t.pending_reason,
-        pending_since=t.pending_since if t.state == TaskState.PENDING else None,
+        exit_code=t.exit_code, error=t.error,
+        pending_reason=(backoff if pending and backoff else t.pending_reason),
+        pending_since=t.pending_since if pending else None,
         attempts=[attempt_out(a) for a in t.attempts], refused_reports=list(t.refused_reports),
+        retries=t.retries, retry_at=t.retry_at if pending and backoff else None,
     )
 
 

@@ -37,6 +37,7 @@ from shared import (
     redis_io,
     service,
     subjects,
+    task_rules,
     telemetry,
 )
 from shared.capacity import GroupClaim
@@ -509,15 +510,20 @@ class Leader:
         """Pending work in placement order: priority band, then FIFO by submission. A gang
         is one unit, and only once none of its tasks is still live (it is placed whole).
         Lazy: a tick stops after MAX_TICK_PLACEMENTS, so with tens of thousands pending
-        only the first units are ever built (sorting their keys is cheap)."""
+        only the first units are ever built (sorting their keys is cheap). A task in its
+        retry backoff is left out until its retry_at (and a gang while any member is)."""
         by_job: dict[str, list[int]] = {}
-        for job_id, index in self.state.pending:
-            by_job.setdefault(job_id, []).append(index)
+        held = task_rules.held_back(self.state.backoff, time.time())
+        for key in self.state.pending:
+            if key not in held:
+                by_job.setdefault(key[0], []).append(key[1])
         ordered = sorted((self._unit_template(self.state.jobs[job_id])[0], job_id)
                          for job_id in by_job)
+        held_jobs = {job_id for job_id, _ in held}
         for _, job_id in ordered:
             job = self.state.jobs[job_id]
-            if job.spec.coscheduling and any(t.state in ATTEMPT_LIVE for t in job.tasks):
+            if job.spec.coscheduling and (job_id in held_jobs or any(
+                    t.state in ATTEMPT_LIVE for t in job.tasks)):
                 continue
             t = self._unit_template(job)[1]
             # Built field by field: dataclasses.replace costs several times more.
@@ -784,11 +790,14 @@ class Leader:
             event = TaskUnschedulable(
                 job_id=job_id, task_index=index, epoch=self.epoch, ts=now,
                 reason=bounded.clip(f"scheduling timeout of {limit:g}s expired: {reason}"),
+                retries=task.retries,
             )
-            log.info("task %s/%d is unschedulable: %s", job_id, index, event.reason)
+            log.info("task %s/%d reached its scheduling timeout: %s", job_id, index, event.reason)
+            # A retry policy may make each timeout a retry: each is its own message.
+            retried = f"/{task.retries}" if task.retries else ""
             await nats_io.publish_event(
                 self.js, subjects.task_events(job_id), event,
-                msg_id=f"unschedulable:{job_id}/{index}/{len(task.attempts)}",
+                msg_id=f"unschedulable:{job_id}/{index}/{len(task.attempts)}{retried}",
             )
             # Applied at once so the next tick does not consider it; folding it again from
             # the stream is a no-op, so its effects are carried out exactly once.

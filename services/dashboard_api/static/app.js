@@ -109,7 +109,7 @@ async function jobPage(jobId) {
   const tasks = job.tasks.map((t) => `<tr class="task" data-task="${t.index}">
       <td>${t.index}</td><td></td>
       <td class="task-state">${badge(t.state)}${t.pending_reason
-        ? `<div class="pending-reason">${esc(t.pending_reason)}</div>` : ""}</td>
+        ? `<div class="pending-reason"${t.retry_at ? ` data-retry-at="${t.retry_at}" data-try="${t.retries + 1}"` : ""}>${esc(t.pending_reason)}</div>` : ""}</td>
       <td>${t.failure_count} failures, ${t.preemption_count} preemptions</td>
       <td>${t.exit_code ?? ""}</td><td></td><td class="error">${esc(t.error)}</td><td></td></tr>
       ${attemptRows(t)}`).join("");
@@ -336,5 +336,13 @@ async function connectEvents() {
 
 // Heartbeats are not events: the workers page also refreshes on a timer.
 setInterval(() => { if (route()[0] === "workers") render(); }, 2000);
+// A retry backoff's countdown moves without events (the API states it as of its answer).
+setInterval(() => {
+  for (const el of document.querySelectorAll("[data-retry-at]")) {
+    const left = Math.ceil(Number(el.dataset.retryAt) - Date.now() / 1000);
+    el.textContent = left > 0 ? `retrying in ${left}s (attempt ${el.dataset.try}, backoff)`
+      : `retrying now (attempt ${el.dataset.try})`;
+  }
+}, 1000);
 render();
 connectEvents();
