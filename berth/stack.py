@@ -19,7 +19,7 @@ from pathlib import Path
 from berth.creds_cli import local_user
 from berth.restarts import ChildHistory, RestartPolicy, after_exit, restarted
 from berth.stack_info import STACK_INFO
-from shared import dir_lock, redis_auth, servers
+from shared import config, dir_lock, redis_auth, servers
 from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
@@ -70,6 +70,9 @@ class Stack:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     rng: random.Random = field(default_factory=random.Random)
     prefer_redis_on_path: bool = False
+    # Each service's metrics endpoint by label, when started with metrics ports (the
+    # dashboard's is also on its API port, at /metrics).
+    metrics_urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def api_url(self) -> str:
@@ -252,6 +255,8 @@ class Stack:
         info = {"nats_url": self.nats.url, "redis_url": self.redis.url, "api_url": self.api_url,
                 "pid": os.getpid(), "nats_pid": pids[0], "nats_pids": pids,
                 "auth_dir": str(self.auth.path), "children": self.process_table()}
+        if self.metrics_urls:
+            info["metrics_urls"] = self.metrics_urls
         if isinstance(self.redis, servers.ReplicatedRedis):
             info |= {"redis_sentinels": self.redis.sentinel_addresses,
                      "redis_master": self.redis.master}
@@ -331,10 +336,13 @@ def start_services(
     extra_env: dict[str, str] | None = None,
     owns_servers: bool = False,
     lock: dir_lock.DirLock | None = None,
+    metrics: bool = False,
 ) -> Stack:
     """The four services and `workers` local workers against servers already running. On a
     NATS cluster the streams get its replica count (3 from 3 nodes on) unless `extra_env`
-    says otherwise."""
+    says otherwise. `metrics`: each service serves Prometheus metrics on a free port of
+    its own (BERTH_METRICS_PORT), listed in `Stack.metrics_urls`; so does a stack whose
+    environment sets BERTH_METRICS_PORT, on that port and the ones after it."""
     api_port = api_port or servers.free_port()
     env = servers.service_env(nats.url, redis.url, data_dir, **{
         "BERTH_API_PORT": str(api_port), "BERTH_STREAM_REPLICAS": str(nats.stream_replicas),
@@ -345,13 +353,27 @@ def start_services(
         # The `berth` command run here speaks as the local user (creds_cli.cli_credentials).
         if user := local_user():
             stack.creds_for(Role.SUBMIT, user)
+        labels = ["submitter", "scheduler", "dashboard", *(f"local-{i}" for i in range(workers))]
+        # BERTH_METRICS_PORT given to the whole stack is where its range starts: handed to
+        # every child as it is, all but one would fail to bind it.
+        base = config.metrics_port(env)
+        ports = (dict(zip(labels, servers.free_ports(len(labels)), strict=True)) if metrics
+                 else {label: base + i for i, label in enumerate(labels)} if base else {})
+
+        def metrics_env(label: str) -> dict[str, str]:
+            if label not in ports:
+                return {}
+            stack.metrics_urls[label] = f"http://127.0.0.1:{ports[label]}/metrics"
+            return {"BERTH_METRICS_PORT": str(ports[label])}
+
         for name in ("submitter", "scheduler", "dashboard"):
-            stack.start_service(name)
+            stack.start_service(name, env=metrics_env(name) or None)
         for i in range(workers):
             # Each worker offers every GPU it discovers: on a GPU host only the first may,
             # or two workers would give one GPU to two tasks (docs/gpus.md).
             stack.start_worker(f"local-{i}", worker_cpu, worker_memory_mb,
-                               env={"CUDA_VISIBLE_DEVICES": ""} if i else None)
+                               env={**({} if i == 0 else {"CUDA_VISIBLE_DEVICES": ""}),
+                                    **metrics_env(f"local-{i}")} or None)
         wait_for_api(stack)
     except BaseException:
         stack.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,28 @@ def api_tokens_file(data_dir: str) -> str:
     under `data_dir` (so `berth token` and the dashboard agree on one data dir)."""
     return os.environ.get("BERTH_API_TOKENS_FILE") or os.path.join(
         data_dir, "auth", "api-tokens.json")
+
+
+def metrics_port(environ: Mapping[str, str] | None = None) -> int:
+    """BERTH_METRICS_PORT (0: off), from `environ` (default: this process's). `berth up`
+    reads the one it would hand its children: there it is the first of a range of ports,
+    one per child (berth/stack.py)."""
+    raw = (os.environ if environ is None else environ).get("BERTH_METRICS_PORT") or "0"
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SystemExit(f"BERTH_METRICS_PORT={raw!r} is not an integer") from None
+    if not 0 <= port < 65536:
+        raise SystemExit(f"BERTH_METRICS_PORT={port} is not a port (1-65535; 0 or unset: off)")
+    return port
+
+
+def log_format() -> str:
+    """BERTH_LOG_FORMAT: `text` (the default) or `json` (one object a line, with trace ids)."""
+    value = os.environ.get("BERTH_LOG_FORMAT", "").strip().lower() or "text"
+    if value not in ("text", "json"):
+        raise SystemExit(f"BERTH_LOG_FORMAT={value!r} is not one of text, json")
+    return value
 
 
 def log_level() -> str:
@@ -225,6 +248,10 @@ class Settings:
     # Scheduler: when a host whose attempts keep failing for non-user causes is quarantined
     # (docs/operations.md, "Node health").
     quarantine: QuarantinePolicy = field(default_factory=QuarantinePolicy)
+    # The Prometheus endpoint (docs/metrics.md): off (0) unless a port is set, and on the
+    # loopback unless a host is, since metrics name workers and show the cluster's load.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
 
     @property
     def fence_after(self) -> float:
@@ -270,6 +297,8 @@ class Settings:
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
             quarantine=_quarantine_policy(),
+            metrics_host=os.environ.get("BERTH_METRICS_HOST") or "127.0.0.1",
+            metrics_port=metrics_port(),
         )
 
 

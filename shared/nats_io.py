@@ -31,7 +31,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from shared import credentials, subjects, telemetry
+from shared import credentials, metrics, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Credentials, Role
 from shared.event_origin import RefusedEvent, read_event
@@ -319,6 +319,7 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
         if attempts and tries >= attempts:
             raise failed[0][1]
         first, why = failed[0]
+        metrics.PUBLISH_RETRIES.inc(len(failed))
         log.warning("publish of %d events (to %s, ...) failed (%s), retrying",
                     len(failed), outgoing[first].subject, why)
         todo = sorted(i for i, _ in failed)

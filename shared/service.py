@@ -13,9 +13,15 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shared import config, telemetry
+from shared.log_format import JsonFormatter
 
 
 def setup_logging(service: str) -> None:
+    if config.log_format() == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter(service))
+        logging.basicConfig(level=config.log_level(), handlers=[handler])
+        return
     logging.basicConfig(
         level=config.log_level(),
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",

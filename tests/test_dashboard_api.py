@@ -227,11 +227,13 @@ async def test_submit_and_cancel_need_the_token(make_stack: Any) -> None:
 
 async def test_reads_can_be_closed_with_the_same_token(make_stack: Any) -> None:
     stack: Stack = make_stack(workers=0, extra_env={"BERTH_API_CLOSED_READS": "1"})
-    for path in ("/api/jobs", "/api/workers", "/api/events"):
+    # Metrics tell as much about the cluster as the reads do (docs/metrics.md).
+    for path in ("/api/jobs", "/api/workers", "/api/events", "/metrics"):
         resp = httpx.get(stack.api_url + path, timeout=10)
         assert resp.status_code == 401, path
-    assert httpx.get(stack.api_url + "/api/jobs", headers=bearer(stack),
-                     timeout=10).status_code == 200
+    for path in ("/api/jobs", "/metrics"):
+        assert httpx.get(stack.api_url + path, headers=bearer(stack),
+                         timeout=10).status_code == 200, path
     # Liveness and the page itself stay open (the page asks for the token).
     assert httpx.get(stack.api_url + "/healthz", timeout=10).status_code == 200
     assert httpx.get(stack.api_url + "/", timeout=10).status_code == 200

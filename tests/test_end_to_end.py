@@ -7,6 +7,7 @@ import json
 import os
 import signal
 
+import httpx
 import msgspec
 import pytest
 from nats.aio.client import Client as NATS
@@ -18,8 +19,12 @@ from tests.conftest import get_json, wait_for_job, wait_until
 
 
 async def test_three_replicas_succeed_on_two_workers(make_stack, nc: NATS) -> None:
-    stack: Stack = make_stack(workers=2)
+    """Also scrapes every service's metrics endpoint over HTTP (docs/metrics.md)."""
+    stack: Stack = make_stack(workers=2, metrics=True)
     await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
+    assert set(stack.metrics_urls) == {"submitter", "scheduler", "dashboard", "local-0",
+                                       "local-1"}
+    placed_before = scrape(stack.metrics_urls["scheduler"])["berth_scheduler_placements_total"]
     spec = JobSpec(
         name="three", replicas=3, resources=Resources(cpu=0.5, memory_mb=64),
         command=["python3", "-c", "import os; print('task', os.environ['BERTH_TASK_INDEX'])"],
@@ -45,6 +50,59 @@ async def test_three_replicas_succeed_on_two_workers(make_stack, nc: NATS) -> No
     # Every reservation was released once the workers confirmed the exits.
     workers = get_json(stack, "/api/workers")
     assert all(w["cpu_free"] == 2.0 and w["running_attempts"] == [] for w in workers)
+    check_metrics(stack, placed_before)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """One endpoint's samples, parsed by prometheus-client's own parser, keyed by name and
+    labels (`name{a="x"}`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = SCRAPER.get(url)
+    assert resp.status_code == 200, f"{url}: {resp.status_code} {resp.text[:200]}"
+    samples = {}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def check_metrics(stack: Stack, placed_before: float) -> None:
+    scheduler = scrape(stack.metrics_urls["scheduler"])
+    assert scheduler["berth_scheduler_placements_total"] == placed_before + 3
+    assert scheduler["berth_refused_double_bookings"] == 0
+    assert scheduler["berth_scheduler_leader"] == 1
+    assert scheduler["berth_scheduler_tick_seconds_count"] >= 1
+    assert scheduler['berth_pending_tasks{band="batch"}'] == 0
+    assert scheduler['berth_workers{state="in_service"}'] == 2
+    assert scheduler["berth_fold_lag"] >= 0
+    assert scheduler["berth_events_folded_total"] >= scheduler["berth_fold_seq"] > 0
+    assert 0 <= scheduler['berth_worker_heartbeat_age_seconds{worker="local-0"}'] < 3
+    submitter = scrape(stack.metrics_urls["submitter"])
+    assert submitter['berth_submits_total{kind="job",outcome="accepted"}'] == 1
+    assert "berth_publish_retries_total" in submitter
+    succeeded = 0.0
+    for worker in ("local-0", "local-1"):
+        agent = scrape(stack.metrics_urls[worker])
+        assert agent['berth_worker_heartbeats_total{outcome="acknowledged"}'] >= 1
+        assert agent[f'berth_worker_attempts_running{{worker="{worker}"}}'] == 0
+        succeeded += agent.get('berth_worker_reports_total{state="succeeded"}', 0)
+    assert succeeded == 3
+    # The dashboard serves the same on its API port, with its requests' latency.
+    for url in (stack.metrics_urls["dashboard"], stack.api_url + "/metrics"):
+        dashboard = scrape(url)
+        assert dashboard["berth_dashboard_caught_up"] == 1
+        assert dashboard["berth_events_folded_total"] >= dashboard["berth_fold_seq"] > 0
+        assert dashboard['berth_workers{state="in_service"}'] == 2
+        assert dashboard["berth_fold_lag"] >= 0
+        assert any(k.startswith("berth_dashboard_request_duration_seconds_count{")
+                   and 'path="/api/jobs/{job_id}"' in k for k in dashboard), \
+            "request latency by route"
+
+
+# One client for every scrape: a new httpx client builds a TLS context each time.
+SCRAPER = httpx.Client(timeout=10)
 
 
 def get_text(stack: Stack, path: str) -> str:

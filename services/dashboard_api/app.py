@@ -24,9 +24,12 @@ from litestar.params import Parameter
 from litestar.response import Response, Stream
 from litestar.static_files import create_static_files_router
 from nats.js import JetStreamContext
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.dashboard_api import auth, live, redact, views
+from services.dashboard_api import metrics as dashboard_metrics
 from services.dashboard_api.projection import Projection
+from shared import metrics as shared_metrics
 from shared import nats_io, queue_order, subjects
 from shared.api_tokens import Role
 from shared.lifecycle import JobView, TaskView
@@ -38,7 +41,8 @@ MAX_PAGE = 1000
 
 
 def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens,
-               closed_reads: bool = False) -> Litestar:
+               closed_reads: bool = False, metrics_refresh: shared_metrics.Refresh | None = None
+               ) -> Litestar:
     def find_job(job_id: str) -> JobView:
         job = projection.state.jobs.get(job_id)
         if job is None:
@@ -321,15 +325,23 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
                          "last_refused_seq": projection.state.last_refused_seq},
                         status_code=200 if caught_up else 503)
 
+    @get("/metrics", media_type=CONTENT_TYPE_LATEST, guards=[auth.read_guard(tokens, closed_reads)],
+         include_in_schema=False)
+    async def prometheus() -> Response[bytes]:
+        """Prometheus metrics (docs/metrics.md), under the same read rule as /api."""
+        await shared_metrics.refresh_all([metrics_refresh] if metrics_refresh else [])
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
     @get(["/", "/jobs/{job_id:str}", "/workers"], media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
     def page(job_id: str | None = None) -> str:
         return (STATIC / "index.html").read_text()
 
     return Litestar(
-        route_handlers=[api, healthz, page,
+        route_handlers=[api, healthz, prometheus, page,
                         create_static_files_router(path="/static", directories=[STATIC],
                                                    include_in_schema=False)],
+        middleware=[dashboard_metrics.middleware()],
         openapi_config=OpenAPIConfig(title="berth dashboard API", version="0.2.0",
                                      path="/schema"),
     )

@@ -76,6 +76,7 @@ class Projection:
         self.consumer = consumer_name(snapshot_path.parent if snapshot_path else None)
         self._feed = DurableEventFeed(self.js, self.consumer)
         self._saved_seq = 0
+        self.folded = 0  # events folded by this process (a metric)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -113,6 +114,7 @@ class Projection:
         async for batch in self._feed.batches(self.state.last_seq):
             for raw in batch:
                 self._apply(raw)
+            self.folded += len(batch)
             await self._feed.ack()
             if not self.caught_up.is_set() and self.state.last_seq >= self._catch_up_to:
                 log.info("caught up at event %d", self.state.last_seq)

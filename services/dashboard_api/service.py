@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
-import uvicorn
-
-from services.dashboard_api import auth
+from services.dashboard_api import auth, metrics
 from services.dashboard_api.app import create_app
 from services.dashboard_api.projection import Projection
-from shared import api_tokens, dir_lock, nats_io, service
+from shared import api_tokens, asgi_server, dir_lock, nats_io, service
+from shared import metrics as shared_metrics
 from shared.config import Settings
 from shared.credentials import Role
 
 log = logging.getLogger("berth.dashboard")
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: shared.service owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 async def run(settings: Settings, tokens: auth.Tokens, closed_reads: bool,
@@ -42,21 +31,26 @@ async def run(settings: Settings, tokens: auth.Tokens, closed_reads: bool,
     if not tokens.configured:
         log.warning("no API token exists (BERTH_API_TOKEN unset, %s empty): submit and cancel "
                     "over HTTP are off until one is minted", tokens.path)
-    config = uvicorn.Config(
-        create_app(projection, js, tokens, closed_reads),
-        host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="on",
-        # Live streams (SSE, followed logs) never end by themselves.
-        timeout_graceful_shutdown=2,
-    )
-    server = _Server(config)
-    serving = asyncio.create_task(server.serve())
-    log.info("dashboard on http://%s:%d/", settings.api_host, settings.api_port)
+    refresh = metrics.instrument(projection)
     try:
-        await asyncio.wait([serving, asyncio.create_task(stop.wait())],
+        serving = await asgi_server.start(
+            create_app(projection, js, tokens, closed_reads, refresh),
+            settings.api_host, settings.api_port)
+        log.info("dashboard on http://%s:%d/", settings.api_host, settings.api_port)
+        # Its /metrics is on the API port; a metrics port, when set, serves the same.
+        metrics_serving = await shared_metrics.serve(settings.metrics_host,
+                                                     settings.metrics_port, [refresh])
+    except BaseException:
+        await projection.stop()
+        await nats_io.close(nc)
+        raise
+    try:
+        await asyncio.wait([serving.task, asyncio.create_task(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
     finally:
-        server.should_exit = True
-        await serving
+        if metrics_serving is not None:
+            await metrics_serving.stop()
+        await serving.stop()
         await projection.stop()
         await nats_io.close(nc)
 

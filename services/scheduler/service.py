@@ -27,8 +27,10 @@ from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
 from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
+from services.scheduler import metrics as scheduler_metrics
 from shared import (
     bounded,
+    metrics,
     nats_io,
     node_health,
     queue_order,
@@ -189,6 +191,9 @@ class Leader:
         # what the fold has already freed).
         self.unreleased: list[tuple[str, str]] = []
         self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
+        # Events this term folded (a metric): a plain int, since a prometheus Counter's
+        # lock costs microseconds per event in a take-over's fold of a long log.
+        self.folded = 0
         # Assignments committed but not yet stored in the log (their publish is awaiting
         # its ack, e.g. while a NATS cluster elects a new stream leader): no run command
         # may go out for them, or the worker's reports could be logged before them.
@@ -264,6 +269,7 @@ class Leader:
             self._heard_from_bus()
             self._remember(record)
             self.state.apply(record.seq, record.event)
+            self.folded += 1
 
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
@@ -357,6 +363,7 @@ class Leader:
             self._remember(record)
             pending = len(self.state.pending)
             effects = self.state.apply(record.seq, record.event)
+            self.folded += 1
             self._check_newest()
             await self._on_event(record.event)
             await self._carry_out(effects)
@@ -428,6 +435,7 @@ class Leader:
                 # Something held the event loop: past TTL/3 more, the lease lapses.
                 log.warning("lease renewal ran %.2f s late (lease TTL %.1f s)", late,
                             self.settings.lease_ttl)
+                scheduler_metrics.LEASE_RENEWALS_LATE.inc()
             await self._renew_lease()
 
     async def _watch_bus(self) -> None:
@@ -468,6 +476,7 @@ class Leader:
         clock, whether or not Redis could be asked (a paused or cut-off leader), or once the
         log believes a newer leader than this one: its assignments would be void."""
         if time.monotonic() >= self.lease_until:
+            scheduler_metrics.LEASE_LAPSED.inc()
             raise LostLeadership("the lease may have lapsed (not renewed in time)")
         self._check_newest()
 
@@ -488,6 +497,8 @@ class Leader:
             placed = await self.tick()
             took = time.perf_counter() - started
             stats.add(took, self.placing_seconds, placed, len(self.state.pending))
+            if self.placing_seconds:  # a tick with pending work
+                scheduler_metrics.tick_done(took, placed)
             # At most half the time in ticks: the fold of reports (which frees capacity)
             # and heartbeats get the other half, however busy placement is.
             await asyncio.sleep(took)
@@ -753,6 +764,7 @@ class Leader:
         except ReservationConflict as exc:
             # Redis refuses what our view allowed: never write it; resync and retry.
             await self.store.count_refused_double_booking()
+            scheduler_metrics.COMMIT_REFUSALS.labels("conflict").inc()
             span.set_attributes({"berth.outcome": "conflict", "berth.conflict": str(exc),
                                  "berth.refused_double_bookings": 1})
             log.error("reservation refused (%s); re-reconciling with Redis", exc)
@@ -760,6 +772,7 @@ class Leader:
             return None
         except StaleEpochError as exc:
             span.set_attributes({"berth.outcome": "stale_epoch", "berth.conflict": str(exc)})
+            scheduler_metrics.COMMIT_REFUSALS.labels("stale_epoch").inc()
             raise
         span.set_attribute("berth.outcome", "ok")
         return events
@@ -1098,6 +1111,9 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                                       Role.SCHEDULER)
     await nats_io.ensure_streams(nc.jetstream(), settings.stream_replicas)
     store = ReservationStore(redis, redis_settings.wait_replicas, redis_settings.wait_timeout)
+    term = scheduler_metrics.Term()
+    refresh = scheduler_metrics.instrument(term, nc.jetstream(), store)
+    serving = await metrics.serve(settings.metrics_host, settings.metrics_port, [refresh])
     log.info("scheduler %s started; waiting for the leader lease", scheduler_id)
     take_over = settings.lease_ttl * 4 / 3 + 1.0
     if settings.fence_after < take_over:
@@ -1106,11 +1122,13 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                     "will cost a retry of every running task (docs/reliability.md)",
                     settings.fence_after, take_over)
     try:
-        await _stand_for_leader(settings, nc, store, scheduler_id, stop)
+        await _stand_for_leader(settings, nc, store, scheduler_id, stop, term)
     except NoPermissionError as exc:
         raise SystemExit(f"berth scheduler: Redis refused a command ({exc}); the user in "
                          "BERTH_REDIS_URL needs the scheduler's ACL (docs/redis.md)") from None
     finally:
+        if serving is not None:
+            await serving.stop()
         await nats_io.close(nc)
         await redis.aclose()
 
@@ -1120,7 +1138,8 @@ def _encoded_size(reason: PendingReason) -> int:
 
 
 async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStore,
-                            scheduler_id: str, stop: asyncio.Event) -> None:
+                            scheduler_id: str, stop: asyncio.Event,
+                            term: scheduler_metrics.Term | None = None) -> None:
     """Leads whenever this scheduler holds the lease, stands by otherwise. Redis being
     unreachable (or a write no replica acknowledged) ends a term like a lost lease does;
     the lease is then retried with backoff until Redis, or the primary Sentinel promotes,
@@ -1157,15 +1176,20 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             await service.wait_or_stop(stop, settings.lease_ttl / 3 * random.uniform(0.8, 1.2))
             continue
         leader = Leader(settings, nc, store, scheduler_id, lease, bus_ok_at)
+        term = term or scheduler_metrics.Term()
+        term.leader = leader
+        scheduler_metrics.TERMS.inc()
         try:
             await leader.serve(stop)
         except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict,
                 fencing.Superseded) as exc:
+            scheduler_metrics.term_ended(exc)
             # Every Redis write is fenced: a refused epoch anywhere ends the term.
             log.warning("lost leadership: %s; standing by", exc)
             if isinstance(exc, NotDurable):
                 await redis_io.ask_again(store.client)
         except redis_io.UNREACHABLE as exc:
+            scheduler_metrics.term_ended(exc)
             # No write can be fenced now, so nothing is placed until the lease is won again.
             outage.failed(exc, "standing down")
             await redis_io.ask_again(store.client)
@@ -1177,6 +1201,8 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
                         type(exc).__name__, exc)
             await service.wait_or_stop(stop, backoff.next())
         finally:
+            term.leader = None
+            term.folded_earlier += leader.folded
             folded = max(folded, leader.state.epoch)
 
 

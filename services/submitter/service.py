@@ -12,7 +12,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from services.submitter import metrics
 from services.submitter.intake import intake, intake_cancel, unknown_subject
+from shared import metrics as shared_metrics
 from shared import nats_io, service, subjects, telemetry
 from shared.config import Settings
 from shared.credentials import Role
@@ -44,6 +46,7 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
         attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
     ) as span:
         outcome = await decide(js, msg, max_bytes, earlier)
+        metrics.decided(outcome)
         if isinstance(outcome, JobSubmitted):
             span.set_attribute("berth.job_id", outcome.job_id)
             log.info("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name, seq)
@@ -158,6 +161,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         ),
     )
     outcomes = nats_io.EventPublisher(js)
+    serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
     log.info("serving %s", subjects.SUBMIT_ALL)
     try:
         while not stop.is_set():
@@ -172,6 +176,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                 continue
             await handle_batch(js, outcomes, batch, settings.max_submit_bytes)
     finally:
+        if serving is not None:
+            await serving.stop()
         await sub.unsubscribe()
         await nats_io.close(nc)
 

@@ -22,7 +22,15 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import build, device_offer, gpus, simulation, task_dirs, tpus
+from services.worker_agent import (
+    build,
+    device_offer,
+    gpus,
+    metrics,
+    simulation,
+    task_dirs,
+    tpus,
+)
 from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
 from services.worker_agent.epochs import EpochView
 from services.worker_agent.gpu_watch import GpuWatch
@@ -30,6 +38,7 @@ from services.worker_agent.process import AttemptProcess, Runnable, describe_exi
 from services.worker_agent.task_dirs import TaskDirs
 from services.worker_agent.task_env import gpu_devices, task_environment
 from shared import bounded, dir_lock, nats_io, service, subjects, telemetry
+from shared import metrics as shared_metrics
 from shared.config import Settings
 from shared.credentials import Role
 from shared.messages import (
@@ -267,7 +276,9 @@ class WorkerAgent:
             reply = await self.nc.request(subjects.heartbeat(self.worker_id), data,
                                           timeout=timeout or self.settings.fence_after)
         except Exception:  # no leader, a partition, NATS away: the deadline stands
+            metrics.HEARTBEATS.labels("unanswered").inc()
             return
+        metrics.HEARTBEATS.labels("acknowledged").inc()
         self._extend_fence(sent + self.settings.fence_after)
         try:
             ack: HeartbeatAck = decode(heartbeat_ack_decoder, reply.data)
@@ -435,6 +446,7 @@ class WorkerAgent:
         seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
                                          msg_id=f"report:{key}:{state.name}")
         self.reported_seq = max(self.reported_seq, seq)
+        metrics.REPORTS.labels(state.name.lower()).inc()
 
     async def _run(self, key: str, attempt: RunningAttempt, ctx: object) -> None:
         cmd = attempt.command
@@ -797,14 +809,19 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
     # all of them: an admin's (they are a benchmark tool, never a real host).
     role, scope = (Role.ADMIN, "") if args.simulate else (Role.WORKER, args.id)
     nc = await nats_io.connect_service(settings, f"berth-worker-{args.id}", role, scope)
+    serving = None
     try:
+        serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
         if args.simulate:
             await run_simulated(settings, args, nc, stop)
         else:
-            await WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
-                              args.address, devices=args.devices,
-                              nvml=gpus.real_nvml()).serve(stop)
+            agent = WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
+                                args.address, devices=args.devices, nvml=gpus.real_nvml())
+            metrics.instrument([agent])
+            await agent.serve(stop)
     finally:
+        if serving is not None:
+            await serving.stop()
         await nats_io.close(nc)
 
 
@@ -817,6 +834,7 @@ async def run_simulated(settings: Settings, args: argparse.Namespace, nc: NATS,
     agents = [WorkerAgent(settings, nc, h.worker_id, h.resources, h.attributes,
                           args.address or "127.0.0.1", simulate=make_process, reports=reports)
               for h in hosts]
+    metrics.instrument(agents)
 
     async def on_leader(msg: Msg) -> None:  # one subscription for all of them
         with contextlib.suppress(msgspec.DecodeError):

@@ -1,0 +1,21 @@
+"""The submitter's metrics (docs/metrics.md): submits by outcome."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+from shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
+
+SUBMITS = Counter("berth_submits", "Submits decided, by kind (job, cancel) and outcome "
+                  "(accepted, rejected)", ["kind", "outcome"])
+
+
+def decided(outcome: JobSubmitted | JobCancelRequested | SubmitRejected) -> None:
+    if isinstance(outcome, JobSubmitted):
+        SUBMITS.labels("job", "accepted").inc()
+    elif isinstance(outcome, JobCancelRequested):
+        SUBMITS.labels("cancel", "accepted").inc()
+    else:
+        # A rejection does not say what it would have been; the subject does, but a
+        # malformed one is neither: counted as one kind.
+        SUBMITS.labels("any", "rejected").inc()
