@@ -354,12 +354,18 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
         exits = [seen.exits[k] for k in evicted if k in seen.exits]
         # Per preemptor: from its last victim's exit (the end of its grace) to its last
         # task running.
-        waits = []
+        # Split in two: from the last victim's exit to the assignment (the scheduler's
+        # part: folding the exits, the tick, the commit), then to RUNNING (logging,
+        # dispatch, the worker's report).
+        waits, to_assigned, to_running = [], [], []
         for _, job, victims in seen.preemptions:
             gone = [seen.exits[k] for k in victims if k in seen.exits]
             started = [ts for (j, _), ts in seen.running.items() if j == job]
+            assigned = [ts for (j, _), ts in seen.assigned.items() if j == job]
             if gone and len(started) == size:
                 waits.append(max(started) - max(gone))
+                to_assigned.append(max(assigned) - max(gone))
+                to_running.append(max(started) - max(assigned))
         doctor = await c.doctor()
         span = (max(exits) - min(evict_times)) if exits and evict_times else None
         return {
@@ -372,6 +378,10 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
             "placed_after_last_victim_p50_s": round(statistics.median(waits), 2)
             if waits else None,
             "placed_after_last_victim_max_s": round(max(waits), 2) if waits else None,
+            "exit_to_assigned_p50_s": round(statistics.median(to_assigned), 2)
+            if to_assigned else None,
+            "assigned_to_running_p50_s": round(statistics.median(to_running), 2)
+            if to_running else None,
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
 

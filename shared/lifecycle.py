@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared import node_health, task_rules
+from shared import node_health, task_rules, usage
 from shared.capacity import Amounts
 from shared.event_origin import epoch_refusal
 from shared.messages import (
@@ -237,7 +237,7 @@ Effect = Release | Kill
 
 
 class ClusterState:
-    def __init__(self) -> None:
+    def __init__(self, usage_half_life: float = usage.FairShare.half_life) -> None:
         self.jobs: dict[str, JobView] = {}
         self.workers: dict[str, WorkerView] = {}
         self.rejections: dict[int, str] = {}
@@ -267,6 +267,10 @@ class ClusterState:
         # Live attempts per priority rank: lets the scheduler skip preemption at once when
         # nothing running is of a band a waiting unit could evict.
         self.live_by_rank: dict[int, int] = {}
+        # Each user's recent use (shared/usage.py), for the fair-share order within a band;
+        # decayed with this half-life, so a snapshot folded with another is not continued.
+        self.usage_half_life = usage_half_life
+        self.usage: dict[str, usage.UserUsage] = {}
         # Jobs to cancel (job id, reason, time, failure_reason), drained at the end of each
         # apply: a cascade through generations of children (or of dependents) is a loop,
         # never a deep recursion.
@@ -560,6 +564,10 @@ class ClusterState:
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         rank = job.spec.priority.rank
         self.live_by_rank[rank] = self.live_by_rank.get(rank, 0) + 1
+        user = self.usage.get(job.spec.user)
+        if user is None:
+            user = self.usage[job.spec.user] = usage.UserUsage()
+        usage.attempt_started(user, job.spec.resources.amounts, event.ts, self.usage_half_life)
         for port in event.ports.values():
             worker.ports_used[port] = key
         for index in event.devices:
@@ -825,6 +833,9 @@ class ClusterState:
             spec = self.jobs[job_id].spec
             worker.used = worker.used - spec.resources.amounts
             self.live_by_rank[spec.priority.rank] -= 1
+            usage.attempt_ended(self.usage[spec.user], spec.resources.amounts,
+                                attempt.assigned_at, attempt.finished_at or attempt.assigned_at,
+                                self.usage_half_life)
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]

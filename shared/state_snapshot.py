@@ -8,10 +8,11 @@ import msgspec
 
 from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
 from shared.messages import decode
+from shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 9
+FORMAT = 10
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -34,6 +35,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     preemption_events: list[str]
     taken_from_preemptor: list[str]
     live_by_rank: dict[int, int]
+    usage_half_life: float
+    usage: dict[str, UserUsage]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -59,6 +62,8 @@ def dump(state: ClusterState, stream: str) -> bytes:
         preemption_events=sorted(state.preemption_events),
         taken_from_preemptor=state.taken_from_preemptor,
         live_by_rank=state.live_by_rank,
+        usage_half_life=state.usage_half_life,
+        usage=state.usage,
     ))
 
 
@@ -66,7 +71,8 @@ class UnusableSnapshot(Exception):
     """The bytes are not a snapshot this version can continue from."""
 
 
-def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
+def load(data: bytes, stream: str, stream_last_seq: int,
+         usage_half_life: float = FairShare.half_life) -> ClusterState:
     """The state saved in `data`, if it was folded from `stream` (whose last sequence is
     now `stream_last_seq`); else UnusableSnapshot says why."""
     try:
@@ -81,7 +87,10 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     if snap.last_seq > stream_last_seq:
         raise UnusableSnapshot(f"it reaches event {snap.last_seq}, the stream ends at "
                                f"{stream_last_seq}")
-    state = ClusterState()
+    if snap.usage_half_life != usage_half_life:
+        raise UnusableSnapshot(f"its users' usage decays with a half-life of "
+                               f"{snap.usage_half_life:g} s, this one's is {usage_half_life:g} s")
+    state = ClusterState(usage_half_life)
     state.last_seq = snap.last_seq
     state.epoch = snap.epoch
     state.jobs = {job.job_id: job for job in snap.jobs}
@@ -101,4 +110,5 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.preemption_events = set(snap.preemption_events)
     state.taken_from_preemptor = snap.taken_from_preemptor
     state.live_by_rank = snap.live_by_rank
+    state.usage = snap.usage
     return state
