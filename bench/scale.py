@@ -339,6 +339,8 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
             return {"workload": "W5", "hosts": hosts, "slices": slices, "gangs": count,
                     "gang_size": size, "complete": False,
                     "batch_running": len(seen.running)}
+        print(f"  W5: {hosts} hosts busy; submitting {count} production gangs",
+              file=sys.stderr, flush=True)
         t0 = time.time()
         await submit_all(c.nc, seen, gang_specs("prod", count, Priority.PRODUCTION))  # type: ignore[arg-type]
 

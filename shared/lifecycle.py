@@ -49,6 +49,10 @@ from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 MAX_REFUSALS_KEPT = 20
+# Preemption event ids remembered: a leader folds its own event at once and again when the
+# log delivers it, at most a tick's preemptions (200) and their releases later; far more
+# than that may pass in between only if the log is that far behind.
+PREEMPTION_IDS_KEPT = 4096
 
 
 class AttemptView(msgspec.Struct, kw_only=True):
@@ -257,10 +261,12 @@ class ClusterState:
         self.backoff: dict[tuple[str, int], float] = {}
         self.groups: dict[str, GroupView] = {}
         self.seen_incarnations: set[tuple[str, str]] = set()
-        # Preemption holds by preemptor job id, and the ids of the preemption events folded
-        # (the leader folds its own at once, and again when the log delivers them).
+        # Preemption holds by preemptor job id, and the ids of the newest preemption events
+        # folded, oldest first (the leader folds its own at once, and again when the log
+        # delivers them; a redelivery from the log is caught by its sequence). Only a
+        # window is kept, or it would grow for as long as the cluster runs.
         self.holds: dict[str, HoldView] = {}
-        self.preemption_events: set[str] = set()
+        self.preemption_events: dict[str, None] = {}
         # Attempts assigned to a host held for another job's preemption: must never happen
         # (reserve.lua refuses them); the checker reports them.
         self.taken_from_preemptor: list[str] = []
@@ -337,10 +343,10 @@ class ClusterState:
                     event.epoch < self.epoch or event.id in self.preemption_events):
                 pass  # a deposed leader's, or folded already
             case TasksPreempted():
-                self.preemption_events.add(event.id)
+                self._seen_preemption(event.id)
                 self._tasks_preempted(event, effects)
             case PreemptionReleased():
-                self.preemption_events.add(event.id)
+                self._seen_preemption(event.id)
                 self._unhold(event.job_id, event.hosts)
             case PendingReasonsChanged():
                 for item in event.reasons:
@@ -354,6 +360,11 @@ class ClusterState:
             job_id, reason, ts, failure_reason = self._cancellations.popleft()
             self._cancel(job_id, reason, ts, effects, failure_reason)
         return effects
+
+    def _seen_preemption(self, event_id: str) -> None:
+        self.preemption_events[event_id] = None
+        if len(self.preemption_events) > PREEMPTION_IDS_KEPT:
+            del self.preemption_events[next(iter(self.preemption_events))]
 
     def task(self, job_id: str, index: int) -> TaskView | None:
         job = self.jobs.get(job_id)
@@ -474,7 +485,8 @@ class ClusterState:
         key = worker.devices_used.get(event.index)
         if key is None or key not in worker.live_attempts:
             return
-        self._stop_attempt_for_worker(worker, key, why, event.ts, effects, host_fault=True)
+        self._stop_attempt_for_worker(worker, key, why, event.ts, effects,
+                                      host_fault=not event.by)
 
     def _node_health(self, event: NodeHealthChanged, effects: list[Effect]) -> None:
         """Cordon, drain, uncordon, quarantine: whether the worker takes new work (the

@@ -59,7 +59,7 @@ def dump(state: ClusterState, stream: str) -> bytes:
         refused_events=state.refused_events,
         last_refused_seq=state.last_refused_seq,
         holds=state.holds,
-        preemption_events=sorted(state.preemption_events),
+        preemption_events=list(state.preemption_events),  # oldest first
         taken_from_preemptor=state.taken_from_preemptor,
         live_by_rank=state.live_by_rank,
         usage_half_life=state.usage_half_life,
@@ -107,7 +107,7 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.refused_events = snap.refused_events
     state.last_refused_seq = snap.last_refused_seq
     state.holds = snap.holds
-    state.preemption_events = set(snap.preemption_events)
+    state.preemption_events = dict.fromkeys(snap.preemption_events)
     state.taken_from_preemptor = snap.taken_from_preemptor
     state.live_by_rank = snap.live_by_rank
     state.usage = snap.usage
