@@ -188,7 +188,15 @@ class ReservationStore:
         args: list[str | int] = [epoch, json.dumps(request)]
         _check(await self._fenced(self._reserve, keys, args))
 
-    async def preempt(self, epoch: int, evictions: Sequence[Eviction]) -> list[str]:
+    async def preempt(self, epoch: int, eviction: Eviction) -> int:
+        """One eviction (preempt_many): raises ReservationConflict if Redis refused it;
+        returns how many victims it evicted."""
+        why = (await self.preempt_many(epoch, [eviction]))[0]
+        if why:
+            raise ReservationConflict(why)
+        return len(eviction.victims)
+
+    async def preempt_many(self, epoch: int, evictions: Sequence[Eviction]) -> list[str]:
         """Evicts each eviction's victims and holds its hosts for its preemptor, all in one
         fenced call, each eviction all or nothing (raises StaleEpochError, writing
         nothing). Returns, per eviction in order, "" if committed, else why Redis refused

@@ -666,7 +666,7 @@ class Leader:
         self._check_lease()  # nothing committed that this term could not log
         # The whole tick's evictions in one call (W5: 100 gangs in one round trip instead
         # of 100), each still all or nothing.
-        refusals = await self.store.preempt(self.epoch, evictions)
+        refusals = await self.store.preempt_many(self.epoch, evictions)
         committed: list[TasksPreempted] = []
         now = time.time()
         for p, why in zip(plans, refusals, strict=True):
