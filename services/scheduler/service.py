@@ -202,12 +202,6 @@ class Leader:
         self.unlogged: set[str] = set()
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
-        # Victims' attempt keys -> their preemptor, until their exits are folded, and how
-        # many each preemptor still waits for: the exit of its last victim cuts the tick
-        # loop's pause short (`ready`), so the preemptor is placed by the very next tick.
-        self.victims_awaited: dict[str, str] = {}
-        self.awaiting: dict[str, int] = {}
-        self.ready = asyncio.Event()
 
     # --- term ---------------------------------------------------------------------------
 
@@ -264,8 +258,6 @@ class Leader:
         # What the replay built lives as long as the term: keep the collector off it.
         gc.freeze()
         await self._reconcile()
-        for job_id, hold in self.state.holds.items():
-            self._await_victims(job_id, hold.victims)
         log.info(
             "leading with epoch %d: %d jobs, %d workers, %d pending tasks",
             self.epoch, len(self.state.jobs), len(self.state.workers), len(self.state.pending),
@@ -407,15 +399,6 @@ class Leader:
 
     async def _carry_out(self, effects: list[Effect]) -> None:
         releases = [(e.worker_id, e.attempt_key) for e in effects if isinstance(e, Release)]
-        if releases and self.victims_awaited:
-            for _, key in releases:
-                job_id = self.victims_awaited.pop(key, None)
-                if job_id is None:
-                    continue
-                self.awaiting[job_id] -= 1
-                if not self.awaiting[job_id]:
-                    del self.awaiting[job_id]
-                    self.ready.set()
         if releases:
             self.unreleased.extend(releases)
             if self.release_task is None or self.release_task.done():
@@ -515,7 +498,6 @@ class Leader:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.settings.tick_interval)
             self.wake.clear()
-            self.ready.clear()  # set from here on (even during the tick): no pause after it
             started = time.perf_counter()
             placed = await self.tick()
             took = time.perf_counter() - started
@@ -523,11 +505,8 @@ class Leader:
             if self.placing_seconds:  # a tick with pending work
                 scheduler_metrics.tick_done(took, placed)
             # At most half the time in ticks: the fold of reports (which frees capacity)
-            # and heartbeats get the other half, however busy placement is. Except for a
-            # preemptor whose victims have all stopped (W5: the pause after the tick that
-            # evicted them was most of the wait to place them).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ready.wait(), timeout=took)
+            # and heartbeats get the other half, however busy placement is.
+            await asyncio.sleep(took)
 
     def _live_workers(self) -> list[WorkerView]:
         return [w for w in self.state.workers.values() if w.alive]
@@ -708,17 +687,9 @@ class Leader:
                 subjects.task_events(e.job_id), encode(e),
                 nats_io.message_headers(f"preempt:{e.id}")) for e in committed])
             for event in committed:
-                self._await_victims(event.job_id, event.victims)
                 await self._carry_out(self.state.apply(0, event))
         if len(committed) < len(plans):
             await self._reconcile()
-
-    def _await_victims(self, job_id: str, victims: list[str]) -> None:
-        """Notes the victims whose exits let `job_id` be placed (those not gone already)."""
-        for key in victims:
-            if key not in self.victims_awaited and not self._exited(key):
-                self.victims_awaited[key] = job_id
-                self.awaiting[job_id] = self.awaiting.get(job_id, 0) + 1
 
     async def _let_go_of_holds(self, result: placement.Placement, settled: set[str]) -> None:
         """Lets go of hosts held for a preemptor that no longer waits (it ended), or that
