@@ -22,7 +22,16 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from berth import backup, cli_read, creds_cli, health, node_cli, token_cli, workspace
+from berth import (
+    backup,
+    cli_read,
+    creds_cli,
+    health,
+    limits_cli,
+    node_cli,
+    token_cli,
+    workspace,
+)
 from berth.cli_app import (
     Globals,
     JsonFlag,
@@ -627,7 +636,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).
