@@ -33,7 +33,7 @@ class Report:
     # An attempt placed on a host held for another job's preemption (invariant 9).
     taken_from_preemptor: list[str] = field(default_factory=list)
     # An attempt admitted over its user's quota, or over a token's limit, as they stood in
-    # the commit (docs/invariants.md, invariant 10).
+    # the commit (docs/invariants.md, invariant 12).
     over_quota: list[str] = field(default_factory=list)
     over_token_limit: list[str] = field(default_factory=list)
     # Redis's quota and token counters disagree with its reservations.
