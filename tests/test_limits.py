@@ -5,6 +5,7 @@ all), the fold judging every admission, and the Lua commit enforcing it on a rea
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -280,3 +281,29 @@ async def test_the_commit_checks_and_takes_quotas_and_tokens(store: ReservationS
     with pytest.raises(ReservationConflict, match="no token other"):
         await store.set_limits(epoch, rules.redis_fields(limits()))
         await store.reserve(epoch, [res("c/0/0", tokens=(("other", 1),))])
+
+
+# --- the CLI's bad input: one line naming the field, nothing published ----------------------
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["quota", "set", "ann", "--cpu", "-1"],
+     "berth: --cpu: -1 is not a limit (a number, 0 or more)"),
+    (["quota", "set", "ann", "--memory-mb", "-5"],
+     "berth: --memory-mb: -5 is not a limit (a number, 0 or more)"),
+    (["quota", "set", "a.b", "--cpu", "1"],
+     "berth: USER: 'a.b' is not a user name (1-128 letters, digits, '-' and '_'), nor '*' "
+     "for the default"),
+    (["tokens", "set", "bad name", "2"],
+     "berth: NAME: 'bad name' is not a token name (1-63 letters, digits, '-' and '_', "
+     "starting with a letter or digit)"),
+    (["tokens", "set", "io", "--", "-1"], "berth: LIMIT: -1 is not a limit (0 or more)"),
+])
+def test_bad_cli_input_is_one_line_naming_the_field(
+        args: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from berth import cli
+
+    where = ["--data-dir", str(tmp_path), "--nats-url", "nats://127.0.0.1:1"]
+    assert cli.main([*where, *args]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [line]
