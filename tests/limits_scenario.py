@@ -74,8 +74,9 @@ class Limited:
 
 
 async def start(stack: Stack, nc: NATS, directory: Path) -> Limited:
-    """Sets token io to 2 and ann's quota to 0.5 cores with the CLI, submits, and waits
-    until the work over the limits waits, saying why."""
+    """Sets token io to 2 and ann's quota to 0.5 cores with the CLI, and submits. The
+    steps after it (`waiting`, `release`, `finish`) each wait for little, so the other
+    scenario's waits overlap theirs."""
     make_dir(directory)
     await in_cli(stack, "tokens", "set", "io", "2")
     await in_cli(stack, "quota", "set", "ann", "--cpu", "0.5")
@@ -87,12 +88,18 @@ async def start(stack: Stack, nc: NATS, directory: Path) -> Limited:
     assert unknown.reason == ("tokens.nope: no such token (an admin creates it: "
                               "`berth tokens set nope N`)")
 
-    run = Limited(directory,
-                  await accepted(nc, gated(directory, "tok", replicas=4, tokens={"io": 1}),
-                                 "bob"),
-                  await accepted(nc, gated(directory, "first", cpu=0.5), "ann"), "")
+    # Ann's two in submission order: the first is placed first and takes all her quota.
+    return Limited(directory,
+                   await accepted(nc, gated(directory, "tok", replicas=4, tokens={"io": 1}),
+                                  "bob"),
+                   await accepted(nc, gated(directory, "first", cpu=0.5), "ann"),
+                   await accepted(nc, gated(directory, "second", cpu=0.25), "ann"))
+
+
+async def waiting(stack: Stack, run: Limited) -> None:
+    """What is over the limits waits, saying why; the lists show the use."""
+    directory = run.directory
     await wait_until(lambda: (directory / "first-0.started").exists(), what="ann's first")
-    run.second = await accepted(nc, gated(directory, "second", cpu=0.25), "ann")
     await wait_until(lambda: reasons(stack, run.second) == {QUOTA_REASON},
                      what="the quota reason")
     await wait_until(lambda: reasons(stack, run.tokens) == {TOKEN_REASON},
@@ -103,14 +110,17 @@ async def start(stack: Stack, nc: NATS, directory: Path) -> Limited:
     assert json.loads(listed) == [{"name": "io", "limit": 2, "in_use": 2}]
     quotas = {q["user"]: q for q in json.loads(await in_cli(stack, "quota", "list", "--json"))}
     assert quotas["ann"]["cpu"] == 500 and quotas["ann"]["cpu_used"] == 500
-    return run
+
+
+def release(run: Limited) -> None:
+    """Lets every task of the scenario end."""
+    for name in ("first", "second", "tok"):
+        (run.directory / f"go-{name}").touch()
 
 
 async def finish(stack: Stack, run: Limited) -> None:
-    """Lets everything end: ann's second runs once her first has ended; the token's tasks
+    """Once released: ann's second ran only after her first had ended; the token's tasks
     never ran more than 2 at once, by their start and end times."""
-    for name in ("first", "second", "tok"):
-        (run.directory / f"go-{name}").touch()
     done_first = await wait_for_job(stack, run.first, {"succeeded"})
     done_second = await wait_for_job(stack, run.second, {"succeeded"})
     assert (done_second["tasks"][0]["attempts"][0]["started_at"]

@@ -80,9 +80,11 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     assert held == {(0,), (1,)}
     (worker,) = get_json(stack, "/api/workers")
     assert sorted(d["held_by"] for d in worker["devices"]) == [f"{pair}/0/0", f"{pair}/1/0"]
+    await limits_scenario.waiting(stack, limited)
     doctor = (await run_doctor(stack)).splitlines()
     for line in ("double_booked_devices=0", "violations=0", *limits_scenario.DOCTOR_ZEROS):
         assert line in doctor, doctor
+    limits_scenario.release(limited)
     listing = await berth(stack, "workers")
     assert "device 0: unchecked  held by" in listing, listing
 
@@ -91,7 +93,6 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
         job = await wait_for_job(stack, job_id, {"succeeded", "failed"}, timeout=30)
         assert job["state"] == "succeeded", job
     assert seen(out)[f"{third}-0"] in {"0", "1"}  # placed once a device was free
-    await limits_scenario.finish(stack, limited)
 
     # An operator takes device 0 out of service: the next one-GPU task gets device 1.
     assert "takes no new attempts" in await berth(stack, "device", "disable", "gpu0", "0")
@@ -101,3 +102,4 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     assert (await wait_for_job(stack, after, {"succeeded", "failed"}))["state"] == "succeeded"
     assert seen(out)[f"{after}-0"] == "1"
     assert "returned to service" in await berth(stack, "device", "enable", "gpu0", "0")
+    await limits_scenario.finish(stack, limited)
