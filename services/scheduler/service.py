@@ -770,8 +770,8 @@ class Leader:
             assert task is not None
             attempt_id = max((x.attempt_id for x in task.attempts), default=-1) + 1
             worker = self.state.workers[a.worker_id]
-            res = self.state.jobs[a.job_id].spec.resources
             spec = self.state.jobs[a.job_id].spec
+            res = spec.resources
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
                 res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
