@@ -18,11 +18,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from services.dashboard_api import timeline
 from shared import nats_io, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
 from shared.event_origin import RefusedEvent, read_heartbeat
-from shared.lifecycle import ClusterState, JobView
-from shared.messages import DeviceStats, JobSubmitted
+from shared.lifecycle import AttemptView, ClusterState, JobView
+from shared.messages import DeviceStats, JobSubmitted, TaskAssigned
 from shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
@@ -73,9 +74,15 @@ class Projection:
         # Jobs in submission order (their submit sequences alongside), for paging.
         self.job_order: list[JobView] = []
         self.job_order_seqs: list[int] = []
+        # For the host timeline: each worker's attempts by assignment, and the cluster's
+        # counts as they stood (event time), sampled as batches fold.
+        self.host_attempts: dict[str, deque[timeline.HostAttempt]] = {}
+        self.cluster_samples: deque[timeline.ClusterPoint] = deque(
+            maxlen=timeline.CLUSTER_HISTORY)
         self.consumer = consumer_name(snapshot_path.parent if snapshot_path else None)
         self._feed = DurableEventFeed(self.js, self.consumer)
         self._saved_seq = 0
+        self._last_ts = 0.0  # the newest folded event's time
         self.folded = 0  # events folded by this process (a metric)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -115,6 +122,9 @@ class Projection:
             for raw in batch:
                 self._apply(raw)
             self.folded += len(batch)
+            if self._last_ts:
+                timeline.record_point(self.cluster_samples,
+                                      timeline.cluster_point(self.state, self._last_ts))
             await self._feed.ack()
             if not self.caught_up.is_set() and self.state.last_seq >= self._catch_up_to:
                 log.info("caught up at event %d", self.state.last_seq)
@@ -126,10 +136,22 @@ class Projection:
         # A refused message is counted by the fold and never shown: the rest still folds.
         event = raw.record().event
         known = len(self.state.jobs)
+        new_attempt = isinstance(event, TaskAssigned) and self._attempt_of(event) is None
         self.state.apply(raw.seq, event)
         if isinstance(event, JobSubmitted) and len(self.state.jobs) != known:
             self._index_job(self.state.jobs[event.job_id])
+        if isinstance(event, TaskAssigned) and new_attempt and (
+                attempt := self._attempt_of(event)) is not None:
+            timeline.index_attempt(self.host_attempts, self.state.jobs[event.job_id],
+                                   event.task_index, attempt)
+        if event is not None:
+            # Services stamp their own events: the chart's clock never runs backwards.
+            self._last_ts = max(self._last_ts, event.ts)
         self.recent.append((raw.seq, raw.data if event is not None else None))
+
+    def _attempt_of(self, event: TaskAssigned) -> AttemptView | None:
+        task = self.state.task(event.job_id, event.task_index)
+        return task.attempt(event.attempt_id) if task else None
 
     async def wait_for_change(self, timeout: float) -> bool:
         """Waits until more events are folded; False if `timeout` passed first."""
@@ -164,6 +186,7 @@ class Projection:
             return
         for job in sorted(self.state.jobs.values(), key=lambda j: j.submit_seq):
             self._index_job(job)
+        self.host_attempts = timeline.build_index(self.state)
         self._saved_seq = self.state.last_seq
         log.info("snapshot loaded: %d jobs, %d workers, up to event %d",
                  len(self.state.jobs), len(self.state.workers), self.state.last_seq)
