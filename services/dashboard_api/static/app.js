@@ -185,7 +185,8 @@ let hostsCursor = null; // the page of hosts being shown (null: the first)
 function jobColour(jobId) {
   let h = 0;
   for (const c of jobId) h = (h * 31 + c.charCodeAt(0)) >>> 0;
-  return `hsl(${h % 360}, 60%, 62%)`;
+  // The golden angle spreads ids that differ in one character far apart on the wheel.
+  return `hsl(${Math.round((h * 137.508) % 360)}, 60%, 62%)`;
 }
 
 // Attempts that overlap in time go into separate lanes of their host's row: tasks of no
@@ -251,7 +252,8 @@ function hostRows(tl, width) {
 }
 
 // Tasks by state and busy hosts over the window, as step lines.
-const SERIES = [[1, "pending", "#9a6700"], [2, "assigned", "#bc4c00"], [3, "running", "#0969da"], [4, "hosts busy", "#1f2328"]];
+const SERIES = [[1, "pending", "#9a6700", ""], [2, "assigned", "#bc4c00", ""], [3, "running", "#0969da", ""],
+  [4, "hosts busy", "#1f2328", "5 3"]]; // dashed: it often runs along the running line
 function clusterChart(tl, width) {
   const height = 140;
   const top = 24;
@@ -261,14 +263,14 @@ function clusterChart(tl, width) {
   const x = (t) => TL.label + (Math.min(Math.max(t, tl.since), tl.until) - tl.since)
     / (tl.until - tl.since) * (width - TL.label - 8);
   const y = (v) => top + height - v / max * height;
-  const lines = SERIES.map(([i, name, colour]) => {
+  const lines = SERIES.map(([i, name, colour, dash]) => {
     let d = "";
     pts.forEach((p, k) => {
       d += k === 0 ? `M${x(p[0]).toFixed(1)},${y(p[i]).toFixed(1)}`
         : `H${x(p[0]).toFixed(1)}V${y(p[i]).toFixed(1)}`;
     });
     d += `H${x(Math.min(tl.until, Date.now() / 1000)).toFixed(1)}`;
-    return `<path class="series" data-series="${name}" d="${d}" fill="none" stroke="${colour}" stroke-width="1.5"/>`;
+    return `<path class="series" data-series="${name}" d="${d}" fill="none" stroke="${colour}" stroke-width="1.5"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`;
   }).join("");
   const legend = SERIES.map(([, name, colour], k) =>
     `<text x="${TL.label + k * 110}" y="14" font-size="12" fill="${colour}">■ ${name}</text>`).join("");
@@ -292,7 +294,8 @@ async function timelinePage() {
   const bad = tl.hosts.filter((r) => r.overlaps.length);
   return `<h1>Host timeline</h1>
     <form class="filters" id="timeline-filters">
-      <label>window <select name="window">${WINDOWS.map(([s, name]) =>
+      <label>window <select name="window">${(WINDOWS.some(([s]) => s === span) ? WINDOWS
+        : [[span, `${Math.round(span)} s`], ...WINDOWS]).map(([s, name]) =>
         `<option value="${s}" ${s === span ? "selected" : ""}>${name}</option>`).join("")}</select></label>
       <label>hosts <input name="hosts" value="${esc(f.get("hosts"))}" placeholder="worker ids, comma-separated"></label>
       <button>show</button>
