@@ -225,8 +225,8 @@ async def check_the_timeline_of_the_job(page: Any, stack: Stack, job_id: str, vi
     assert await page.evaluate("window.__sameDocument") is True
     rows = await bars_by_row(page)
     drawn = {(b["job"], int(b["attempt"]), w) for w, bars in rows.items() for b in bars}
-    assert drawn == drawn_by_api
-    assert [b["state"] for b in rows[victim]] == ["worker_failed"]
+    assert drawn == drawn_by_api, (rows, api)
+    assert [b["state"] for b in rows[victim]] == ["worker_failed"], (rows, api)
     assert_no_overlap_within_a_lane(rows)
     first = rows[victim][0]
     assert first["w"] > 20  # ran seconds of a window of about 10

@@ -131,3 +131,17 @@ def test_cluster_samples_one_per_second_thinned_to_the_window() -> None:
     assert len(series) <= 51 and series[-1].ts == 900
     assert [p.ts for p in series] == sorted(p.ts for p in series)
     assert timeline.cluster_series(many, 2000, 3000) == [many[-1]]
+    # The state as it stands ends the series: it replaces a sample of the same second.
+    now = timeline.ClusterPoint(999.5, 7, 0, 0, 0, 0)
+    assert timeline.cluster_series(many, 990, 1000, now)[-2:] == [many[-2], now]
+    later = timeline.ClusterPoint(1500, 8, 0, 0, 0, 0)
+    assert timeline.cluster_series(many, 990, 2000, later)[-2:] == [many[-1], later]
+
+
+def test_the_quick_benchmark_checks_its_answers() -> None:
+    """bench/timeline.py measures 10,000 hosts (docs/performance.md); its quick form, in
+    process, checks each page holds every host's bars and the sample counts the running."""
+    from bench.timeline import QUICK, measure
+    result = measure(QUICK["hosts"], QUICK["attempts"])
+    assert result["hosts"] == QUICK["hosts"]
+    assert isinstance(result["page_100_hosts_bytes"], int) and result["page_100_hosts_bytes"]

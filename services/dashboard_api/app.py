@@ -297,7 +297,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         return timeline.Timeline(
             since=start, until=end, hosts=rows, total_hosts=total, next_cursor=next_cursor,
             truncated=any(r.truncated for r in rows),
-            cluster=timeline.cluster_series(projection.cluster_samples, start, end))
+            cluster=timeline.cluster_series(projection.cluster_samples, start, end,
+                                            projection.cluster_now()))
 
     # --- workers, submits, live -------------------------------------------------------------
 

@@ -83,6 +83,7 @@ class Projection:
         self._feed = DurableEventFeed(self.js, self.consumer)
         self._saved_seq = 0
         self._last_ts = 0.0  # the newest folded event's time
+        self._sampled_at = -timeline.SAMPLE_EVERY  # when the last cluster sample was taken
         self.folded = 0  # events folded by this process (a metric)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -122,9 +123,7 @@ class Projection:
             for raw in batch:
                 self._apply(raw)
             self.folded += len(batch)
-            if self._last_ts:
-                timeline.record_point(self.cluster_samples,
-                                      timeline.cluster_point(self.state, self._last_ts))
+            self._sample_cluster()
             await self._feed.ack()
             if not self.caught_up.is_set() and self.state.last_seq >= self._catch_up_to:
                 log.info("caught up at event %d", self.state.last_seq)
@@ -148,6 +147,18 @@ class Projection:
             # Services stamp their own events: the chart's clock never runs backwards.
             self._last_ts = max(self._last_ts, event.ts)
         self.recent.append((raw.seq, raw.data if event is not None else None))
+
+    def _sample_cluster(self) -> None:
+        # A sample walks every worker: at most one a second of folding, however many
+        # batches (a rebuild from sequence 1 samples its history that coarsely); an answer
+        # adds the state as it stands (cluster_now).
+        now = time.monotonic()
+        if self._last_ts and now - self._sampled_at >= timeline.SAMPLE_EVERY:
+            self._sampled_at = now
+            timeline.record_point(self.cluster_samples, self.cluster_now())
+
+    def cluster_now(self) -> timeline.ClusterPoint:
+        return timeline.cluster_point(self.state, self._last_ts)
 
     def _attempt_of(self, event: TaskAssigned) -> AttemptView | None:
         task = self.state.task(event.job_id, event.task_index)

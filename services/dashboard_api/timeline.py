@@ -23,6 +23,7 @@ MAX_HOSTS = 500  # hosts per page
 MAX_BARS = 200  # bars per host in one answer (the newest)
 MAX_POINTS = 300  # points of the cluster chart in one answer
 CLUSTER_HISTORY = 20_000  # cluster samples kept (at most one per second of event time)
+SAMPLE_EVERY = 1.0  # seconds of folding between two cluster samples
 
 
 class HostAttempt(NamedTuple):
@@ -202,10 +203,17 @@ def record_point(samples: deque[ClusterPoint], point: ClusterPoint) -> None:
 
 
 def cluster_series(samples: Iterable[ClusterPoint], since: float, until: float,
+                   now: ClusterPoint | None = None,
                    points: int = MAX_POINTS) -> list[ClusterPoint]:
     """The samples within the window, thinned to at most `points` (the last of each equal
-    slice of time), led by the one in force when the window opens."""
+    slice of time), led by the one in force when the window opens, and ended by `now`
+    (the state as it stands) when it is newer than them."""
     kept = list(samples)
+    if now is not None and (not kept or now.ts >= kept[-1].ts):
+        if kept and int(now.ts) <= int(kept[-1].ts):
+            kept[-1] = now
+        else:
+            kept.append(now)
     times = [p.ts for p in kept]
     first = max(bisect.bisect_right(times, since) - 1, 0)
     last = bisect.bisect_right(times, until)
