@@ -97,12 +97,20 @@ def index_attempt(index: dict[str, deque[HostAttempt]], job: JobView, task_index
 
 def build_index(state: ClusterState) -> dict[str, deque[HostAttempt]]:
     """The index of a whole state (a loaded snapshot), each host's attempts by assignment."""
-    found = sorted(((a.assigned_at, job.job_id, task.index, a.attempt_id), job, task.index, a)
-                   for job in state.jobs.values() for task in job.tasks for a in task.attempts)
-    index: dict[str, deque[HostAttempt]] = {}
-    for _, job, task_index, attempt in found:
-        index_attempt(index, job, task_index, attempt)
-    return index
+    found: dict[str, list[HostAttempt]] = {}
+    for job in state.jobs.values():
+        shareable = bool(job.spec.coscheduling and job.spec.coscheduling.shareable)
+        for task in job.tasks:
+            for a in task.attempts:
+                found.setdefault(a.worker_id, []).append(
+                    HostAttempt(job.job_id, task.index, a, bool(a.group) and not shareable))
+    return {worker: deque(sorted(entries, key=_assigned), maxlen=HOST_HISTORY)
+            for worker, entries in found.items()}
+
+
+def _assigned(entry: HostAttempt) -> tuple[float, str, int, int]:
+    return (entry.attempt.assigned_at, entry.job_id, entry.task_index,
+            entry.attempt.attempt_id)
 
 
 # --- one host's row -----------------------------------------------------------------------
@@ -153,8 +161,7 @@ def host_row(state: ClusterState, worker: WorkerView, entries: Iterable[HostAtte
         if key not in chosen and attempt is not None and in_window(attempt, since, until):
             chosen[key] = HostAttempt(job_id, task_index, attempt,
                                       exclusive_group(state.jobs[job_id], attempt))
-    ordered = sorted(chosen.values(), key=lambda e: (e.attempt.assigned_at, e.job_id,
-                                                     e.task_index, e.attempt.attempt_id))
+    ordered = sorted(chosen.values(), key=_assigned)
     bars = [bar(e) for e in ordered[-MAX_BARS:]]
     return HostRow(worker_id=worker.worker_id, host=worker.host, alive=worker.alive,
                    bars=bars, overlaps=overlaps(bars), truncated=len(ordered) > MAX_BARS)
