@@ -273,7 +273,8 @@ function clusterChart(tl, width) {
     return `<path class="series" data-series="${name}" d="${d}" fill="none" stroke="${colour}" stroke-width="1.5"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`;
   }).join("");
   const legend = SERIES.map(([, name, colour], k) =>
-    `<text x="${TL.label + k * 110}" y="14" font-size="12" fill="${colour}">■ ${name}</text>`).join("");
+    `<text x="${TL.label + k * 110}" y="14" font-size="12" fill="${colour}">■ ${name}</text>`).join("")
+    + `<text x="${TL.label + SERIES.length * 110}" y="14" font-size="12" fill="#57606a">hosts up: ${pts[pts.length - 1][5]}</text>`;
   return `<svg id="cluster-chart" width="${width}" height="${top + height + 6}" xmlns="http://www.w3.org/2000/svg">
     ${legend}<text x="4" y="${top + 10}" font-size="11" fill="#57606a">${max}</text>
     <text x="4" y="${top + height}" font-size="11" fill="#57606a">0</text>
