@@ -220,8 +220,11 @@ async def check_the_timeline_of_the_job(page: Any, stack: Stack, job_id: str, vi
     await page.click("[data-nav=timeline]")
     await page.wait_for_selector("#timeline-hosts")
     await page.evaluate(f"go('/timeline?until={until}&window={until - since}')")
+    # The window asked for, not the default one drawn a moment before.
     await page.wait_for_function(
-        "document.querySelectorAll('#timeline-hosts .bar').length === 2")
+        "(until) => Math.abs(Number(document.getElementById('timeline-hosts')"
+        "?.dataset.until) - until) < 0.01", arg=until)
+    assert await page.locator("#timeline-hosts .bar").count() == 2
     assert await page.evaluate("window.__sameDocument") is True
     rows = await bars_by_row(page)
     drawn = {(b["job"], int(b["attempt"]), w) for w, bars in rows.items() for b in bars}
@@ -250,6 +253,11 @@ def known_timeline() -> dict[str, Any]:
         return {"worker_id": worker, "host": "h", "alive": True, "bars": bars,
                 "overlaps": list(overlaps), "truncated": False}
 
+    def point(ts: float, pending: int, assigned: int, running: int, busy: int
+              ) -> dict[str, Any]:
+        return {"ts": ts, "pending": pending, "assigned": assigned, "running": running,
+                "hosts_busy": busy, "hosts_up": 3}
+
     return {"since": 1000.0, "until": 1100.0, "total_hosts": 3, "next_cursor": None,
             "truncated": False,
             "hosts": [
@@ -263,7 +271,8 @@ def known_timeline() -> dict[str, Any]:
                               bar("j5-eeee", 0, 1030, 1090, "running", "rack=r2")],
                     ("j4-dddd/0#0 and j5-eeee/0#0",)),
             ],
-            "cluster": [[1000, 3, 0, 0, 0, 3], [1010, 1, 1, 1, 2, 3], [1060, 0, 0, 3, 3, 3]]}
+            "cluster": [point(1000, 3, 0, 0, 0), point(1010, 1, 1, 1, 2),
+                        point(1060, 0, 0, 3, 3)]}
 
 
 async def check_a_known_timeline(page: Any, stack: Stack, tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ async def test_task_and_worker_detail_and_unknown_ids_are_404(make_stack: Any, n
                for b in bars)
     assert {b["state"] for b in bars} <= {"failed", "killed"}
     assert tl["hosts"][0]["overlaps"] == [] and tl["next_cursor"] is None
-    assert tl["cluster"] and tl["cluster"][-1][4] == 0  # [ts, ..., hosts busy, hosts up]
+    assert tl["cluster"] and tl["cluster"][-1]["hosts_busy"] == 0  # as it stands
     assert get_json(stack, "/api/timeline?hosts=nope")["hosts"] == []
     for query, field in [("since=10&until=5", "since"), ("until=nan", "until"),
                          ("limit=0", "limit"), ("since=abc", "since")]:

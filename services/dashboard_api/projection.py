@@ -153,12 +153,14 @@ class Projection:
         # batches (a rebuild from sequence 1 samples its history that coarsely); an answer
         # adds the state as it stands (cluster_now).
         now = time.monotonic()
-        if self._last_ts and now - self._sampled_at >= timeline.SAMPLE_EVERY:
+        point = self.cluster_now() if now - self._sampled_at >= timeline.SAMPLE_EVERY else None
+        if point is not None:
             self._sampled_at = now
-            timeline.record_point(self.cluster_samples, self.cluster_now())
+            timeline.record_point(self.cluster_samples, point)
 
-    def cluster_now(self) -> timeline.ClusterPoint:
-        return timeline.cluster_point(self.state, self._last_ts)
+    def cluster_now(self) -> timeline.ClusterPoint | None:
+        """The cluster as it stands, as of the newest event; None before any."""
+        return timeline.cluster_point(self.state, self._last_ts) if self._last_ts else None
 
     def _attempt_of(self, event: TaskAssigned) -> AttemptView | None:
         task = self.state.task(event.job_id, event.task_index)

@@ -59,9 +59,8 @@ class HostRow(msgspec.Struct):
     truncated: bool  # more than MAX_BARS attempts in the window: the oldest are left out
 
 
-class ClusterPoint(msgspec.Struct, array_like=True):
-    """[ts, pending, assigned, running, hosts busy, hosts up]: tasks by state and hosts
-    holding at least one attempt, as of event time `ts`."""
+class ClusterPoint(msgspec.Struct):
+    """Tasks by state and hosts holding at least one attempt, as of event time `ts`."""
 
     ts: float
     pending: int

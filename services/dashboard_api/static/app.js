@@ -247,34 +247,36 @@ function hostRows(tl, width) {
     body += "</g>";
     y += height;
   }
-  return `<svg id="timeline-hosts" width="${width}" height="${y + 2}" xmlns="http://www.w3.org/2000/svg">
+  return `<svg id="timeline-hosts" width="${width}" height="${y + 2}" data-since="${tl.since}" data-until="${tl.until}" xmlns="http://www.w3.org/2000/svg">
     ${timeAxis(tl.since, tl.until, x, TL.axis, y - TL.axis)}${body}</svg>`;
 }
 
 // Tasks by state and busy hosts over the window, as step lines.
-const SERIES = [[1, "pending", "#9a6700", ""], [2, "assigned", "#bc4c00", ""], [3, "running", "#0969da", ""],
-  [4, "hosts busy", "#1f2328", "5 3"]]; // dashed: it often runs along the running line
+const SERIES = [["pending", "pending", "#9a6700", ""], ["assigned", "assigned", "#bc4c00", ""],
+  ["running", "running", "#0969da", ""],
+  ["hosts_busy", "hosts busy", "#1f2328", "5 3"]]; // dashed: it often runs along the running line
 function clusterChart(tl, width) {
   const height = 140;
   const top = 24;
   const pts = tl.cluster;
   if (!pts.length) return `<p class="muted" id="cluster-chart">no cluster samples in this window</p>`;
-  const max = Math.max(1, ...pts.flatMap((p) => [p[1], p[2], p[3], p[4], p[5]]));
+  // Scaled to the hosts up too, so busy hosts read as a share of them.
+  const max = Math.max(1, ...pts.flatMap((p) => [p.pending, p.assigned, p.running, p.hosts_up]));
   const x = (t) => TL.label + (Math.min(Math.max(t, tl.since), tl.until) - tl.since)
     / (tl.until - tl.since) * (width - TL.label - 8);
   const y = (v) => top + height - v / max * height;
   const lines = SERIES.map(([i, name, colour, dash]) => {
     let d = "";
     pts.forEach((p, k) => {
-      d += k === 0 ? `M${x(p[0]).toFixed(1)},${y(p[i]).toFixed(1)}`
-        : `H${x(p[0]).toFixed(1)}V${y(p[i]).toFixed(1)}`;
+      d += k === 0 ? `M${x(p.ts).toFixed(1)},${y(p[i]).toFixed(1)}`
+        : `H${x(p.ts).toFixed(1)}V${y(p[i]).toFixed(1)}`;
     });
     d += `H${x(Math.min(tl.until, Date.now() / 1000)).toFixed(1)}`;
     return `<path class="series" data-series="${name}" d="${d}" fill="none" stroke="${colour}" stroke-width="1.5"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`;
   }).join("");
   const legend = SERIES.map(([, name, colour], k) =>
     `<text x="${TL.label + k * 110}" y="14" font-size="12" fill="${colour}">■ ${name}</text>`).join("")
-    + `<text x="${TL.label + SERIES.length * 110}" y="14" font-size="12" fill="#57606a">hosts up: ${pts[pts.length - 1][5]}</text>`;
+    + `<text x="${TL.label + SERIES.length * 110}" y="14" font-size="12" fill="#57606a">hosts up: ${pts[pts.length - 1].hosts_up}</text>`;
   return `<svg id="cluster-chart" width="${width}" height="${top + height + 6}" xmlns="http://www.w3.org/2000/svg">
     ${legend}<text x="4" y="${top + 10}" font-size="11" fill="#57606a">${max}</text>
     <text x="4" y="${top + height}" font-size="11" fill="#57606a">0</text>
