@@ -219,9 +219,12 @@ function timeAxis(since, until, x, y, height) {
   return out;
 }
 
+// The window's times to x: the plot right of the labels, clamped to the window.
+const timeScale = (tl, width) => (t) => TL.label
+  + (Math.min(Math.max(t, tl.since), tl.until) - tl.since) / (tl.until - tl.since) * (width - TL.label - 8);
+
 function hostRows(tl, width) {
-  const x = (t) => TL.label + (Math.min(Math.max(t, tl.since), tl.until) - tl.since)
-    / (tl.until - tl.since) * (width - TL.label - 8);
+  const x = timeScale(tl, width);
   let y = TL.axis;
   let body = "";
   for (const row of tl.hosts) {
@@ -262,8 +265,7 @@ function clusterChart(tl, width) {
   if (!pts.length) return `<p class="muted" id="cluster-chart">no cluster samples in this window</p>`;
   // Scaled to the hosts up too, so busy hosts read as a share of them.
   const max = Math.max(1, ...pts.flatMap((p) => [p.pending, p.assigned, p.running, p.hosts_up]));
-  const x = (t) => TL.label + (Math.min(Math.max(t, tl.since), tl.until) - tl.since)
-    / (tl.until - tl.since) * (width - TL.label - 8);
+  const x = timeScale(tl, width);
   const y = (v) => top + height - v / max * height;
   const lines = SERIES.map(([i, name, colour, dash]) => {
     let d = "";
