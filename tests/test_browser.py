@@ -309,3 +309,7 @@ async def check_a_known_timeline(page: Any, stack: Stack, tmp_path: Path) -> Non
     assert await pixel(a["x"] + 55 * per_second, middle) != a["fill"]
     assert await pixel(a["x"] + 75 * per_second, middle) == retry["fill"]
     assert abs(retry["x"] - (a["x"] + 60 * per_second)) < 1.5
+
+    # A bar leads to its job.
+    await page.click('.bar[data-job="j3-cccc"]')
+    await page.wait_for_url("**/jobs/j3-cccc")

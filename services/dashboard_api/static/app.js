@@ -241,11 +241,11 @@ function hostRows(tl, width) {
       const top = y + TL.pad / 2 + lane[i] * (TL.lane + TL.gap);
       const cap = Math.min(4, w / 2);
       const title = `${b.job_id} task ${b.task_index} attempt ${b.attempt_id}${b.group ? ` (gang ${b.group})` : ""}: ${b.state}, ${when(b.start)} → ${b.end ? when(b.end) : "now"}`;
-      body += `<g class="bar" data-job="${esc(b.job_id)}" data-task="${b.task_index}" data-attempt="${b.attempt_id}" data-lane="${lane[i]}" data-state="${esc(b.state)}"${b.group ? ` data-gang="${esc(b.group)}"` : ""}>
+      body += `<a href="/jobs/${encodeURIComponent(b.job_id)}" data-link><g class="bar" data-job="${esc(b.job_id)}" data-task="${b.task_index}" data-attempt="${b.attempt_id}" data-lane="${lane[i]}" data-state="${esc(b.state)}"${b.group ? ` data-gang="${esc(b.group)}"` : ""}>
         <title>${esc(title)}</title>
         <rect class="bar-body" x="${x0.toFixed(1)}" y="${top}" width="${w.toFixed(1)}" height="${TL.lane}" fill="${jobColour(b.job_id)}"${b.group ? ` stroke="#1f2328" stroke-width="2"` : ""}/>
         <rect class="bar-end" x="${(x0 + w - cap).toFixed(1)}" y="${top}" width="${cap.toFixed(1)}" height="${TL.lane}" fill="${STATE_COLOURS[b.state] || "#57606a"}"/>
-      </g>`;
+      </g></a>`;
     });
     body += "</g>";
     y += height;
