@@ -216,6 +216,9 @@ async def check_the_timeline_of_the_job(page: Any, stack: Stack, job_id: str, vi
                     for row in api["hosts"] for b in row["bars"]}
     assert {(j, a) for j, a, _ in drawn_by_api} == {(job_id, 0), (job_id, 1)}
     assert all(not row["overlaps"] for row in api["hosts"])
+    # The cluster chart's samples saw the first attempt run on its host (one is taken
+    # within a second of a change, however quiet the log is after it).
+    assert any(p["running"] == 1 and p["hosts_busy"] == 1 for p in api["cluster"]), api
 
     await page.click("[data-nav=timeline]")
     await page.wait_for_selector("#timeline-hosts")

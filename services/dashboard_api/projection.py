@@ -84,6 +84,7 @@ class Projection:
         self._saved_seq = 0
         self._last_ts = 0.0  # the newest folded event's time
         self._sampled_at = -timeline.SAMPLE_EVERY  # when the last cluster sample was taken
+        self._sample_timer: asyncio.TimerHandle | None = None
         self.folded = 0  # events folded by this process (a metric)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -99,6 +100,8 @@ class Projection:
                        asyncio.create_task(self._save_periodically())]
 
     async def stop(self) -> None:
+        if self._sample_timer is not None:
+            self._sample_timer.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -150,12 +153,19 @@ class Projection:
 
     def _sample_cluster(self) -> None:
         # A sample walks every worker: at most one a second of folding, however many
-        # batches (a rebuild from sequence 1 samples its history that coarsely); an answer
-        # adds the state as it stands (cluster_now).
-        now = time.monotonic()
-        point = self.cluster_now() if now - self._sampled_at >= timeline.SAMPLE_EVERY else None
-        if point is not None:
-            self._sampled_at = now
+        # batches (a rebuild from sequence 1 samples its history that coarsely). One held
+        # back is taken when the second is up, so the state before a quiet spell is kept.
+        wait = self._sampled_at + timeline.SAMPLE_EVERY - time.monotonic()
+        if wait <= 0:
+            self._take_sample()
+        elif self._sample_timer is None:
+            self._sample_timer = asyncio.get_running_loop().call_later(wait, self._take_sample)
+
+    def _take_sample(self) -> None:
+        # Runs between two batches (a loop callback), so it sees one consistent state.
+        self._sample_timer = None
+        self._sampled_at = time.monotonic()
+        if (point := self.cluster_now()) is not None:
             timeline.record_point(self.cluster_samples, point)
 
     def cluster_now(self) -> timeline.ClusterPoint | None:

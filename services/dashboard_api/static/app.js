@@ -334,18 +334,23 @@ let deferred = false; // a re-render waiting for the user to leave a field
 let submitResult = ""; // kept across re-renders of the jobs page
 main.addEventListener("focusout", () => { if (deferred) { deferred = false; render(); } });
 
+const typing = () => main.contains(document.activeElement)
+  && document.activeElement.matches("input, textarea, select");
+
 async function render() {
   if (rendering) { again = true; return; }
   const [name, page] = route();
-  const typing = main.contains(document.activeElement)
-    && document.activeElement.matches("input, textarea, select");
-  if (typing && name === shown) { deferred = true; return; } // never under the user's cursor
+  if (typing() && name === shown) { deferred = true; return; } // never under the user's cursor
   rendering = true;
+  const before = shown;
   shown = name;
   document.querySelectorAll("[data-nav]").forEach((a) =>
     a.classList.toggle("active", a.dataset.nav === (name === "job" ? "jobs" : name)));
   try {
     const html = await page();
+    // The user may have begun typing while the page was fetched: not under the cursor
+    // either (it was drawn before what they typed).
+    if (typing() && name === before) { deferred = true; return; }
     const spec = document.getElementById("spec");
     if (spec) sessionStorage.setItem("spec", spec.value);
     main.innerHTML = html;
@@ -397,6 +402,11 @@ document.addEventListener("submit", (ev) => {
   const q = new URLSearchParams();
   for (const [k, v] of new FormData(ev.target)) if (v) q.set(k, v);
   go(`${pages[ev.target.id]}${q.toString() ? "?" + q : ""}`);
+});
+
+// The spec as typed, kept at once: a page drawn meanwhile starts from it.
+document.addEventListener("input", (ev) => {
+  if (ev.target.id === "spec") sessionStorage.setItem("spec", ev.target.value);
 });
 
 document.addEventListener("toggle", (ev) => {
