@@ -21,6 +21,7 @@ from shared.event_origin import RefusedEvent, read_event
 from shared.lifecycle import ClusterState
 from shared.messages import (
     Coscheduling,
+    JobCancelRequested,
     JobSpec,
     JobSubmitted,
     LeaderElected,
@@ -29,6 +30,7 @@ from shared.messages import (
     Resources,
     TaskAssigned,
     TokenLimitSet,
+    WorkerDeclaredDead,
     WorkerRegistered,
     encode,
     job_spec_decoder,
@@ -199,6 +201,15 @@ def test_an_assignment_is_judged_by_the_limits_it_was_committed_against() -> Non
     state.apply(21, TaskAssigned(job_id="j1-aaaa", task_index=3, attempt_id=0,
                                  worker_id="w", incarnation="i", epoch=1, limits_seq=20))
     assert state.over_limits == ["j1-aaaa/3/0: token io: 4 in use > limit 1"]
+
+
+def test_a_worker_death_gives_the_use_back_and_a_cancel_only_once_the_exit_is_known() -> None:
+    state = _fold(2, 2)
+    state.apply(10, JobCancelRequested(job_id="j1-aaaa", submit_seq=2))
+    # Killing frees nothing (invariant 3): the token is held until the exit is confirmed.
+    assert state.usage.tokens == {"io": 2}
+    state.apply(11, WorkerDeclaredDead(worker_id="w", incarnation="i", epoch=1))
+    assert state.usage == rules.Usage() and state.over_limits == []
 
 
 def test_limit_events_are_believed_only_from_their_admin_subjects() -> None:
