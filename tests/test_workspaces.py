@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -408,7 +409,7 @@ async def reports_of(nc: NATS, job_id: str) -> list[tuple[TaskState, str]]:
 
 
 async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes(
-        make_stack, nc, tmp_path: Path) -> None:
+        make_stack, nc, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One worker, for time: the BUILDING phase's failures, and a task stopped at its timeout
     that resumes from its checkpoint in BERTH_TASK_DIR."""
     stack: Stack = make_stack(workers=1, worker_cpu=4, extra_env={"BERTH_MAX_BUILDS": "1"})
@@ -462,10 +463,15 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert "resumed from step 7 retry 1" in logs_of(stack, str(resumable.job_id))
     job = await wait_for_job(stack, str(no_budget.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "killed" and len(job["tasks"][0]["attempts"]) == 1
-    await bundle_cache_shares_fetches_repairs_and_evicts(nc, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="berth.worker.bundles"):
+        cache = await bundle_cache_shares_fetches_repairs_and_evicts(nc, tmp_path)
+    # Run as root over hard links, a worker says once what read-only does not stop.
+    warned = [r for r in caplog.records if "tasks run as root" in r.getMessage()]
+    assert len(warned) == (os.geteuid() == 0 and cache.placer.shares_files())
 
 
-async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Path) -> None:
+async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Path
+                                                        ) -> BundleCache:
     """A worker's cache, over the stack's object store (as the admin, who may read it)."""
     digests = []
     store = await nc.jetstream().object_store("BERTH_BUNDLES")
@@ -500,6 +506,7 @@ async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Pat
     await cache.place(two, tmp_path / "tasks" / "two")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [two.split(":")[1]]
     assert (tmp_path / "tasks" / "after" / "which.txt").read_text() == "one"
+    return cache
 
 
 def test_quick_bundles_benchmark_runs_and_each_worker_fetches_a_bundle_once() -> None:

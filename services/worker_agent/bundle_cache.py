@@ -76,6 +76,7 @@ class BundleCache:
         self.trees: dict[str, bundle_trees.Footprint] = {}  # by the tree's directory name
         # Trees being placed in a task directory right now: never evicted meanwhile.
         self.in_use: collections.Counter[str] = collections.Counter()
+        self.warned_root = False
 
     def tidy(self) -> None:
         """At start: what a previous agent left half done (it died during a fetch or an
@@ -105,6 +106,7 @@ class BundleCache:
                     self.placer.place(tree, dest)
                 else:
                     await asyncio.to_thread(self.placer.place, tree, dest)
+                self._warn_if_root()
                 return
             except bundle_trees.TreeChanged as exc:
                 # An attempt placing from it at this moment fails ("cannot unpack it") and is
@@ -116,6 +118,15 @@ class BundleCache:
                 if not self.in_use[tree.name]:
                     del self.in_use[tree.name]
         raise BundleUnavailable(f"bundle {digest}: its cached copy keeps being written to")
+
+    def _warn_if_root(self) -> None:
+        """Once: tasks run as this agent's user, and read-only files do not stop root."""
+        if self.warned_root or not self.placer.shares_files() or os.geteuid() != 0:
+            return
+        self.warned_root = True
+        log.warning("tasks run as root here and share bundled files with the cache by hard "
+                    "link: a task that writes one in place changes it for every task of "
+                    "this worker (BERTH_BUNDLE_COPIES=1 gives each task its own copies)")
 
     async def get(self, digest: str) -> Path:
         """The bundle's unpacked, read-only tree, fetched and unpacked if it is not cached.
