@@ -518,3 +518,12 @@ def test_quick_bundles_benchmark_runs_and_each_worker_fetches_a_bundle_once() ->
     assert result["uploaded_bytes"] > 2 * 1024 * 1024
     assert result["same_tree_again_uploaded_bytes"] == 0
     assert result["fan_out_fetches"] == result["workers"] == 2
+
+
+def test_quick_fetch_profile_runs_and_every_fetcher_gets_the_same_bytes() -> None:
+    """`bench/bundle_fetch.py --quick`: the fan-out's fetches apart from the stack."""
+    done = subprocess.run([sys.executable, "bench/bundle_fetch.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["intact"] and result["chunks"] == 8 and len(result["wall_s"]) == 2
