@@ -11,8 +11,10 @@ incompressible files, then measures:
 - that cached start's own work alone: placing the cached tree in a new directory, against
   unpacking the tar there (what a cached start did before);
 - one job of T tasks over the N workers needing a bundle none has: submit -> every task
-  RUNNING, the CPU seconds the stack spent on it, and how many fetches the workers made
-  (each should fetch it once). The same job without a bundle is the baseline.
+  RUNNING (and until the first task was), the CPU seconds the stack spent on it, how many
+  fetches the workers made (each should fetch it once) and, from their log lines, where
+  each fetch's time went: until its first chunk, receiving, and the unpack's catching up
+  after the last chunk. The same job without a bundle is the baseline.
 
 On a shared machine the load average (printed) moves the wall-clock figures a lot; the CPU
 seconds much less.
