@@ -1,8 +1,11 @@
 """How N workers fetching one object store object at once spend their time (issue 14's
 fan-out), apart from the rest of the stack: a nats-server, one object of --mib MiB stored
 in chunks of each --chunk-kib size, then N processes that each fetch it at the same
-moment, as a worker does (a callback on an ordered push consumer, each chunk written to a
-file and hashed) or with a pull consumer (nats-py's `fetch`, --batch chunks a request).
+moment: with a callback on an ordered push consumer, each chunk written to a file and
+hashed on the event loop (`ordered`, the worker's way before the streamed unpack) or handed
+to a thread that hashes and unpacks it (`stream`, the worker's way now), or with a pull
+consumer (`pull`: nats-py's `fetch`, --batch chunks a request). The object is a bundle of
+--mib MiB of random files.
 
 Each fetch reports its wall-clock time, its process's CPU seconds, the time to its first
 chunk, and how many of the server's flow-control requests nats-py could not answer at once
@@ -11,7 +14,7 @@ fetches come from /proc. Wall-clock time far above the CPU seconds, with no defe
 flow-control answers, is a process waiting for a CPU, not for the server's permission.
 
     .venv/bin/python bench/bundle_fetch.py [--fetchers 8] [--mib 50] [--chunk-kib 128 1024]
-                                           [--how ordered pull] [--batch 64] [--quick]
+                                           [--how ordered stream pull] [--batch 64] [--quick]
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,7 +37,8 @@ from typing import Any
 import nats.js.client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectMeta, ObjectMetaOptions
 
-from shared import nats_io, servers, subjects
+from services.worker_agent import bundle_stream
+from shared import bundles, nats_io, servers, subjects
 from shared.credentials import AuthDir, Credentials, Role
 
 
@@ -42,13 +48,23 @@ def cpu_of(pid: int) -> float:
 
 
 async def store(url: str, creds: Credentials, mib: float, chunks: list[int]
-                ) -> dict[int, tuple[str, int]]:
-    """The same random bytes stored once per chunk size: {chunk size: (nuid, size)}."""
+                ) -> tuple[dict[int, tuple[str, int]], str]:
+    """The same bundle stored once per chunk size: ({chunk size: (nuid, size)}, its
+    sha256)."""
     nc = await nats_io.connect(url, "bench-store", creds)
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
     bucket = await js.object_store(subjects.BUNDLES_BUCKET)
-    data = os.urandom(int(mib * 1024 * 1024))
+    with tempfile.TemporaryDirectory() as tmp:  # a bundle, for --how stream to unpack
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        left, i = int(mib * 1024 * 1024), 0
+        while left > 0:
+            (tree / f"shard-{i:04d}.bin").write_bytes(os.urandom(min(left, 1024 * 1024)))
+            left, i = left - 1024 * 1024, i + 1
+        archive = io.BytesIO()
+        bundles.pack(tree, archive, limit=1 << 40)
+        data = archive.getvalue()
     out = {}
     for size in chunks:
         name = f"bench-{size}"
@@ -56,7 +72,7 @@ async def store(url: str, creds: Credentials, mib: float, chunks: list[int]
             name=name, options=ObjectMetaOptions(max_chunk_size=size)))
         out[size] = (info.nuid or "", info.size or 0)
     await nc.close()
-    return out
+    return out, hashlib.sha256(data).hexdigest()
 
 
 # nats-py's flow-control answers it could not send at once, in this process.
@@ -87,6 +103,7 @@ async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, s
     await asyncio.sleep(max(0.0, at - time.time()))
     started, cpu = time.perf_counter(), time.process_time()
     sha = hashlib.sha256()
+    digest = ""
     got = {"bytes": 0, "chunks": 0, "first": 0.0}
     with tempfile.TemporaryFile() as out:
 
@@ -97,11 +114,20 @@ async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, s
             got["bytes"] += len(data)
             got["chunks"] += 1
 
-        if how == "ordered":
+        if how in ("ordered", "stream"):
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            unpack = None
+            if how == "stream":
+                unpack = bundle_stream.StreamUnpack(Path(tempfile.mkdtemp()) / "tree")
 
             async def on_chunk(msg: Any) -> None:
-                take(msg.data)
+                if unpack is None:
+                    take(msg.data)
+                else:  # the worker's way now: hashed and unpacked in a thread
+                    got["first"] = got["first"] or time.perf_counter() - started
+                    got["bytes"] += len(msg.data)
+                    got["chunks"] += 1
+                    await unpack.feed(msg.data)
                 if msg.metadata.num_pending == 0 and not done.done():
                     done.set_result(None)
 
@@ -109,6 +135,11 @@ async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, s
                                      stream=subjects.BUNDLES_STREAM)
             await done
             await sub.unsubscribe()
+            if unpack is not None:
+                unpacked = await unpack.finish()
+                sha = hashlib.sha256()  # stands for the thread's, which hashed every byte
+                digest = unpacked.sha256
+                shutil.rmtree(unpack.dest.parent)
         else:
             pull = await js.pull_subscribe(subject, durable=None, stream=subjects.BUNDLES_STREAM,
                                            config=ConsumerConfig(
@@ -122,7 +153,8 @@ async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, s
     result = {"wall_s": round(time.perf_counter() - started, 3),
               "cpu_s": round(time.process_time() - cpu, 3),
               "first_chunk_s": round(got["first"], 3), "chunks": got["chunks"],
-              "deferred_flow_control": DEFERRED[0] - deferred, "sha256": sha.hexdigest()}
+              "deferred_flow_control": DEFERRED[0] - deferred,
+              "sha256": digest or sha.hexdigest()}
     await nc.close()
     return result
 
@@ -156,11 +188,11 @@ def main() -> None:
     parser.add_argument("--fetchers", type=int, default=8)
     parser.add_argument("--mib", type=float, default=50)
     parser.add_argument("--chunk-kib", type=int, nargs="+", default=[128, 1024])
-    parser.add_argument("--how", nargs="+", choices=["ordered", "pull"],
-                        default=["ordered", "pull"])
+    parser.add_argument("--how", nargs="+", choices=["ordered", "pull", "stream"],
+                        default=["ordered", "stream", "pull"])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--quick", action="store_true",
-                        help="2 fetchers of 1 MiB, the worker's way only (for CI)")
+                        help="2 fetchers of 1 MiB, the push ways only (for CI)")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -170,13 +202,13 @@ def main() -> None:
                                            float(at)))))
         return
     if args.quick:
-        args.fetchers, args.mib, args.chunk_kib, args.how = 2, 1, [128], ["ordered"]
+        args.fetchers, args.mib, args.chunk_kib, args.how = 2, 1, [128], ["ordered", "stream"]
     chunks = [kib * 1024 for kib in args.chunk_kib]
     with tempfile.TemporaryDirectory() as tmp:
         server = servers.start_nats(Path(tmp))
         try:
             creds = server.admin_creds()
-            objects = asyncio.run(store(server.url, creds, args.mib, chunks))
+            objects, sha256 = asyncio.run(store(server.url, creds, args.mib, chunks))
             for size in chunks:
                 nuid, length = objects[size]
                 for how in args.how:
@@ -196,7 +228,7 @@ def main() -> None:
                         "chunks": runs[0]["chunks"],
                         "deferred_flow_control": sum(r["deferred_flow_control"] for r in runs),
                         "server_cpu_s": round(cpu_of(server.proc.pid) - before, 2),
-                        "intact": len({r["sha256"] for r in runs}) == 1,
+                        "intact": all(r["sha256"] == sha256 for r in runs),
                         "load_average": round(os.getloadavg()[0], 1)}), flush=True)
         finally:
             server.stop()
