@@ -2,9 +2,10 @@
 fan-out), apart from the rest of the stack: a nats-server, one object of --mib MiB stored
 in chunks of each --chunk-kib size, then N processes that each fetch it at the same
 moment: with a callback on an ordered push consumer, each chunk written to a file and
-hashed on the event loop (`ordered`, the worker's way before the streamed unpack) or handed
+hashed on the event loop, the file unpacked after the last chunk (`ordered`, the worker's
+way before the streamed unpack), or each chunk handed
 to a thread that hashes and unpacks it (`stream`, the worker's way now), or with a pull
-consumer (`pull`: nats-py's `fetch`, --batch chunks a request). The object is a bundle of
+consumer (`pull`: nats-py's `fetch`, --batch chunks a request; receiving only). The object is a bundle of
 --mib MiB of random files.
 
 Each fetch reports its wall-clock time, its process's CPU seconds, the time to its first
@@ -37,7 +38,7 @@ from typing import Any
 import nats.js.client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectMeta, ObjectMetaOptions
 
-from services.worker_agent import bundle_stream
+from services.worker_agent import bundle_stream, bundle_trees
 from shared import bundles, nats_io, servers, subjects
 from shared.credentials import AuthDir, Credentials, Role
 
@@ -93,6 +94,11 @@ def count_deferred_flow_control() -> None:
     jsi.schedule_flow_control_response = counted  # type: ignore[method-assign]
 
 
+def unpack_file(archive: str, dest: Path) -> None:
+    bundles.unpack(Path(archive), dest)
+    bundle_trees.seal(dest)
+
+
 async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, size: int,
                 at: float) -> dict[str, Any]:
     count_deferred_flow_control()
@@ -105,7 +111,7 @@ async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, s
     sha = hashlib.sha256()
     digest = ""
     got = {"bytes": 0, "chunks": 0, "first": 0.0}
-    with tempfile.TemporaryFile() as out:
+    with tempfile.NamedTemporaryFile() as out:
 
         def take(data: bytes) -> None:
             got["first"] = got["first"] or time.perf_counter() - started
@@ -135,7 +141,12 @@ async def fetch(url: str, creds: Credentials, how: str, batch: int, nuid: str, s
                                      stream=subjects.BUNDLES_STREAM)
             await done
             await sub.unsubscribe()
-            if unpack is not None:
+            if unpack is None:  # then unpacked from that file, as the worker did
+                out.flush()
+                where = Path(tempfile.mkdtemp())
+                await asyncio.to_thread(unpack_file, out.name, where / "tree")
+                shutil.rmtree(where)
+            else:
                 unpacked = await unpack.finish()
                 sha = hashlib.sha256()  # stands for the thread's, which hashed every byte
                 digest = unpacked.sha256
