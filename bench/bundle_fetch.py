@@ -3,10 +3,10 @@ fan-out), apart from the rest of the stack: a nats-server, one object of --mib M
 in chunks of each --chunk-kib size, then N processes that each fetch it at the same
 moment: with a callback on an ordered push consumer, each chunk written to a file and
 hashed on the event loop, the file unpacked after the last chunk (`ordered`, the worker's
-way before the streamed unpack), or each chunk handed
-to a thread that hashes and unpacks it (`stream`, the worker's way now), or with a pull
-consumer (`pull`: nats-py's `fetch`, --batch chunks a request; receiving only). The object is a bundle of
---mib MiB of random files.
+way before the streamed unpack), or each chunk handed to a thread that hashes and unpacks
+it (`stream`, the worker's way now), or with a pull consumer (`pull`: nats-py's `fetch`,
+--batch chunks a request; receiving only). The object is a bundle of --mib MiB of random
+files.
 
 Each fetch reports its wall-clock time, its process's CPU seconds, the time to its first
 chunk, and how many of the server's flow-control requests nats-py could not answer at once

@@ -13,8 +13,9 @@ incompressible files, then measures:
 - one job of T tasks over the N workers needing a bundle none has: submit -> every task
   RUNNING (and until the first task was), the CPU seconds the stack spent on it, how many
   fetches the workers made (each should fetch it once) and, from their log lines, where
-  each fetch's time went: until its first chunk, receiving, and the unpack's catching up
-  after the last chunk. The same job without a bundle is the baseline.
+  each fetch's time went: when it started after the submit, until its first chunk,
+  receiving, and the unpack's catching up after the last chunk. The same job without a
+  bundle is the baseline.
 
 On a shared machine the load average (printed) moves the wall-clock figures a lot; the CPU
 seconds much less.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import os
 import statistics
@@ -112,15 +114,29 @@ def fetch_times(stack: Stack) -> list[float]:
     return [float(line.split(") in ", 1)[1].split()[0]) for line in fetch_lines(stack)]
 
 
-def fetch_breakdown(lines: list[str]) -> dict[str, list[float]]:
-    """Where each fetch's time went, from its log line: until the first chunk came, from
-    the first chunk to the last, and from the last chunk to the tree in place (what the
-    unpack had left to do). Sorted, each."""
-    out: dict[str, list[float]] = {"first_chunk_s": [], "receiving_s": [],
-                                   "unpack_after_last_chunk_s": []}
+def logged_at(line: str) -> float | None:
+    """The Unix time of a text log line ("2026-11-23 19:00:00,123 ..."), if it has one."""
+    try:
+        stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+    return stamp.timestamp()
+
+
+def fetch_breakdown(lines: list[str], submitted: float) -> dict[str, list[float]]:
+    """Where each fetch's time went, from its log line: when it started (seconds after the
+    submit at Unix time `submitted`), until the first chunk came, from the first chunk to
+    the last, and from the last chunk to the tree in place (what the unpack had left to
+    do). Sorted, each."""
+    out: dict[str, list[float]] = {"started_after_submit_s": [], "first_chunk_s": [],
+                                   "receiving_s": [], "unpack_after_last_chunk_s": []}
     for line in lines:
         if "first chunk after " not in line:
             continue  # an older agent's line
+        ended = logged_at(line)
+        if ended is not None:
+            took = float(line.split(") in ", 1)[1].split()[0])
+            out["started_after_submit_s"].append(round(ended - took - submitted, 2))
         out["first_chunk_s"].append(float(line.split("first chunk after ")[1].split()[0]))
         out["receiving_s"].append(float(line.split(" in ")[2].split()[0]))
         out["unpack_after_last_chunk_s"].append(float(line.split("unpacked ")[1].split()[0]))
@@ -209,6 +225,7 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
     await asyncio.sleep(1)  # those tasks end
     cpu = cpu_seconds(stack)
     first_running: list[float] = []
+    submitted = time.time()
     fan_out = await submit_until_running(nc, state, events,
                                          msgspec.structs.replace(fan, bundle=digest2),
                                          first_running)
@@ -237,7 +254,7 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
         "fan_out_fetches": len(fan_fetches),
         "fan_out_fetch_s": sorted(fan_fetches),
         **{f"fan_out_fetch_{key}": values
-           for key, values in fetch_breakdown(fan_lines).items()},
+           for key, values in fetch_breakdown(fan_lines, submitted).items()},
         # CPU seconds the whole stack used from the submit until every task ran.
         "fan_out_no_bundle_cpu_s": fan_base_cpu,
         "fan_out_cpu_s": fan_out_cpu,
