@@ -22,7 +22,16 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from berth import backup, cli_read, creds_cli, health, node_cli, token_cli, workspace
+from berth import (
+    backup,
+    cli_read,
+    creds_cli,
+    health,
+    limits_cli,
+    node_cli,
+    token_cli,
+    workspace,
+)
 from berth.cli_app import (
     Globals,
     JsonFlag,
@@ -345,9 +354,11 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     Reads Redis and the event log and reports every violation of the placement invariants:
     over-committed hosts, a group held by two gangs, a host shared by two gangs, a port
     given twice, a device (GPU) given to two live attempts, reservations with no live
-    attempt, live attempts with no reservation. Prints double_booked_hosts=0,
-    double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted
-    per host address, devices per worker); exit status 1 when anything is wrong."""
+    attempt, live attempts with no reservation, an attempt admitted over its user's quota
+    or a token's limit, quota or token counters that disagree with the reservations.
+    Prints double_booked_hosts=0, double_booked_ports=0 and double_booked_devices=0 when
+    all is well (ports are counted per host address, devices per worker); exit status 1
+    when anything is wrong."""
     from redis.exceptions import RedisError
 
     from shared import redis_auth, redis_io
@@ -377,7 +388,10 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
                     "last_refused_seq": report.last_refused_seq,
                     "double_booked_hosts": report.double_booked_hosts,
                     "double_booked_ports": report.double_booked_ports,
-                    "double_booked_devices": report.double_booked_devices})
+                    "double_booked_devices": report.double_booked_devices,
+                    "over_quota": len(report.over_quota),
+                    "over_token_limit": len(report.over_token_limit),
+                    "limit_use_miscounted": len(report.limit_use_miscounted)})
         return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
@@ -388,6 +402,9 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"double_booked_ports={report.double_booked_ports}")
     print(f"double_booked_devices={report.double_booked_devices}")
     print(f"taken_from_preemptor={len(report.taken_from_preemptor)}")
+    print(f"over_quota={len(report.over_quota)}")
+    print(f"over_token_limit={len(report.over_token_limit)}")
+    print(f"limit_use_miscounted={len(report.limit_use_miscounted)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -507,11 +524,18 @@ NatsNodes = Annotated[int, typer.Option(
 RedisPort = Annotated[int | None, typer.Option(help="default: a free port")]
 RedisServer = Annotated[bool, typer.Option(
     help="use redis-server from PATH instead of the bundled valkey-server")]
+Metrics = Annotated[bool, typer.Option(
+    "--metrics", help="every service serves Prometheus metrics, each on a free port of its "
+    "own (BERTH_METRICS_PORT; docs/metrics.md); the URLs are printed")]
+MetricsPort = Annotated[int | None, typer.Option(
+    min=1, max=65_000, metavar="PORT", help="with --metrics: ports from PORT on, in the "
+    "order submitter, scheduler, dashboard, local-0, local-1, ... (default: free ports)")]
 
 
 def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_mb: int,
            port: int | None, nats_port: int | None, redis_port: int | None,
-           redis_server: bool, nats_nodes: int) -> Any:
+           redis_server: bool, nats_nodes: int, metrics: bool = False,
+           metrics_port: int | None = None) -> Any:
     from berth.stack import start_stack
     from shared.servers import ServerError
 
@@ -523,6 +547,9 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
             worker_memory_mb=worker_memory_mb, api_port=port,
             nats_port=nats_port, redis_port=redis_port,
             prefer_redis_on_path=redis_server, nats_nodes=nats_nodes,
+            # A given first port makes the range (start_services); free ones otherwise.
+            metrics=metrics and metrics_port is None,
+            extra_env={"BERTH_METRICS_PORT": str(metrics_port)} if metrics_port else None,
         )
     except (DirLocked, ServerError) as exc:  # what it started is stopped again
         fail(str(exc))
@@ -537,6 +564,8 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
           f"  identities {stack.auth.path} (`berth creds --help`)\n"
           f"  API token  {data_dir / 'api-token'} (for submit and cancel over HTTP)",
           file=sys.stderr)
+    for label, url in stack.metrics_urls.items():
+        print(f"  metrics    {label:<10} {url}", file=sys.stderr)
     return stack
 
 
@@ -544,12 +573,15 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
 def cmd_up(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2.0,
            worker_memory_mb: WorkerMemory = 2048, port: Port = None,
            nats_port: NatsPort = None, nats_nodes: NatsNodes = 1, redis_port: RedisPort = None,
-           redis_server: RedisServer = False) -> int:
+           redis_server: RedisServer = False, metrics: Metrics = False,
+           metrics_port: MetricsPort = None) -> int:
     """Start NATS, Redis, all services and local workers."""
     from shared.servers import ServerError
 
+    if metrics_port is not None and not metrics:
+        fail("--metrics-port: only with --metrics")
     stack = _start(globals_of(ctx).data_dir, workers, worker_cpu, worker_memory_mb, port,
-                   nats_port, redis_port, redis_server, nats_nodes)
+                   nats_port, redis_port, redis_server, nats_nodes, metrics, metrics_port)
     print("berth is up; a child that exits is started again; Ctrl-C stops every process "
           "it started.", file=sys.stderr)
     stopping = False
@@ -619,7 +651,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.capacity import Amounts
 from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
+from shared.limits import Limits
 from shared.messages import decode
 from shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 10
+FORMAT = 11
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -35,8 +37,13 @@ class Snapshot(msgspec.Struct, kw_only=True):
     preemption_events: list[str]
     taken_from_preemptor: list[str]
     live_by_rank: dict[int, int]
+    limits: Limits
+    limit_versions: dict[int, Limits]
+    usage_users: dict[str, Amounts]
+    usage_tokens: dict[str, int]
+    over_limits: list[str]
     usage_half_life: float
-    usage: dict[str, UserUsage]
+    recent_use: dict[str, UserUsage]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -62,8 +69,13 @@ def dump(state: ClusterState, stream: str) -> bytes:
         preemption_events=list(state.preemption_events),  # oldest first
         taken_from_preemptor=state.taken_from_preemptor,
         live_by_rank=state.live_by_rank,
+        limits=state.limits,
+        limit_versions=state.limit_versions,
+        usage_users=state.usage.users,
+        usage_tokens=state.usage.tokens,
+        over_limits=state.over_limits,
         usage_half_life=state.usage_half_life,
-        usage=state.usage,
+        recent_use=state.recent_use,
     ))
 
 
@@ -110,5 +122,10 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.preemption_events = dict.fromkeys(snap.preemption_events)
     state.taken_from_preemptor = snap.taken_from_preemptor
     state.live_by_rank = snap.live_by_rank
-    state.usage = snap.usage
+    state.limits = snap.limits
+    state.limit_versions = snap.limit_versions
+    state.usage.users = snap.usage_users
+    state.usage.tokens = snap.usage_tokens
+    state.over_limits = snap.over_limits
+    state.recent_use = snap.recent_use
     return state

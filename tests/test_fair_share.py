@@ -160,10 +160,10 @@ def test_the_fold_derives_usage_from_the_log_and_a_snapshot_keeps_it() -> None:
                                    ts=100.0 + HOUR))
     fair = usage.FairShare(half_life=HOUR, device_weight=16.0)
     ran = 0.5 * HOUR / math.log(2)  # one hour, seen at its end
-    assert queue_order.costs(state.usage, 100.0 + HOUR, fair)["ann"] == pytest.approx(
+    assert queue_order.costs(state.recent_use, 100.0 + HOUR, fair)["ann"] == pytest.approx(
         (2 + 16) * ran)
     saved = state_snapshot.dump(state, "events@1")
     again = state_snapshot.load(saved, "events@1", 4, HOUR)
-    assert again.usage == state.usage
+    assert again.recent_use == state.recent_use
     with pytest.raises(state_snapshot.UnusableSnapshot, match="half-life"):
         state_snapshot.load(saved, "events@1", 4, 60.0)
