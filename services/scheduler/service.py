@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
+from services.scheduler import attempt_ids, fencing, frameworks, heartbeats, placement, preemption
 from services.scheduler import metrics as scheduler_metrics
 from shared import (
     bounded,
@@ -203,6 +203,9 @@ class Leader:
         # its ack, e.g. while a NATS cluster elects a new stream leader): no run command
         # may go out for them, or the worker's reports could be logged before them.
         self.unlogged: set[str] = set()
+        # Attempt ids a deposed leader reserved whose TaskAssigned is not folded (yet, or
+        # void): never handed out again (services/scheduler/attempt_ids.py).
+        self.ids_in_redis: attempt_ids.TakenIds = {}
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
         # The version of the limits (shared/limits.py) written to Redis by this term (-1:
@@ -289,6 +292,8 @@ class Leader:
             if worker.alive:
                 await self._register_host(worker)
         usage = await self.store.host_usage()
+        attempt_ids.note_reserved(
+            self.state, (key for host in usage for key in host.allocations), self.ids_in_redis)
         # The fold goes on meanwhile (reports end attempts, their releases go out in the
         # background), so it is read after Redis, with no await in between: an attempt it
         # ends while Redis is read is then released twice (harmless), never re-reserved.
@@ -786,7 +791,7 @@ class Leader:
         for a in result.assignments:
             task = self.state.task(a.job_id, a.task_index)
             assert task is not None
-            attempt_id = max((x.attempt_id for x in task.attempts), default=-1) + 1
+            attempt_id = attempt_ids.next_id(task, self.ids_in_redis)
             worker = self.state.workers[a.worker_id]
             spec = self.state.jobs[a.job_id].spec
             res = spec.resources
