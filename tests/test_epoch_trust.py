@@ -212,8 +212,6 @@ async def test_forged_epochs_leave_the_real_leader_obeyed_through_a_take_over(
         await wait_for_job(stack, job, {"succeeded"}, timeout=30)
     placed = get_json(stack, f"/api/jobs/{jobs[0]}")["tasks"][0]
     assert [a["attempt_id"] for a in placed["attempts"]] == [1]
-    doctor = await run_doctor(stack)
-    assert "attempt_keys_reused=0" in doctor and "violations=0" in doctor
 
     # The late worker learned epoch 2 from a heartbeat answer: the old epoch is refused.
     late_incarnation = (await _worker(stack, "late"))["incarnation"]
