@@ -4,6 +4,9 @@ events after it gives exactly the state a fold from sequence 1 gives (tested).""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import msgspec
 
 from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
@@ -102,3 +105,14 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.taken_from_preemptor = snap.taken_from_preemptor
     state.live_by_rank = snap.live_by_rank
     return state
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Written beside, then renamed into place: a crash never leaves half a snapshot."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
