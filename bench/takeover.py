@@ -76,6 +76,9 @@ def history(first_job: int, jobs: int, workers: bool) -> Iterator[tuple[str, byt
 
 
 async def fill(nc: NATS, events: Iterator[tuple[str, bytes]]) -> int:
+    """Publishes `events`; returns the stream's last sequence once it holds them all."""
+    js = nc.jetstream()
+    before = await nats_io.last_event_seq(js)
     n = 0
     for subject, data in events:
         await nc.publish(subject, data)
@@ -83,23 +86,22 @@ async def fill(nc: NATS, events: Iterator[tuple[str, bytes]]) -> int:
         if n % 5000 == 0:
             await nc.flush()
     await nc.flush()
-    js = nc.jetstream()
     deadline = time.monotonic() + 300
-    while True:
-        info = await js.stream_info(subjects.EVENTS_STREAM)
-        if info.state.messages >= n and time.monotonic() > 0:
-            return int(info.state.last_seq)
+    while (last := await nats_io.last_event_seq(js)) < before + n:
         if time.monotonic() > deadline:
-            raise SystemExit(f"the stream holds {info.state.messages} of {n} events")
+            raise SystemExit(f"the stream holds {last - before} of {n} events")
         await asyncio.sleep(0.1)
+    return last
 
 
 async def take_over(settings: Settings, nc: NATS, store: ReservationStore, name: str,
                     warm: warm_fold.WarmFold | None) -> tuple[float, int]:
     """Seconds from lease won to leading, and the events the take-over folded."""
     js = nc.jetstream()
-    while (lease := await fencing.take_lease(store, js, name,
-                                              int(settings.lease_ttl * 1000))) is None:
+    while True:
+        lease = await fencing.take_lease(store, js, name, int(settings.lease_ttl * 1000))
+        if lease is not None:
+            break
         await asyncio.sleep(0.2)  # the last bench leader's lease runs out
     won = time.monotonic()
     state = await warm.hand_over(js) if warm else ClusterState()
@@ -118,7 +120,9 @@ async def take_over(settings: Settings, nc: NATS, store: ReservationStore, name:
 
 
 async def wait_folded(warm: warm_fold.WarmFold, last: int) -> None:
-    while warm.state.last_seq < last:
+    while True:
+        if warm.state.last_seq >= last:
+            return
         await asyncio.sleep(0.01)
 
 
