@@ -33,7 +33,6 @@ from services.scheduler import fencing, warm_fold
 from services.scheduler.service import Leader
 from shared import nats_io, redis_auth, redis_io, servers, subjects
 from shared.config import Settings
-from shared.lifecycle import ClusterState
 from shared.messages import (
     AttemptReported,
     JobSpec,
@@ -104,7 +103,7 @@ async def take_over(settings: Settings, nc: NATS, store: ReservationStore, name:
             break
         await asyncio.sleep(0.2)  # the last bench leader's lease runs out
     won = time.monotonic()
-    state = await warm.hand_over(js) if warm else ClusterState()
+    state = await warm.hand_over(js) if warm else None
     leader = Leader(settings, nc, store, name, lease, state=state)
     stop = asyncio.Event()
     serving = asyncio.create_task(leader.serve(stop))

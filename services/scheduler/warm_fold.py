@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 
 from shared import nats_io, state_snapshot
 from shared.lifecycle import ClusterState
+from shared.usage import FairShare
 
 log = logging.getLogger("berth.scheduler")
 
@@ -30,16 +31,22 @@ RETRY_AFTER = 1.0  # seconds before following again after NATS failed
 
 
 class WarmFold:
-    def __init__(self, path: Path | None, save_interval: float) -> None:
+    def __init__(self, path: Path | None, save_interval: float,
+                 usage_half_life: float = FairShare.half_life) -> None:
         self.path = path
         self.save_interval = save_interval
-        self.state = ClusterState()
+        # The fold's own setting: a snapshot folded with another is not continued.
+        self.usage_half_life = usage_half_life
+        self.state = self._empty()
         # The events stream the state was folded from ("" before it was asked).
         self.stream = ""
         self._saved_seq = 0
         self._task: asyncio.Task[None] | None = None
         self._spoiled = False  # the fold raised: what it holds may be half an event
         self._handed_over = False
+
+    def _empty(self) -> ClusterState:
+        return ClusterState(self.usage_half_life)
 
     # --- standing by ----------------------------------------------------------------------
 
@@ -52,11 +59,11 @@ class WarmFold:
         """Stops following and gives the fold to a new leader: what it has folded if it
         still belongs to the events stream, else an empty state (a fold from sequence 1)."""
         await self._stop_following()
-        state, self.state = self.state, ClusterState()
+        state, self.state = self.state, self._empty()
         self._handed_over = True  # nothing to save until the term gives its fold back
         if self._spoiled:
             self._spoiled = False
-            return ClusterState()
+            return self._empty()
         if state.last_seq == 0:
             return state
         try:
@@ -64,12 +71,12 @@ class WarmFold:
         except nats_io.RETRIABLE as exc:
             log.warning("cannot check the warm fold's stream (%s): folding from the first "
                         "event", exc)
-            return ClusterState()
+            return self._empty()
         if stream != self.stream or state.last_seq > last:
             log.warning("the warm fold (up to event %d of %s) is not of the events stream "
                         "now (%s, up to %d): folding from the first event", state.last_seq,
                         self.stream, stream, last)
-            return ClusterState()
+            return self._empty()
         return state
 
     def take_back(self, state: ClusterState) -> None:
@@ -110,7 +117,7 @@ class WarmFold:
         if self.stream and (stream != self.stream or self.state.last_seq > last):
             log.warning("the events stream is now %s (was %s): folding it from the first "
                         "event", stream, self.stream)
-            self.state = ClusterState()
+            self.state = self._empty()
         self.stream = stream
         if self.state.last_seq == 0:
             self._load(stream, last)
@@ -120,7 +127,8 @@ class WarmFold:
             return
         started = time.monotonic()
         try:
-            self.state = state_snapshot.load(self.path.read_bytes(), stream, last)
+            self.state = state_snapshot.load(self.path.read_bytes(), stream, last,
+                                             self.usage_half_life)
         except (state_snapshot.UnusableSnapshot, OSError) as exc:
             log.warning("scheduler snapshot %s not used (%s): folding from the first event",
                         self.path, exc)
