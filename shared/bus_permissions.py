@@ -87,6 +87,8 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
         return Permissions(
             publish=(subjects.LEADER, subjects.worker_commands("*"),
                      subjects.task_events("*"), subjects.PENDING_REASONS,
+                     # A schedule's fires, each checked against the last one there.
+                     subjects.schedule_fire("*"), f"{API}.STREAM.MSG.GET.{SUBMIT}",
                      subjects.LEADER_EVENTS, subjects.worker_verdicts("*"),
                      *_streams_setup(), *_readers(EVENTS)),
             subscribe=(subjects.HEARTBEATS_ALL, replies),
@@ -103,7 +105,9 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      f"{API}.CONSUMER.MSG.NEXT.{SUBMIT}.{durable}",
                      f"$JS.ACK.{SUBMIT}.{durable}.>",
                      f"{API}.STREAM.MSG.GET.{EVENTS}",
-                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}"),
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}",
+                     # Its fold of the log, for `existing` and `dedup` (index.py).
+                     *_readers(EVENTS)),
             subscribe=(replies,),
         )
     if role is Role.DASHBOARD:

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
+from shared.lifecycle import (
+    ClusterState,
+    GroupView,
+    HoldView,
+    JobView,
+    ScheduleView,
+    WorkerView,
+)
 from shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 9
+FORMAT = 10
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -25,6 +32,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     workers: list[WorkerView]
     rejections: dict[int, str]
     cancel_by_submit: dict[int, str]
+    same_by_submit: dict[int, tuple[str, str]]
+    schedules: list[ScheduleView]
     pending: list[tuple[str, int]]
     groups: list[GroupView]
     seen_incarnations: list[tuple[str, str]]
@@ -50,6 +59,8 @@ def dump(state: ClusterState, stream: str) -> bytes:
         workers=list(state.workers.values()),
         rejections=state.rejections,
         cancel_by_submit=state.cancel_by_submit,
+        same_by_submit=state.same_by_submit,
+        schedules=list(state.schedules.values()),
         pending=list(state.pending),
         groups=list(state.groups.values()),
         seen_incarnations=sorted(state.seen_incarnations),
@@ -89,6 +100,8 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.workers = {worker.worker_id: worker for worker in snap.workers}
     state.rejections = snap.rejections
     state.cancel_by_submit = snap.cancel_by_submit
+    state.same_by_submit = snap.same_by_submit
+    state.schedules = {s.schedule_id: s for s in snap.schedules}
     state.pending = dict.fromkeys(snap.pending)
     # Held back by a backoff: exactly the pending tasks with a retry_at (kept so by the fold).
     state.backoff = {key: task.retry_at for key in state.pending

@@ -63,7 +63,18 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
         job_id = s.job_by_submit.get(submit_seq)
         if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
+            replaced = s.jobs[job_id].replaced
+            note = f"recreated: cancelled {', '.join(replaced)}" if replaced else ""
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job", note=note)
+        if submit_seq in s.same_by_submit:
+            job_id, how = s.same_by_submit[submit_seq]
+            words = "deduplicated to" if how == "deduplicated" else "kept existing"
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind=how,
+                                       note=f"{words} {job_id}")
+        for schedule in s.schedules.values():
+            if schedule.submit_seq == submit_seq:
+                return views.SubmitOutcome(submit_seq, True, job_id=schedule.schedule_id,
+                                           kind="schedule")
         job_id = s.cancel_by_submit.get(submit_seq)
         if job_id is not None:
             return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
@@ -275,6 +286,12 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         if worker_id not in projection.state.workers:
             raise NotFoundException(f"no worker {worker_id!r}")
         return worker_out(worker_id)
+
+    @get("/schedules", sync_to_thread=False)
+    def list_schedules() -> list[views.ScheduleOut]:
+        """Every schedule, oldest first, with its next run (none once cancelled)."""
+        now = time.time()
+        return [views.schedule_out(s, now) for s in projection.state.schedules.values()]
 
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
     def submit_outcome(submit_seq: int) -> views.SubmitOutcome:

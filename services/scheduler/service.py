@@ -26,7 +26,14 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
+from services.scheduler import (
+    fencing,
+    frameworks,
+    heartbeats,
+    placement,
+    preemption,
+    schedule_fires,
+)
 from services.scheduler import metrics as scheduler_metrics
 from shared import (
     bounded,
@@ -230,6 +237,8 @@ class Leader:
                 asyncio.create_task(self._follow(events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
+                asyncio.create_task(schedule_fires.run(self.js, self.state, self._check_lease),
+                                    name="schedules"),
             ]
             await self._until_first_ends(tasks)
         finally:
