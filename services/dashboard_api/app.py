@@ -326,7 +326,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         path="/api",
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
-                        task_logs, list_workers, worker_detail, submit_outcome, events],
+                        task_logs, list_workers, worker_detail, submit_outcome, list_schedules,
+                        events],
     )
 
     # --- open to all ------------------------------------------------------------------------

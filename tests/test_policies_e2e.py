@@ -1,0 +1,142 @@
+"""`existing`, `dedup` and schedules through the real services (docs/lifecycle.md): one
+stack with a standby scheduler, the scenarios side by side to keep within the test budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
+
+from berth import cli
+from berth.client import cancel_job, submit_job
+from berth.stack import Stack
+from services.scheduler import schedule_fires
+from shared import subjects
+from shared.messages import (
+    DedupPolicy,
+    ExistingPolicy,
+    JobSpec,
+    JobSubmitted,
+    Resources,
+    ScheduleSpec,
+)
+from tests.conftest import get_json, wait_for_job, wait_until
+from tests.test_cli import berth_in_process
+
+SMALL = Resources(cpu=0.25, memory_mb=64)
+EVERY_2S = "* * * * * */2"  # croniter: seconds are the 6th field
+
+
+async def fired_jobs(nc: NATS, schedule_id: str) -> list[JobSubmitted]:
+    """Every job the log says the schedule made, in log order."""
+    made = []
+    sub = await nc.jetstream().subscribe(
+        subjects.SUBMIT_OUTCOMES_ALL, stream=subjects.EVENTS_STREAM, ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL)
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=5.0)
+            event = msgspec.json.decode(msg.data)
+            if event.get("type") == "job_submitted" and event.get("schedule_id") == schedule_id:
+                made.append(msgspec.json.decode(msg.data, type=JobSubmitted))
+            if msg.metadata.num_pending == 0:
+                return made
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_existing_dedup_and_a_schedule_across_a_failover(
+        make_stack, nc: NATS, tmp_path: Path, capsys) -> None:
+    stack: Stack = make_stack(workers=1)
+    stack.start_service("scheduler", label="scheduler-2")  # the standby
+    made = await submit_job(nc, JobSpec(name="tick", command=["true"], resources=SMALL,
+                                        schedule=ScheduleSpec(cron=EVERY_2S)))
+    assert made.accepted and made.note == "schedule" and str(made.job_id).startswith("s")
+    schedule_id = str(made.job_id)
+
+    # existing / dedup, keyed by (user, name) and by the spec's hash.
+    train = JobSpec(name="train", command=["sleep", "300"], resources=SMALL,
+                    existing=ExistingPolicy.ERROR)
+    first = await submit_job(nc, train)
+    assert first.accepted and first.note == ""
+    j1 = str(first.job_id)
+    again = await submit_job(nc, train)
+    assert not again.accepted
+    assert again.reason in (
+        f"existing: job 'train' is already {j1} ({state}); cancel it, or submit with "
+        "existing: keep or recreate" for state in ("pending", "running"))
+    kept = await submit_job(nc, msgspec.structs.replace(
+        train, command=["sleep", "301"], existing=ExistingPolicy.KEEP))
+    assert (kept.job_id, kept.note) == (j1, f"kept existing {j1}")
+    same = await submit_job(nc, msgspec.structs.replace(
+        train, existing=None, dedup=DedupPolicy.SPEC))
+    assert (same.job_id, same.note) == (j1, f"deduplicated to {j1}")
+    # Another user's identical spec is another job.
+    theirs = await submit_job(nc, msgspec.structs.replace(train, dedup=DedupPolicy.SPEC,
+                                                          existing=None), user="ada")
+    assert theirs.accepted and theirs.job_id != j1 and theirs.note == ""
+    # The API's submit outcome says it too.
+    assert get_json(stack, f"/api/submits/{kept.submit_seq}") == {
+        "submit_seq": kept.submit_seq, "accepted": True, "job_id": j1, "reason": None,
+        "kind": "kept", "note": f"kept existing {j1}"}
+    spec_file = tmp_path / "train.json"
+    spec_file.write_text(json.dumps({"name": "train", "command": ["sleep", "302"],
+                                     "resources": {"cpu": 0.25, "memory_mb": 64},
+                                     "existing": "recreate"}))
+    data = ["--data-dir", str(stack.data_dir)]
+    # `berth submit` speaks as the local user: its job of the same name is its own.
+    j_local = (await asyncio.to_thread(
+        berth_in_process, capsys, *data, "submit", str(spec_file)))[1].strip()
+    await asyncio.to_thread(cli.main, [*data, "submit", str(spec_file)])
+    out, err = capsys.readouterr()
+    assert out.strip() != j_local and f"recreated: cancelled {j_local}\n" in err
+    await wait_for_job(stack, j_local, {"killed"})
+    recreated = await submit_job(nc, msgspec.structs.replace(
+        train, existing=ExistingPolicy.RECREATE))
+    assert recreated.accepted and recreated.note == f"recreated: cancelled {j1}"
+    killed = await wait_for_job(stack, j1, {"killed"})
+    assert killed["error"].startswith(f"replaced by {recreated.job_id} (existing: recreate)")
+    assert (await cancel_job(nc, str(recreated.job_id))).accepted
+    assert (await cancel_job(nc, str(theirs.job_id), user="ada")).accepted
+
+    # The schedule fires every 2 s; the leader goes; the standby fires on, never a fire
+    # time twice, and the times missed while no one led once (the latest of them).
+    await wait_until(lambda: get_json(stack, "/api/schedules")[0]["fired"] >= 2,
+                     what="two fires")
+    await asyncio.to_thread(stack.stop_child, "scheduler")
+    stopped_at = time.time()
+    standby_log = stack.data_dir / "logs" / "scheduler-2.log"
+    await wait_until(lambda: "leading with epoch" in standby_log.read_text(),
+                     what="the standby to lead")
+    before = len(await fired_jobs(nc, schedule_id))
+    await wait_until(lambda: get_json(stack, "/api/schedules")[0]["fired"] >= before + 1,
+                     what="a fire by the new leader")
+    # Racing the leader for the next fire time: at most one of all three tries makes it.
+    nxt = float(get_json(stack, "/api/schedules")[0]["next_run"])
+    js = nc.jetstream()
+    wins = await asyncio.gather(schedule_fires.fire(js, schedule_id, nxt),
+                                schedule_fires.fire(js, schedule_id, nxt))
+    assert sum(wins) <= 1
+    await wait_until(lambda: (get_json(stack, "/api/schedules")[0]["last_fire_at"] or 0) >= nxt,
+                     what="the raced fire's job")
+    assert (await cancel_job(nc, schedule_id)).accepted
+    listed = await wait_until(lambda: (s := get_json(stack, "/api/schedules")[0])
+                              ["cancelled_at"] and s, what="the cancel")
+    assert listed["next_run"] is None
+    jobs = await fired_jobs(nc, schedule_id)
+    times = [j.fire_at for j in jobs]
+    assert len(times) == len(set(times)), f"a fire time made twice: {times}"
+    assert times == sorted(times) and all(t % 2 == 0 for t in times)
+    assert times.count(nxt) == 1
+    # Across the fail-over, the fire times missed were started once: one job for the gap.
+    gap = [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a > 2]
+    assert all(a < stopped_at + 1 for a, _ in gap)
+    out = (await asyncio.to_thread(berth_in_process, capsys, *data, "schedules"))[1]
+    assert schedule_id in out and "cancelled" in out
+    listed_json = await asyncio.to_thread(berth_in_process, capsys, *data, "schedules", "--json")
+    assert json.loads(listed_json[1])[0]["schedule_id"] == schedule_id
