@@ -4,6 +4,7 @@ stack with a standby scheduler, the scenarios side by side to keep within the te
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from pathlib import Path
@@ -135,7 +136,7 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     assert times == sorted(times) and all(t == int(t) for t in times)
     assert times.count(nxt) == 1
     # Across the fail-over, the fire times missed were started once: one job for the gap.
-    gap = [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a > 1]
+    gap = [(a, b) for a, b in itertools.pairwise(times) if b - a > 1]
     # The old leader stopped at `stopped_at`; until the standby led (its lease had to
     # lapse), fire times went by. They were not each started on take-over: there is a gap,
     # and the fire after it is the newest time that was due, made at once.
