@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.submitter.intake import intake
@@ -63,6 +63,7 @@ def test_resolve_table(existing: ExistingPolicy | None, dedup: DedupPolicy | Non
     assert resolve(spec(existing=existing, dedup=dedup), by_name, by_spec) == verdict
 
 
+@settings(max_examples=50)
 @given(st.lists(st.sampled_from(list(JobState)), max_size=6),
        st.sampled_from([None, *ExistingPolicy]))
 def test_a_verdict_never_names_a_finished_job_but_a_success_to_reuse(
