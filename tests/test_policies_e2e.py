@@ -53,7 +53,8 @@ async def fired_jobs(nc: NATS, schedule_id: str) -> list[JobSubmitted]:
 
 async def test_existing_dedup_and_a_schedule_across_a_failover(
         make_stack, nc: NATS, tmp_path: Path, capsys) -> None:
-    stack: Stack = make_stack(workers=1)
+    # A short lease: the fail-over below waits one out.
+    stack: Stack = make_stack(workers=1, extra_env={"BERTH_LEASE_TTL": "1.5"})
     stack.start_service("scheduler", label="scheduler-2")  # the standby
     made = await submit_job(nc, JobSpec(name="tick", command=["true"], resources=SMALL,
                                         schedule=ScheduleSpec(cron=EVERY_SECOND)))
@@ -96,14 +97,9 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     await asyncio.to_thread(cli.main, [*data, "submit", str(spec_file)])
     out, err = capsys.readouterr()
     assert out.strip() != j_local and f"recreated: cancelled {j_local}\n" in err
-    await wait_for_job(stack, j_local, {"killed"})
     recreated = await submit_job(nc, msgspec.structs.replace(
         train, existing=ExistingPolicy.RECREATE))
     assert recreated.accepted and recreated.note == f"recreated: cancelled {j1}"
-    killed = await wait_for_job(stack, j1, {"killed"})
-    assert killed["error"].startswith(f"replaced by {recreated.job_id} (existing: recreate)")
-    assert (await cancel_job(nc, str(recreated.job_id))).accepted
-    assert (await cancel_job(nc, str(theirs.job_id), user="ada")).accepted
 
     # The schedule fires every second; the leader goes; the standby fires on, never a fire
     # time twice, and the times missed while no one led once (the latest of them).
@@ -141,6 +137,12 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     # lapse), fire times went by. They were not each started on take-over: there is a gap,
     # and the fire after it is the newest time that was due, made at once.
     assert gap and all(a < stopped_at < b for a, b in gap), (stopped_at, times)
+    # The replaced jobs ended meanwhile.
+    await wait_for_job(stack, j_local, {"killed"})
+    killed = await wait_for_job(stack, j1, {"killed"})
+    assert killed["error"].startswith(f"replaced by {recreated.job_id} (existing: recreate)")
+    assert (await cancel_job(nc, str(recreated.job_id))).accepted
+    assert (await cancel_job(nc, str(theirs.job_id), user="ada")).accepted
     out = (await asyncio.to_thread(berth_in_process, capsys, *data, "schedules"))[1]
     assert schedule_id in out and "cancelled" in out
     listed_json = await asyncio.to_thread(berth_in_process, capsys, *data, "schedules", "--json")
