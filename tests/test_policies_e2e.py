@@ -116,7 +116,7 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     # time twice, and the times missed while no one led once (the latest of them).
     await wait_until(lambda: get_json(stack, "/api/schedules")[0]["fired"] >= 1,
                      what="a fire")
-    # The leader dies (SIGKILL: its lease lapses) while the standby is paused, so for 2.5 s
+    # The leader dies (SIGKILL: its lease lapses) while the standby is paused, so for 2 s
     # no scheduler leads and fire times go by; then the standby wakes and takes over.
     standby = stack.children["scheduler-2"]
     standby.send_signal(signal.SIGSTOP)
@@ -125,7 +125,7 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     leader.send_signal(signal.SIGKILL)
     await asyncio.to_thread(leader.wait)
     killed_at = time.time()
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(2.0)
     resumed_at = time.time()
     standby.send_signal(signal.SIGCONT)
     standby_log = stack.data_dir / "logs" / "scheduler-2.log"

@@ -41,7 +41,8 @@ class JobIndex:
         self._folded = asyncio.Event()
 
     async def _follow(self) -> None:
-        async for record in nats_io.follow_events(self.js):
+        # From where the fold stands: a follower that failed is started again from there.
+        async for record in nats_io.follow_events(self.js, self.state.last_seq + 1):
             self.state.apply(record.seq, record.event)
             if isinstance(record.event, JobSubmitted):
                 self._add(record.event)
@@ -63,7 +64,11 @@ class JobIndex:
     async def verdict(self, spec: JobSpec, submit_seq: int) -> job_policy.Verdict:
         """`job_policy.resolve` over the jobs made by every submit before `submit_seq`.
         Raises SubmitOrderTimeout if an earlier submit is still undecided after ORDER_WAIT."""
-        if self._follower is None:
+        if self._follower is None or self._follower.done():
+            if self._follower is not None and not self._follower.cancelled() and (
+                    failed := self._follower.exception()) is not None:
+                log.warning("following the events stream failed (%s); following again",
+                            failed)
             self._follower = asyncio.create_task(self._follow())
         deadline = time.monotonic() + ORDER_WAIT
         await self._earlier_decided(submit_seq, deadline)
