@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
@@ -168,6 +169,9 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     assert (await cancel_job(nc, str(recreated.job_id))).accepted
     assert (await cancel_job(nc, str(theirs.job_id), user="ada")).accepted
     assert (await cancel_job(nc, str(outcomes[0].job_id))).accepted
+    # The web page for them is served (its table is drawn from /api/schedules).
+    page = httpx.get(f"{stack.api_url}/schedules", timeout=10)
+    assert page.status_code == 200 and 'href="/schedules"' in page.text
     out = (await asyncio.to_thread(berth_in_process, capsys, *data, "schedules"))[1]
     assert schedule_id in out and "cancelled" in out
     listed_json = await asyncio.to_thread(berth_in_process, capsys, *data, "schedules", "--json")

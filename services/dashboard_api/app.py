@@ -350,7 +350,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         await shared_metrics.refresh_all([metrics_refresh] if metrics_refresh else [])
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    @get(["/", "/jobs/{job_id:str}", "/workers"], media_type=MediaType.HTML,
+    @get(["/", "/jobs/{job_id:str}", "/workers", "/schedules"], media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
     def page(job_id: str | None = None) -> str:
         return (STATIC / "index.html").read_text()

@@ -1,5 +1,5 @@
-// berth's web dashboard: plain JavaScript, no build step. Three pages (jobs, one job,
-// workers) rendered from the JSON API, re-rendered on each Server-Sent Event.
+// berth's web dashboard: plain JavaScript, no build step. Four pages (jobs, one job,
+// workers, schedules) rendered from the JSON API, re-rendered on each Server-Sent Event.
 "use strict";
 
 const EXAMPLE_SPEC = {
@@ -169,12 +169,26 @@ async function workersPage() {
       <tbody>${rows || `<tr><td colspan="10" class="muted">no workers</td></tr>`}</tbody></table>`;
 }
 
+async function schedulesPage() {
+  const schedules = await api("/api/schedules");
+  const rows = schedules.map((s) => `<tr data-schedule="${esc(s.schedule_id)}">
+      <td>${esc(s.schedule_id)}</td><td>${esc(s.name)}</td><td>${esc(s.user)}</td>
+      <td><code>${esc(s.cron)}</code> ${esc(s.timezone)}</td>
+      <td>${s.cancelled_at ? `cancelled ${when(s.cancelled_at)}` : when(s.next_run)}</td>
+      <td>${s.fired}</td><td>${s.last_job ? jobLink(s.last_job) : ""}</td></tr>`).join("");
+  return `<h1>Schedules</h1>
+    <table id="schedules"><thead><tr><th>schedule</th><th>name</th><th>user</th><th>cron</th>
+      <th>next run</th><th>fired</th><th>last job</th></tr></thead>
+      <tbody>${rows || `<tr><td colspan="7" class="muted">no schedules</td></tr>`}</tbody></table>`;
+}
+
 // --- rendering and navigation ----------------------------------------------------------------
 
 function route() {
   const m = location.pathname.match(/^\/jobs\/([^/]+)$/);
   if (m) return ["job", () => jobPage(decodeURIComponent(m[1]))];
   if (location.pathname === "/workers") return ["workers", workersPage];
+  if (location.pathname === "/schedules") return ["schedules", schedulesPage];
   return ["jobs", jobsPage];
 }
 
