@@ -15,7 +15,7 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from shared import config, subjects
+from shared import config, job_policy, subjects
 from shared.messages import (
     AnyEvent,
     CancelRequest,
@@ -98,11 +98,11 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
 def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
     """The SubmitOutcome a stored submit outcome event says."""
     if isinstance(event, JobSubmitted):
-        note = f"recreated: cancelled {', '.join(event.replaces)}" if event.replaces else ""
-        return SubmitOutcome(event.submit_seq, event.job_id, None, note)
+        return SubmitOutcome(event.submit_seq, event.job_id, None,
+                             job_policy.recreated_words(event.replaces))
     if isinstance(event, SubmitDeduplicated):
-        how = "deduplicated to" if event.how == "deduplicated" else "kept existing"
-        return SubmitOutcome(event.submit_seq, event.job_id, None, f"{how} {event.job_id}")
+        return SubmitOutcome(event.submit_seq, event.job_id, None,
+                             job_policy.in_words(event.how, event.job_id))
     if isinstance(event, ScheduleCreated):
         return SubmitOutcome(event.submit_seq, event.schedule_id, None, "schedule")
     if isinstance(event, JobCancelRequested):

@@ -67,3 +67,12 @@ def resolve(spec: JobSpec, same_name: list[Known], same_spec: list[Known]) -> Ve
     if spec.existing == ExistingPolicy.KEEP:
         return Verdict(same=live[-1].job_id, how="kept")
     return Verdict(replaces=[k.job_id for k in live])
+
+
+def in_words(how: str, job_id: str) -> str:
+    """What a submit resolved to an existing job did, as `berth submit` and the API say it."""
+    return f"{'deduplicated to' if how == 'deduplicated' else 'kept existing'} {job_id}"
+
+
+def recreated_words(replaced: list[str]) -> str:
+    return f"recreated: cancelled {', '.join(replaced)}" if replaced else ""

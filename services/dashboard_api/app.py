@@ -29,8 +29,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from services.dashboard_api import auth, live, redact, views
 from services.dashboard_api import metrics as dashboard_metrics
 from services.dashboard_api.projection import Projection
+from shared import job_policy, nats_io, queue_order, subjects
 from shared import metrics as shared_metrics
-from shared import nats_io, queue_order, subjects
 from shared.api_tokens import Role
 from shared.lifecycle import JobView, TaskView
 from shared.messages import CancelRequest, JobSpec, encode
@@ -63,14 +63,12 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
         job_id = s.job_by_submit.get(submit_seq)
         if job_id is not None:
-            replaced = s.jobs[job_id].replaced
-            note = f"recreated: cancelled {', '.join(replaced)}" if replaced else ""
+            note = job_policy.recreated_words(s.jobs[job_id].replaced)
             return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job", note=note)
         if submit_seq in s.same_by_submit:
             job_id, how = s.same_by_submit[submit_seq]
-            words = "deduplicated to" if how == "deduplicated" else "kept existing"
             return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind=how,
-                                       note=f"{words} {job_id}")
+                                       note=job_policy.in_words(how, job_id))
         for schedule in s.schedules.values():
             if schedule.submit_seq == submit_seq:
                 return views.SubmitOutcome(submit_seq, True, job_id=schedule.schedule_id,
