@@ -26,7 +26,6 @@ from shared.messages import (
     JobSpec,
     JobSubmitted,
     Resources,
-    ScheduleSpec,
 )
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_cli import berth_in_process
@@ -61,10 +60,16 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     # A second submitter: the two share the submit stream's consumer, so concurrent
     # submits of one name are decided by different processes at the same moment.
     stack.start_service("submitter", label="submitter-2")
-    made = await submit_job(nc, JobSpec(name="tick", command=["true"], resources=SMALL,
-                                        schedule=ScheduleSpec(cron=EVERY_SECOND)))
-    assert made.accepted and made.note == "schedule" and str(made.job_id).startswith("s")
-    schedule_id = str(made.job_id)
+    # A schedule, made with `berth submit` (as the local user, who may then cancel it).
+    data = ["--data-dir", str(stack.data_dir)]
+    every_second = tmp_path / "tick.yaml"
+    every_second.write_text(f"name: tick\ncommand: ['true']\nresources: {{cpu: 0.25}}\n"
+                            f"schedule: {{cron: '{EVERY_SECOND}', timezone: UTC}}\n")
+    assert await asyncio.to_thread(cli.main, [*data, "submit", str(every_second)]) == 0
+    out, err = capsys.readouterr()
+    schedule_id = out.strip()
+    assert schedule_id.startswith("s") and err.startswith(
+        f"schedule {schedule_id}: '{EVERY_SECOND}' (UTC), first run at ")
 
     # existing / dedup, keyed by (user, name) and by the spec's hash.
     train = JobSpec(name="train", command=["sleep", "300"], resources=SMALL,
@@ -102,7 +107,6 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     spec_file.write_text(json.dumps({"name": "train", "command": ["sleep", "302"],
                                      "resources": {"cpu": 0.25, "memory_mb": 64},
                                      "existing": "recreate"}))
-    data = ["--data-dir", str(stack.data_dir)]
     # `berth submit` speaks as the local user: its job of the same name is its own.
     j_local = (await asyncio.to_thread(
         berth_in_process, capsys, *data, "submit", str(spec_file)))[1].strip()
@@ -135,10 +139,15 @@ async def test_existing_dedup_and_a_schedule_across_a_failover(
     before = len(await fired_jobs(nc, schedule_id))
     await wait_until(lambda: get_json(stack, "/api/schedules")[0]["fired"] >= before + 1,
                      what="a fire by the new leader")
-    assert (await cancel_job(nc, schedule_id)).accepted
+    capsys.readouterr()
+    code = await asyncio.to_thread(cli.main, [*data, "schedules", "cancel", schedule_id])
+    assert code == 0 and capsys.readouterr().err == f"schedule {schedule_id} cancelled\n"
     listed = await wait_until(lambda: (s := get_json(stack, "/api/schedules")[0])
                               ["cancelled_at"] and s, what="the cancel")
     assert listed["next_run"] is None
+    # Only the schedule's owner (or an admin) may cancel it.
+    other = await cancel_job(nc, schedule_id, user="ada")
+    assert other.reason == f"job_id: no job {schedule_id!r} of 'ada'"
     # Two tries at once for one fire time (a deposed leader racing its successor): one
     # makes it, and one job is made for it; a fire time made already is not made again.
     nxt = float(int(time.time()) + 100)
