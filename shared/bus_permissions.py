@@ -106,6 +106,8 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      f"$JS.ACK.{SUBMIT}.{durable}.>",
                      f"{API}.STREAM.MSG.GET.{EVENTS}",
                      f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}",
+                     # Whether a token a spec asks for exists (an admin set its limit).
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.ADMIN_TOKENS_ALL}",
                      # Its fold of the log, for `existing` and `dedup` (index.py).
                      *_readers(EVENTS)),
             subscribe=(replies,),

@@ -333,6 +333,10 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         """Every schedule, oldest first, with its next run (none once cancelled)."""
         now = time.time()
         return [views.schedule_out(s, now) for s in projection.state.schedules.values()]
+    @get("/limits", sync_to_thread=False)
+    def limits() -> views.LimitsOut:
+        """Quotas and token limits, and what live attempts hold of them."""
+        return views.limits_out(projection.state.limits, projection.state.usage)
 
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
     def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
@@ -368,7 +372,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
                         task_logs, host_timeline, list_workers, worker_detail, submit_outcome,
-                        list_schedules, events],
+                        list_schedules, events, limits],
     )
 
     # --- open to all ------------------------------------------------------------------------

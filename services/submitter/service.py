@@ -134,6 +134,12 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
             if not await job_exists(js, job_id, earlier, user):
                 return SubmitRejected(submit_seq=seq, ts=outcome.ts,
                                       reason=f"{field}: no job {job_id!r}{yours}")
+        for name in sorted(outcome.spec.tokens):
+            if not await token_exists(js, name):
+                return SubmitRejected(
+                    submit_seq=seq, ts=outcome.ts,
+                    reason=f"tokens.{name}: no such token (an admin creates it: "
+                    f"`berth tokens set {name} N`)")
         if outcome.spec.schedule is not None:
             return ScheduleCreated(schedule_id=schedule_id_for(seq, _stored_ns(msg)),
                                    submit_seq=seq, spec=outcome.spec, ts=outcome.ts)
@@ -245,6 +251,16 @@ async def job_exists(js: JetStreamContext, job_id: str,
     if isinstance(event, ScheduleCreated):
         return event.schedule_id == job_id
     return isinstance(event, JobSubmitted) and event.job_id == job_id
+
+
+async def token_exists(js: JetStreamContext, name: str) -> bool:
+    """Whether an admin has set a limit for token `name`: one direct read of the newest
+    message on its admin subject."""
+    try:
+        await js.get_last_msg(subjects.EVENTS_STREAM, subjects.admin_tokens(name))
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
 
 
 def _stored_ns(msg: Msg) -> int:
