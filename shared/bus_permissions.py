@@ -53,6 +53,13 @@ def _readers(stream: str) -> list[str]:
     ]
 
 
+def _followers(stream: str) -> list[str]:
+    """An ordered consumer on a stream and nothing more: no direct gets of its subjects."""
+    return [f"{API}.CONSUMER.CREATE.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>",
+            f"{API}.CONSUMER.INFO.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*",
+            f"$JS.FC.{stream}.>"]
+
+
 def _bundle_lookup() -> list[str]:
     """Binding to the bundles bucket and reading one object's metadata (does it exist?)."""
     return [f"{API}.STREAM.INFO.{BUNDLES}", f"{API}.STREAM.MSG.GET.{BUNDLES}",
@@ -109,7 +116,7 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      # Whether a token a spec asks for exists (an admin set its limit).
                      f"{API}.DIRECT.GET.{EVENTS}.{subjects.ADMIN_TOKENS_ALL}",
                      # Its fold of the log, for `existing` and `dedup` (index.py).
-                     *_readers(EVENTS)),
+                     *_followers(EVENTS)),
             subscribe=(replies,),
         )
     if role is Role.DASHBOARD:
