@@ -53,7 +53,7 @@ from berth.client import (
     publish_submit,
     wait_for_outcome,
 )
-from berth.creds_cli import cli_connection, cli_credentials
+from berth.creds_cli import cli_connection, cli_credentials, local_user
 from berth.stack_info import read_stack_info
 from shared import config, schedules, subjects
 from shared.config import RedisSettings, parse_sentinels
@@ -282,7 +282,7 @@ async def _device_health(nats_url: str, creds: Credentials, worker_id: str, inde
         await nats_io.publish_event(
             nc.jetstream(), subjects.worker_events(worker_id),
             DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
-                                reason=reason, ts=time.time()),
+                                reason=reason, by=local_user() or "operator", ts=time.time()),
             msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
 
 

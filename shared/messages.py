@@ -546,6 +546,10 @@ class DeviceHealthChanged(Event, tag="device_health_changed"):
     index: int
     healthy: bool
     reason: Reason = ""
+    # Set by an operator's `berth device disable` (their name, or "operator"); empty: the
+    # worker saw the device fail. An operator's choice is no fault of the host, so an
+    # attempt it kills does not count toward quarantine.
+    by: User = ""
 
 
 class NodeAction(enum.StrEnum):

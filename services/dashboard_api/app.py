@@ -147,10 +147,13 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     @get("/jobs/{job_id:str}/queue", sync_to_thread=False)
     def job_queue(job_id: str) -> views.QueuePlace | None:
         """Where the job stands in its priority band's queue of jobs with pending tasks
-        (placed in that order: band, then submission); null when none of its tasks is
-        pending."""
+        (placed in that order: band, then users by fair share, each user's jobs by
+        submission); null when none of its tasks is pending."""
         job = find_job(job_id)
-        place = queue_order.band_place(job, projection.state.pending, projection.state.jobs)
+        state, fair = projection.state, projection.fair_share
+        queue = queue_order.order(queue_order.pending_jobs(state.pending, state.jobs, fair),
+                                  queue_order.costs(state.recent_use, time.time(), fair))
+        place = queue_order.band_place(job, queue)
         return None if place is None else views.QueuePlace(job.spec.priority.value, *place)
 
     @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
