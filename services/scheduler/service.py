@@ -33,6 +33,7 @@ from services.scheduler import (
     heartbeats,
     placement,
     preemption,
+    schedule_fires,
     warm_fold,
 )
 from services.scheduler import metrics as scheduler_metrics
@@ -254,6 +255,8 @@ class Leader:
                 asyncio.create_task(self._follow(events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
+                asyncio.create_task(schedule_fires.run(self.js, self.state, self._check_lease),
+                                    name="schedules"),
             ]
             await self._until_first_ends(tasks)
         finally:
