@@ -242,12 +242,14 @@ class Cluster:
     def cpu(self) -> dict[str, float]:
         return cpu_by_process(self.pids())
 
-    async def doctor(self) -> dict[str, int]:
+    settle = 0.5  # the checker's wait for in-flight commits; --quick: 0.1 (all has ended)
+
+    async def doctor(self, settle: float | None = None) -> dict[str, int]:
         assert self.nc is not None
         redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
         try:
             report = await check_cluster(self.nc.jetstream(), ReservationStore(redis),
-                                         settle=0.5)
+                                         settle=self.settle if settle is None else settle)
         finally:
             await redis.aclose()
         return {"violations": len(report.violations()),
@@ -485,7 +487,7 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
             started = [ts for (j, _), ts in seen.running.items() if j == job]
             if gone and len(started) == size:
                 waits.append(max(started) - max(gone))
-        doctor = await c.doctor()
+        doctor = await c.doctor(settle=0.5)  # commits may still be in flight here
         span = (max(exits) - min(evict_times)) if exits and evict_times else None
         return {
             "workload": "W5", "hosts": hosts, "slices": slices, "gangs": count,
@@ -579,8 +581,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 emit(await throughput(root, "W4", hosts, 20 * hosts,
                                       8 if quick else args.w4_cap, "uniform:0.5:1.5"))
         if wanted("P1"):
-            emit(await processes(root, 2 if quick else 8, 4 if quick else 8,
-                                 40 if quick else 500, 30 if quick else 300))
+            emit(await processes(root, 1 if quick else 8, 4 if quick else 8,
+                                 12 if quick else 500, 30 if quick else 300))
         if wanted("W5"):
             emit(await preemption(root, 4 if quick else 125, 8, 2 if quick else 100,
                                   30 if quick else 300))
@@ -617,6 +619,8 @@ def main() -> None:
     args = parser.parse_args()
     Cluster.nats_nodes = args.nats_nodes
     Cluster.profile = args.profile
+    if args.quick:
+        Cluster.settle = 0.1
     Cluster.lease_ttl = args.lease_ttl
     results = asyncio.run(run(args))
     print(f"\nNATS: {args.nats_nodes} node(s), streams with {min(args.nats_nodes, 3)} "
