@@ -242,6 +242,18 @@ class Cluster:
     def cpu(self) -> dict[str, float]:
         return cpu_by_process(self.pids())
 
+    async def idle_rates(self) -> dict[str, float]:
+        """CPU seconds per second each process spends on the idle cluster."""
+        if self.idle_window <= 0:
+            return {}
+        before = self.cpu()
+        await asyncio.sleep(self.idle_window)
+        return {k: v / self.idle_window for k, v in cpu_used(before, self.cpu()).items()}
+
+    # Seconds of idle (heartbeats only) measured before W1/W4 submit: what each process
+    # spends per second on an idle cluster, taken off its CPU per placement ("net"); at
+    # 1,000 hosts the heartbeats alone are most of the scheduler's CPU. --quick: none.
+    idle_window = 3.0
     settle = 0.5  # the checker's wait for in-flight commits; --quick: 0.1 (all has ended)
 
     async def doctor(self, settle: float | None = None) -> dict[str, int]:
@@ -265,6 +277,16 @@ class Cluster:
         self.stack.stop()
         if self.profile:
             print_profiles(self.profile_dir)
+
+
+def net_cpu_cost(used: dict[str, float], idle: dict[str, float], seconds: float,
+                 units: int, per: str) -> dict[str, Any]:
+    """`cpu_cost` less what each process would have spent idle over the same `seconds`."""
+    if not idle:
+        return {}
+    net = {k: max(0.0, v - idle.get(k, 0.0) * seconds) for k, v in used.items()}
+    cost = cpu_cost(net, units, per)
+    return {f"net_{k}": v for k, v in cost.items() if k != "cpu_s"}
 
 
 def print_profiles(where: Path, top: int = 30) -> None:
@@ -304,12 +326,14 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
                                                         "--sim-runtime", run_time]) as c:
         seen = c.seen
         specs = [single(i) for i in range(jobs)]
+        idle = await c.idle_rates()
         cpu0 = c.cpu()
         t0 = time.time()
         offered = await submit_all(c.nc, seen, specs, rate=rate)  # type: ignore[arg-type]
         complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
                                   f"{name}: all {jobs} tasks to finish")
         used = cpu_used(cpu0, c.cpu())
+        took = time.time() - t0
         doctor = await c.doctor()
         placed_times = sorted(seen.assigned.values())
         done_times = sorted(seen.finished.values())
@@ -331,6 +355,8 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "nats_cpu_s": round(sum(cpu_seconds(n.proc.pid) for n in c.stack.nats.nodes), 1),
             "rejected": seen.rejected,
             **cpu_cost(used, len(placed_times), "placement"),
+            "idle_cpu_per_s": {k: round(v, 3) for k, v in idle.items()},
+            **net_cpu_cost(used, idle, took, len(placed_times), "placement"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
 
@@ -538,7 +564,11 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"p99 {r['submit_to_assigned_p99_ms']} ms, scheduler peak RSS "
                     f"{r['scheduler_peak_rss_mib']} MiB ({r['placed']}/{r['jobs']} placed), "
                     f"CPU ms/placement: scheduler {r['scheduler_cpu_ms_per_placement']}, "
-                    f"berth {r['berth_cpu_ms_per_placement']}, doctor violations="
+                    f"berth {r['berth_cpu_ms_per_placement']}"
+                    + (f" (net of idle: scheduler {r['net_scheduler_cpu_ms_per_placement']}, "
+                       f"berth {r['net_berth_cpu_ms_per_placement']})"
+                       if "net_scheduler_cpu_ms_per_placement" in r else "")
+                    + ", doctor violations="
                     f"{r['doctor_violations']}")
         lines.append(f"{r['workload']:<10}{r['hosts']:>7}  {what}")
     return "\n".join(lines)
@@ -621,6 +651,7 @@ def main() -> None:
     Cluster.profile = args.profile
     if args.quick:
         Cluster.settle = 0.1
+        Cluster.idle_window = 0.0
     Cluster.lease_ttl = args.lease_ttl
     results = asyncio.run(run(args))
     print(f"\nNATS: {args.nats_nodes} node(s), streams with {min(args.nats_nodes, 3)} "

@@ -431,6 +431,7 @@ def raw_event(msg: Msg) -> RawEvent:
 # Messages a follower buffers before its subscription callback waits for the reader (the
 # client's own queue, pending_msgs_limit, holds more behind it).
 FOLLOW_BUFFER = 10_000
+FOLLOW_YIELD_EVERY = 64
 
 
 async def follow_raw_events(
@@ -473,8 +474,14 @@ async def follow_raw_events(
             while not buffer:
                 arrived.clear()
                 await arrived.wait()
-            yield buffer.popleft()
+            # A reader that never awaits while the buffer holds messages would hold the
+            # event loop for as long: ticks, heartbeats and lease renewals wait their turn
+            # every FOLLOW_YIELD_EVERY messages at most (nats-py's iterator suspended on
+            # every one).
+            for _ in range(min(len(buffer), FOLLOW_YIELD_EVERY)):
+                yield buffer.popleft()
             room.set()
+            await asyncio.sleep(0)
     finally:
         # The connection may be closing under a cancelled reader: nothing left to undo.
         with contextlib.suppress(nats.errors.Error):
