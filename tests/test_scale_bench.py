@@ -1,6 +1,7 @@
 """`bench/scale.py --quick` (W1-W5 and P1) runs end to end against the real services and
 simulated hosts (P1: real worker agents), prints one well-formed JSON line per workload,
-and every checker run finds zero violations. The numbers themselves are not asserted (they are the benchmark's to report)."""
+and every checker run finds zero violations. The numbers themselves are not asserted (they
+are the benchmark's to report)."""
 
 from __future__ import annotations
 
