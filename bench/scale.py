@@ -250,9 +250,10 @@ class Cluster:
         await asyncio.sleep(self.idle_window)
         return {k: v / self.idle_window for k, v in cpu_used(before, self.cpu()).items()}
 
-    # Seconds of idle (heartbeats only) measured before W1/W4 submit: what each process
-    # spends per second on an idle cluster, taken off its CPU per placement ("net"); at
-    # 1,000 hosts the heartbeats alone are most of the scheduler's CPU. --quick: none.
+    # Seconds of idle measured before W1/W4 submit, printed as CPU per second per process:
+    # at 1,000 hosts heartbeats cost CPU for every second a run lasts, so a run slowed by
+    # other load reads a higher CPU per placement. Right after the hosts registered, so it
+    # includes the tail of their registration: an upper bound. --quick: none.
     idle_window = 3.0
     settle = 0.5  # the checker's wait for in-flight commits; --quick: 0.1 (all has ended)
 
@@ -277,16 +278,6 @@ class Cluster:
         self.stack.stop()
         if self.profile:
             print_profiles(self.profile_dir)
-
-
-def net_cpu_cost(used: dict[str, float], idle: dict[str, float], seconds: float,
-                 units: int, per: str) -> dict[str, Any]:
-    """`cpu_cost` less what each process would have spent idle over the same `seconds`."""
-    if not idle:
-        return {}
-    net = {k: max(0.0, v - idle.get(k, 0.0) * seconds) for k, v in used.items()}
-    cost = cpu_cost(net, units, per)
-    return {f"net_{k}": v for k, v in cost.items() if k != "cpu_s"}
 
 
 def print_profiles(where: Path, top: int = 30) -> None:
@@ -333,7 +324,6 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
         complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
                                   f"{name}: all {jobs} tasks to finish")
         used = cpu_used(cpu0, c.cpu())
-        took = time.time() - t0
         doctor = await c.doctor()
         placed_times = sorted(seen.assigned.values())
         done_times = sorted(seen.finished.values())
@@ -356,7 +346,6 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "rejected": seen.rejected,
             **cpu_cost(used, len(placed_times), "placement"),
             "idle_cpu_per_s": {k: round(v, 3) for k, v in idle.items()},
-            **net_cpu_cost(used, idle, took, len(placed_times), "placement"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
 
@@ -564,11 +553,7 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"p99 {r['submit_to_assigned_p99_ms']} ms, scheduler peak RSS "
                     f"{r['scheduler_peak_rss_mib']} MiB ({r['placed']}/{r['jobs']} placed), "
                     f"CPU ms/placement: scheduler {r['scheduler_cpu_ms_per_placement']}, "
-                    f"berth {r['berth_cpu_ms_per_placement']}"
-                    + (f" (net of idle: scheduler {r['net_scheduler_cpu_ms_per_placement']}, "
-                       f"berth {r['net_berth_cpu_ms_per_placement']})"
-                       if "net_scheduler_cpu_ms_per_placement" in r else "")
-                    + ", doctor violations="
+                    f"berth {r['berth_cpu_ms_per_placement']}, doctor violations="
                     f"{r['doctor_violations']}")
         lines.append(f"{r['workload']:<10}{r['hosts']:>7}  {what}")
     return "\n".join(lines)
