@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from nats.aio.client import Client as NATS
 
 from berth.client import cancel_job, publish_submit, wait_for_outcome
 from berth.stack import Stack, wait_for_api
-from services.dashboard_api import views
+from services.dashboard_api import timeline, views
 from services.dashboard_api.projection import Projection
 from shared import nats_io, servers, state_snapshot, subjects
 from shared.durable_feed import DurableEventFeed
@@ -145,6 +146,14 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
             del expected[live_only], shown[worker_id][live_only]
         assert shown[worker_id] == expected
 
+    # So is its host timeline, its index rebuilt from a snapshot and extended as it folds.
+    until = time.time() + 60
+    rows, *_ = timeline.host_page(fresh, timeline.build_index(fresh), 0, until, None, 100, None)
+    assert get_json(stack, f"/api/timeline?since=0&until={until}")["hosts"] == [
+        as_json(r) for r in rows]
+    assert sum(len(r.bars) for r in rows) == sum(
+        len(t.attempts) for j in fresh.jobs.values() for t in j.tasks)
+
     # Its saved state, written as it stopped, is the fresh fold exactly.
     stack.stop_child("dashboard")
     saved = (stack.data_dir / "dashboard" / "projection.snapshot").read_bytes()
@@ -227,7 +236,7 @@ async def test_two_dashboards_following_a_burst_each_equal_the_fold(
         "BERTH_DATA_DIR": str(tmp_path / "second"), "BERTH_API_PORT": str(port)})
     await wait_until(lambda: _answers(second_url), what="the second dashboard")
     seqs = [await publish_submit(nc, encode(JobSpec(name=f"b{i}", command=["true"],
-                                                    resources=SMALL))) for i in range(100)]
+                                                    resources=SMALL))) for i in range(40)]
     jobs = [str((await wait_for_outcome(nc, seq)).job_id) for seq in seqs]
     for job_id in jobs:
         await wait_for_job(stack, job_id, {"succeeded"}, timeout=120)
