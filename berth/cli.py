@@ -22,7 +22,16 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from berth import backup, cli_read, creds_cli, health, node_cli, token_cli, workspace
+from berth import (
+    backup,
+    cli_read,
+    creds_cli,
+    health,
+    limits_cli,
+    node_cli,
+    token_cli,
+    workspace,
+)
 from berth.cli_app import (
     Globals,
     JsonFlag,
@@ -345,9 +354,11 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     Reads Redis and the event log and reports every violation of the placement invariants:
     over-committed hosts, a group held by two gangs, a host shared by two gangs, a port
     given twice, a device (GPU) given to two live attempts, reservations with no live
-    attempt, live attempts with no reservation. Prints double_booked_hosts=0,
-    double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted
-    per host address, devices per worker); exit status 1 when anything is wrong."""
+    attempt, live attempts with no reservation, an attempt admitted over its user's quota
+    or a token's limit, quota or token counters that disagree with the reservations.
+    Prints double_booked_hosts=0, double_booked_ports=0 and double_booked_devices=0 when
+    all is well (ports are counted per host address, devices per worker); exit status 1
+    when anything is wrong."""
     from redis.exceptions import RedisError
 
     from shared import redis_auth, redis_io
@@ -377,7 +388,10 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
                     "last_refused_seq": report.last_refused_seq,
                     "double_booked_hosts": report.double_booked_hosts,
                     "double_booked_ports": report.double_booked_ports,
-                    "double_booked_devices": report.double_booked_devices})
+                    "double_booked_devices": report.double_booked_devices,
+                    "over_quota": len(report.over_quota),
+                    "over_token_limit": len(report.over_token_limit),
+                    "limit_use_miscounted": len(report.limit_use_miscounted)})
         return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
@@ -388,6 +402,9 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"double_booked_ports={report.double_booked_ports}")
     print(f"double_booked_devices={report.double_booked_devices}")
     print(f"taken_from_preemptor={len(report.taken_from_preemptor)}")
+    print(f"over_quota={len(report.over_quota)}")
+    print(f"over_token_limit={len(report.over_token_limit)}")
+    print(f"limit_use_miscounted={len(report.limit_use_miscounted)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -634,7 +651,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from shared import limits as limit_rules
 from shared import node_health, task_rules
 from shared.capacity import Amounts
 from shared.event_origin import epoch_refusal
@@ -31,6 +32,7 @@ from shared.messages import (
     NodeHealthChanged,
     PendingReasonsChanged,
     PreemptionReleased,
+    QuotaSet,
     Resources,
     ResourceUse,
     RetryEvent,
@@ -39,6 +41,7 @@ from shared.messages import (
     TaskAssigned,
     TasksPreempted,
     TaskUnschedulable,
+    TokenLimitSet,
     WorkerDeclaredDead,
     WorkerRegistered,
     WorkerStopped,
@@ -49,6 +52,9 @@ from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 MAX_REFUSALS_KEPT = 20
+# Versions of the limits kept for judging assignments committed against an older one (a
+# commit names the version it was checked against; limits change rarely).
+MAX_LIMIT_VERSIONS = 32
 
 
 class AttemptView(msgspec.Struct, kw_only=True):
@@ -267,6 +273,14 @@ class ClusterState:
         # Live attempts per priority rank: lets the scheduler skip preemption at once when
         # nothing running is of a band a waiting unit could evict.
         self.live_by_rank: dict[int, int] = {}
+        # Quotas and token limits (admin events), their recent versions by log sequence,
+        # what live attempts hold against them, and assignments that went over the version
+        # they were committed against: must never happen (reserve.lua refuses them); the
+        # checker reports them.
+        self.limits = limit_rules.Limits()
+        self.limit_versions: dict[int, limit_rules.Limits] = {0: limit_rules.Limits()}
+        self.usage = limit_rules.Usage()
+        self.over_limits: list[str] = []
         # Jobs to cancel (job id, reason, time, failure_reason), drained at the end of each
         # apply: a cascade through generations of children (or of dependents) is a loop,
         # never a deep recursion.
@@ -346,10 +360,22 @@ class ClusterState:
                         task.pending_reason = item.reason
             case AttemptReported():
                 self._attempt_reported(event, effects)
+            case QuotaSet():
+                limit_rules.apply_quota(self.limits, event.user, event.quota, seq)
+                self._new_limit_version()
+            case TokenLimitSet():
+                limit_rules.apply_token_limit(self.limits, event.name, event.limit, seq)
+                self._new_limit_version()
         while self._cancellations:
             job_id, reason, ts, failure_reason = self._cancellations.popleft()
             self._cancel(job_id, reason, ts, effects, failure_reason)
         return effects
+
+    def _new_limit_version(self) -> None:
+        self.limit_versions[self.limits.seq] = msgspec.structs.replace(
+            self.limits, quotas=dict(self.limits.quotas), tokens=dict(self.limits.tokens))
+        while len(self.limit_versions) > MAX_LIMIT_VERSIONS:
+            del self.limit_versions[min(self.limit_versions)]
 
     def task(self, job_id: str, index: int) -> TaskView | None:
         job = self.jobs.get(job_id)
@@ -560,6 +586,11 @@ class ClusterState:
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         rank = job.spec.priority.rank
         self.live_by_rank[rank] = self.live_by_rank.get(rank, 0) + 1
+        spec = job.spec
+        limit_rules.take(self.usage, spec.user, spec.resources.amounts, spec.tokens)
+        version = self.limit_versions.get(event.limits_seq, self.limits)
+        self.over_limits += [f"{key}: {why}" for why in limit_rules.over_limits(
+            version, self.usage, spec.user, spec.resources.amounts, spec.tokens)]
         for port in event.ports.values():
             worker.ports_used[port] = key
         for index in event.devices:
@@ -825,6 +856,7 @@ class ClusterState:
             spec = self.jobs[job_id].spec
             worker.used = worker.used - spec.resources.amounts
             self.live_by_rank[spec.priority.rank] -= 1
+            limit_rules.give_back(self.usage, spec.user, spec.resources.amounts, spec.tokens)
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]

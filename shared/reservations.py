@@ -45,6 +45,9 @@ class Reservation:
     # address, which several workers may share.
     address: str = ""
     devices: tuple[int, ...] = ()  # the host's device indices it holds, one per need.dev
+    # Whose quota it counts against, and the tokens it holds (shared/limits.py).
+    user: str = ""
+    tokens: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Allocation:
     group: str  # group name, "" if none
     address: str = ""  # the address its ports are reserved on
     devices: tuple[int, ...] = ()
+    user: str | None = None  # None: reserved before quotas were tracked
+    tokens: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ class ReservationStore:
         self._lease = load_script(client, "lease")
         self._preempt = load_script(client, "preempt")
         self._unhold = load_script(client, "unhold")
+        self._set_limits = load_script(client, "set_limits")
 
     async def _fenced(self, script: AsyncScript, keys: list[str], args: list[str | int]
                       ) -> Any:
@@ -157,10 +163,24 @@ class ReservationStore:
                                  capacity.dev, device_kind, json.dumps(ids)]
         _check(await self._fenced(self._register, keys, args))
 
+    async def set_limits(self, epoch: int, fields: dict[str, str]) -> None:
+        """Replaces the quotas and token limits reserve.lua enforces (limits.redis_fields)."""
+        keys = [redis_keys.EPOCH, redis_keys.LIMITS]
+        _check(await self._fenced(self._set_limits, keys, [epoch, json.dumps(fields)]))
+
+    async def limits(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The limits hash and the limits-use hash, read together."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(redis_keys.LIMITS)
+            pipe.hgetall(redis_keys.LIMITS_USED)
+            limits, used = await pipe.execute()
+        return limits, used
+
     async def reserve(self, epoch: int, placements: Sequence[Reservation],
-                      groups: Sequence[GroupClaim] = ()) -> None:
+                      groups: Sequence[GroupClaim] = (), check_limits: bool = True) -> None:
         """Commits all placements and group claims, or none (raises StaleEpochError or
-        ReservationConflict)."""
+        ReservationConflict). Quotas and tokens are checked unless `check_limits` is false
+        (re-reserving attempts that already run: a lowered limit stops nothing)."""
         if not placements:
             return
         hosts: dict[str, int] = {}
@@ -176,11 +196,13 @@ class ReservationStore:
         for worker_id in hosts:
             keys += _host_keys(worker_id, addresses.get(worker_id, ""))
         keys += [redis_keys.group(g.name) for g in groups]
+        keys += [redis_keys.LIMITS, redis_keys.LIMITS_USED]
         request = {
+            "check": check_limits,
             "hosts": list(hosts),
             "r": [{"h": hosts[p.worker_id], "key": p.attempt_key, "job": p.job_id,
                    **p.need.as_dict(), "kind": p.device_kind, "ports": list(p.ports),
-                   "devs": list(p.devices),
+                   "devs": list(p.devices), "u": p.user, "tok": dict(p.tokens),
                    "g": group_index[p.group] if p.group else -1} for p in placements],
             "g": [{"name": g.name, "job": g.job_id, "members": [hosts[m] for m in g.members],
                    "exclusive": g.exclusive} for g in groups],
@@ -220,6 +242,7 @@ class ReservationStore:
         keys = [redis_keys.EPOCH, redis_keys.GROUPS]
         for worker_id, _ in releases:
             keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
+        keys.append(redis_keys.LIMITS_USED)
         args: list[str | int] = [epoch, *(key for _, key in releases)]
         return _check(await self._fenced(self._release, keys, args))
 
@@ -227,6 +250,13 @@ class ReservationStore:
         """Every host's capacity and reservations and every group claim (for reconciliation
         and checks), read in one MULTI: a commit landing between two reads would otherwise
         look like a disagreement, e.g. between a host's counters and its reservations."""
+        hosts, groups, _ = await self.usage_with_limits()
+        return hosts, groups
+
+    async def usage_with_limits(self) -> tuple[list[HostUsage], list[GroupUsage],
+                                               dict[str, str]]:
+        """usage(), and the limits-use hash read in the same MULTI (the checker compares
+        its counters with the reservations)."""
         # The client decodes responses (redis_io.connect), so every value here is a str.
         hosts: set[str] = await self.client.smembers(redis_keys.HOSTS)  # type: ignore[assignment]
         groups: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
@@ -237,7 +267,9 @@ class ReservationStore:
                 pipe.hgetall(redis_keys.host_allocations(worker_id))
             for key in group_keys:
                 pipe.hgetall(key)
+            pipe.hgetall(redis_keys.LIMITS_USED)
             replies: list[dict[str, str]] = await pipe.execute()
+        limits_used = replies.pop()
         host_usage: list[HostUsage] = []
         for n, worker_id in enumerate(worker_ids):
             h, allocs = replies[2 * n:2 * n + 2]
@@ -260,7 +292,7 @@ class ReservationStore:
                 members=tuple(_worker_of_host_key(m) for m in members),
                 exclusive=g.get("exclusive") == "1", live=int(g.get("live", 0)),
             ))
-        return host_usage, group_usage
+        return host_usage, group_usage, limits_used
 
     async def host_usage(self) -> list[HostUsage]:
         return (await self.usage())[0]
@@ -291,4 +323,8 @@ def _allocation(raw: str) -> Allocation:
         group=_group_name_of_key(a["group"]) if a.get("group") else "",
         address=str(a.get("pk", "")).removeprefix(redis_keys.address_ports("")),
         devices=tuple(int(d) for d in devices) if isinstance(devices, list) else (),
+        user=a.get("u"),
+        # Lua's cjson encodes an empty dict as {} and an empty table read back the same.
+        tokens=tuple(sorted((str(k), int(v)) for k, v in (a.get("tok") or {}).items()))
+        if isinstance(a.get("tok"), dict) else (),
     )

@@ -319,6 +319,11 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             raise NotFoundException(f"no worker {worker_id!r}")
         return worker_out(worker_id)
 
+    @get("/limits", sync_to_thread=False)
+    def limits() -> views.LimitsOut:
+        """Quotas and token limits, and what live attempts hold of them."""
+        return views.limits_out(projection.state.limits, projection.state.usage)
+
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
     def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
         """What became of submit stream message N: its job, or the reason it was rejected."""
@@ -353,7 +358,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
                         task_logs, host_timeline, list_workers, worker_detail, submit_outcome,
-                        events],
+                        events, limits],
     )
 
     # --- open to all ------------------------------------------------------------------------

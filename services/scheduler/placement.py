@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from services.scheduler.matching import describe, matches, preference, required
+from shared import limits as limit_rules
 from shared.capacity import Amounts, GroupClaim
 from shared.messages import Constraint, Coscheduling
 
@@ -35,6 +36,9 @@ class Unit:
     constraints: tuple[Constraint, ...] = ()
     ports: tuple[str, ...] = ()
     gang: Coscheduling | None = None
+    # Whose quota its tasks count against, and the tokens each holds (shared/limits.py).
+    user: str = ""
+    tokens: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -82,6 +86,8 @@ class Placement:
     pending_reasons: dict[tuple[str, int], str] = field(default_factory=dict)
     # Stopped at the limit with units left unexamined (they keep their pending reasons).
     truncated: bool = False
+    # Jobs with tasks held back by a quota or a token (evicting others would not help).
+    held_by_limits: set[str] = field(default_factory=set)
 
 
 def group_name(attribute: str, value: str) -> str:
@@ -318,15 +324,40 @@ def free_amounts(host: Host) -> Amounts:
     return Amounts(host.free.cpu, host.free.mem, host.free.disk, len(host.free_devices))
 
 
-def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
-          ) -> Placement:
+class _Admission:
+    """Quotas and tokens during one call to `place`: each unit admitted takes its share,
+    so one call never admits more than the limits allow (reserve.lua checks the same)."""
+
+    def __init__(self, limits: limit_rules.Limits, usage: limit_rules.Usage) -> None:
+        self.limits = limits
+        self.usage = usage.copy()
+        # Without any limit set, only units asking for tokens need a look.
+        self.any_quota = bool(limits.quotas) or any(
+            getattr(limits.default, d) is not None for d in limit_rules.QUOTA_DIMENSIONS)
+
+    def refusal(self, unit: Unit, count: int) -> str | None:
+        if not self.any_quota and not unit.tokens:
+            return None
+        return limit_rules.refusal(self.limits, self.usage, unit.user, unit.need,
+                                   dict(unit.tokens), count)
+
+    def take(self, unit: Unit, count: int) -> None:
+        if count:
+            limit_rules.take(self.usage, unit.user, unit.need, dict(unit.tokens), count)
+
+
+def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None,
+          limits: tuple[limit_rules.Limits, limit_rules.Usage] | None = None) -> Placement:
     """Places units in the given order. Single tasks go to the matching host satisfying the
     most preferred constraints, then with the most free cpu (spreading replicas), ties
     broken by worker id; a gang goes whole to one group,
     task i on its i-th worker in `order_by` order, or waits with a reason. Once `limit`
     tasks are placed, the units left are not examined (a gang is never split). Ports
     are chosen per address: the union of every given host's `ports_used` at that address
-    is taken."""
+    is taken. With `limits` (the limits in force and what live attempts use), a unit that
+    would take its user over quota, or a token over its limit, waits with that reason (a
+    gang admitted whole or not at all)."""
+    admission = None if limits is None else _Admission(*limits)
     taken: dict[str, set[int]] = {}
     for h in hosts:
         taken.setdefault(h.port_domain, set()).update(h.ports_used)
@@ -353,8 +384,15 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
                 for i in unit.indices:
                     out.pending_reasons[(unit.job_id, i)] = reason
                 continue
+            if admission is not None and (why := admission.refusal(unit, len(unit.indices))):
+                for i in unit.indices:
+                    out.pending_reasons[(unit.job_id, i)] = why
+                out.held_by_limits.add(unit.job_id)
+                continue
             placed = len(out.assignments)
             _place_gang(unit, free, out)
+            if admission is not None:
+                admission.take(unit, len(out.assignments) - placed)
             if len(out.assignments) == placed and unit.job_id not in held_jobs:
                 gangs_failed[shape] = out.pending_reasons[(unit.job_id, unit.indices[0])]
             continue
@@ -362,5 +400,14 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
             if limit is not None and len(out.assignments) >= limit:
                 out.truncated = True
                 return out
+            if admission is None:
+                singles.place(unit, index, out)
+                continue
+            if why := admission.refusal(unit, 1):
+                out.pending_reasons[(unit.job_id, index)] = why
+                out.held_by_limits.add(unit.job_id)
+                continue
+            placed = len(out.assignments)
             singles.place(unit, index, out)
+            admission.take(unit, len(out.assignments) - placed)
     return out

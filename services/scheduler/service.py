@@ -40,6 +40,7 @@ from shared import (
     task_rules,
     telemetry,
 )
+from shared import limits as limit_rules
 from shared.capacity import Amounts, GroupClaim
 from shared.config import RedisSettings, Settings
 from shared.credentials import Role
@@ -59,11 +60,13 @@ from shared.messages import (
     PendingReasonsChanged,
     PreemptionReleased,
     Priority,
+    QuotaSet,
     ResetWorker,
     RunAttempt,
     TaskAssigned,
     TasksPreempted,
     TaskUnschedulable,
+    TokenLimitSet,
     WorkerDeclaredDead,
     WorkerRegistered,
     attempt_key,
@@ -203,6 +206,10 @@ class Leader:
         self.unlogged: set[str] = set()
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
+        # The version of the limits (shared/limits.py) written to Redis by this term (-1:
+        # none yet), and the one the current tick's placement was computed with.
+        self.limits_synced = -1
+        self.tick_limits_seq = 0
 
     # --- term ---------------------------------------------------------------------------
 
@@ -277,6 +284,8 @@ class Leader:
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
         await self._flush_releases()
+        self.limits_synced = -1
+        await self._sync_limits(self.state.limits.seq)
         for worker in list(self.state.workers.values()):
             if worker.alive:
                 await self._register_host(worker)
@@ -322,7 +331,9 @@ class Leader:
                 log.warning("re-reserving %d attempts on %s missing from Redis", len(keys),
                             worker_id)
                 again = [self._reservation(worker_id, k) for k in keys]
-                await self.store.reserve(self.epoch, again, self._group_claims(again))
+                # Already running: a limit lowered since stops nothing (docs/placement.md).
+                await self.store.reserve(self.epoch, again, self._group_claims(again),
+                                         check_limits=False)
         # Copies: a send may yield to the fold, which changes these dicts.
         for worker in list(self.state.workers.values()):
             for job_id, index, attempt_id in list(worker.live_attempts.values()):
@@ -346,7 +357,17 @@ class Leader:
         worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
                            tuple(attempt.ports.values()), attempt.group,
-                           worker.address if worker else "", tuple(attempt.devices))
+                           worker.address if worker else "", tuple(attempt.devices),
+                           job.spec.user, tuple(sorted(job.spec.tokens.items())))
+
+    async def _sync_limits(self, version: int) -> None:
+        """Writes limits version `version` (the newest if no longer kept) to Redis, unless
+        this term wrote it already: reserve.lua enforces what Redis holds."""
+        if version == self.limits_synced:
+            return
+        limits = self.state.limit_versions.get(version, self.state.limits)
+        await self.store.set_limits(self.epoch, limit_rules.redis_fields(limits))
+        self.limits_synced = limits.seq
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -381,6 +402,8 @@ class Leader:
             self.wake.set()  # a device back in service may let waiting work in
         if isinstance(event, NodeHealthChanged) and event.action == NodeAction.UNCORDON:
             self.wake.set()  # so may a worker back in service
+        if isinstance(event, QuotaSet | TokenLimitSet):
+            self.wake.set()  # so may a raised limit
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
@@ -531,7 +554,8 @@ class Leader:
             t = self._unit_template(job)[1]
             # Built field by field: dataclasses.replace costs several times more.
             yield placement.Unit(t.job_id, tuple(sorted(by_job[job_id])), t.need,
-                                 t.device_kind, t.constraints, t.ports, t.gang)
+                                 t.device_kind, t.constraints, t.ports, t.gang, t.user,
+                                 t.tokens)
 
     def _unit_template(self, job: JobView) -> tuple[tuple[int, int], placement.Unit]:
         """A job's placement order and unit, built once: its spec never changes."""
@@ -542,7 +566,8 @@ class Leader:
                                                         placement.Unit(
                 job_id=job.job_id, indices=(), need=spec.resources.amounts,
                 device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
-                ports=tuple(spec.ports), gang=spec.coscheduling,
+                ports=tuple(spec.ports), gang=spec.coscheduling, user=spec.user,
+                tokens=tuple(sorted(spec.tokens.items())),
             ))
         return cached
 
@@ -586,7 +611,9 @@ class Leader:
             # (more may stop while the tick awaits its commit: no verdict on those).
             settled = {job_id for job_id, hold in self.state.holds.items()
                        if all(self._exited(k) for k in hold.victims)}
-            result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS)
+            self.tick_limits_seq = self.state.limits.seq
+            result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS,
+                                     limits=(self.state.limits, self.state.usage))
             self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
@@ -626,7 +653,8 @@ class Leader:
         (docs/placement.md, "Preemption"): each eviction and the hold of the hosts it frees
         for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
         stopped by the fold's kills."""
-        waiting = {job_id for job_id, _ in result.pending_reasons}
+        # A unit held back by a quota or a token would gain nothing from evictions.
+        waiting = {job_id for job_id, _ in result.pending_reasons} - result.held_by_limits
         # The lowest band running: a task may evict only below its band, a gang a
         # squatter of its own band too. Nothing to evict, nothing to plan (e.g. all work
         # of one band, however much of it waits).
@@ -741,6 +769,7 @@ class Leader:
     async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
         """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
         await self._flush_releases()
+        await self._sync_limits(self.tick_limits_seq)
         with tracer.start_as_current_span("reserve") as reserve_span:
             committed = await self._reserve(result, reserve_span)
         if committed is None:
@@ -763,16 +792,18 @@ class Leader:
             assert task is not None
             attempt_id = max((x.attempt_id for x in task.attempts), default=-1) + 1
             worker = self.state.workers[a.worker_id]
-            res = self.state.jobs[a.job_id].spec.resources
+            spec = self.state.jobs[a.job_id].spec
+            res = spec.resources
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
                 res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
-                a.devices,
+                a.devices, spec.user, tuple(sorted(spec.tokens.items())),
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
                 worker_id=a.worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
                 ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
+                limits_seq=self.limits_synced,
             ))
         span.set_attributes({
             "berth.epoch": self.epoch,
