@@ -37,7 +37,7 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     assert p1["finished"] == p1["jobs"] and p1["failed"] == 0, p1
     assert p1["berth_cpu_ms_per_job"] > 0 and p1["submit_to_succeeded_p50_ms"] is not None
     assert by_name["W2"][0]["slice_free_to_next_gang_p50_ms"] is not None
-    assert len(by_name["W4"]) >= 2 and all(set(r) >= THROUGHPUT_KEYS for r in by_name["W4"])
+    assert len(by_name["W4"]) >= 1 and all(set(r) >= THROUGHPUT_KEYS for r in by_name["W4"])
     w2 = by_name["W2"][0]
     assert w2["doctor_violations"] == 0 and w2["doctor_double_booked_hosts"] == 0
     assert w2["gangs_placed"] == w2["gangs"]
