@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +30,7 @@ from berth import (
     health,
     limits_cli,
     node_cli,
+    schedules_cli,
     token_cli,
     workspace,
 )
@@ -51,9 +53,9 @@ from berth.client import (
     publish_submit,
     wait_for_outcome,
 )
-from berth.creds_cli import cli_connection, cli_credentials
+from berth.creds_cli import cli_connection, cli_credentials, local_user
 from berth.stack_info import read_stack_info
-from shared import config, subjects
+from shared import config, schedules, subjects
 from shared.config import RedisSettings, parse_sentinels
 from shared.credentials import Credentials
 from shared.dir_lock import DirLocked
@@ -182,6 +184,11 @@ def cmd_submit(
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
     print(outcome.job_id, flush=True)
+    if outcome.note == "schedule":
+        print(f"schedule {outcome.job_id}: {_schedule_words(payload)}", file=sys.stderr)
+        return 0
+    if outcome.note:  # stdout stays the job id alone, for scripts
+        print(outcome.note, file=sys.stderr)
     waits = _waits_for(payload)
     if waits:  # stdout stays the job id alone, for scripts
         print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
@@ -200,6 +207,15 @@ def _waits_for(payload: bytes) -> str:
     parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
     return " and ".join(parts)
 
+
+
+def _schedule_words(payload: bytes) -> str:
+    spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
+    assert spec.schedule is not None
+    cron, zone = spec.schedule.cron, spec.schedule.timezone
+    first = schedules.next_fire(cron, zone, time.time())
+    return (f"{cron!r} ({zone}), first run at "
+            f"{datetime.fromtimestamp(first, UTC):%Y-%m-%d %H:%M:%S} UTC")
 
 
 def _retry_words(payload: bytes) -> str:
@@ -266,7 +282,7 @@ async def _device_health(nats_url: str, creds: Credentials, worker_id: str, inde
         await nats_io.publish_event(
             nc.jetstream(), subjects.worker_events(worker_id),
             DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
-                                reason=reason, ts=time.time()),
+                                reason=reason, by=local_user() or "operator", ts=time.time()),
             msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
 
 
@@ -651,7 +667,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli, schedules_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

@@ -211,22 +211,37 @@ class ReservationStore:
         _check(await self._fenced(self._reserve, keys, args))
 
     async def preempt(self, epoch: int, eviction: Eviction) -> int:
-        """Evicts the victims and holds the hosts for the preemptor, in one fenced commit
-        (raises StaleEpochError or ReservationConflict, writing nothing). Returns how many
-        victims it evicted."""
-        hosts = {w: i for i, w in enumerate(dict.fromkeys(
-            [*eviction.hosts, *(w for w, _ in eviction.victims), *eviction.needs]))}
+        """One eviction (preempt_many): raises ReservationConflict if Redis refused it;
+        returns how many victims it evicted."""
+        why = (await self.preempt_many(epoch, [eviction]))[0]
+        if why:
+            raise ReservationConflict(why)
+        return len(eviction.victims)
+
+    async def preempt_many(self, epoch: int, evictions: Sequence[Eviction]) -> list[str]:
+        """Evicts each eviction's victims and holds its hosts for its preemptor, all in one
+        fenced call, each eviction all or nothing (raises StaleEpochError, writing
+        nothing). Returns, per eviction in order, "" if committed, else why Redis refused
+        it."""
+        if not evictions:
+            return []
+        hosts: dict[str, int] = {}
+        for e in evictions:
+            for w in (*e.hosts, *(w for w, _ in e.victims), *e.needs):
+                hosts.setdefault(w, len(hosts))
         keys = [redis_keys.EPOCH]
         for worker_id in hosts:
             keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
-        request = {
-            "job": eviction.job_id,
-            "hosts": list(hosts),
-            "held": [hosts[w] for w in eviction.hosts],
-            "victims": [{"h": hosts[w], "key": k} for w, k in eviction.victims],
-            "need": [{"h": hosts[w], **n.as_dict()} for w, n in eviction.needs.items()],
-        }
-        return _check(await self._fenced(self._preempt, keys, [epoch, json.dumps(request)]))
+        request = {"hosts": list(hosts), "evictions": [{
+            "job": e.job_id,
+            "held": [hosts[w] for w in e.hosts],
+            "victims": [{"h": hosts[w], "key": k} for w, k in e.victims],
+            "need": [{"h": hosts[w], **n.as_dict()} for w, n in e.needs.items()],
+        } for e in evictions]}
+        result = await self._fenced(self._preempt, keys, [epoch, json.dumps(request)])
+        if result[0] == "stale_epoch":
+            raise StaleEpochError(f"epoch is now {result[1]}")
+        return [str(why) for why in result[1:]]
 
     async def unhold(self, epoch: int, job_id: str, hosts: Sequence[str]) -> int:
         """Lets go of the hosts held for preemptor `job_id`; returns how many it held."""

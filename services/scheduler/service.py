@@ -26,7 +26,14 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
+from services.scheduler import (
+    fencing,
+    frameworks,
+    heartbeats,
+    placement,
+    preemption,
+    schedule_fires,
+)
 from services.scheduler import metrics as scheduler_metrics
 from shared import (
     bounded,
@@ -176,7 +183,7 @@ class Leader:
         # leader cut off from NATS renews its lease no more, so a standby takes over.
         self.bus_ok_at = time.monotonic() if bus_ok_at is None else bus_ok_at
         self.ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
-        self.state = ClusterState()
+        self.state = ClusterState(settings.fair_share.half_life)
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
         # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
@@ -186,7 +193,9 @@ class Leader:
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
         self.reasons_in_flight_seq = 0
         self.reasons_announced_at = -float("inf")
-        self.unit_templates: dict[str, tuple[tuple[int, int], placement.Unit]] = {}
+        self.unit_templates: dict[str, tuple[queue_order.Waiting, placement.Unit]] = {}
+        # Each job's place in the last tick's placement order (the preemptions follow it).
+        self.queue_rank: dict[str, int] = {}
         # worker id -> (its view, its `used`, the rest of what its Host is made of, Host).
         self.host_cache: dict[str, tuple[WorkerView, Amounts, tuple[object, ...],
                                          placement.Host]] = {}
@@ -240,6 +249,8 @@ class Leader:
                 asyncio.create_task(self._follow(events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
+                asyncio.create_task(schedule_fires.run(self.js, self.state, self._check_lease),
+                                    name="schedules"),
             ]
             await self._until_first_ends(tasks)
         finally:
@@ -402,6 +413,9 @@ class Leader:
             self.wake.set()  # a device back in service may let waiting work in
         if isinstance(event, NodeHealthChanged) and event.action == NodeAction.UNCORDON:
             self.wake.set()  # so may a worker back in service
+            # Released: a later refusal to quarantine it is news again (and the set stays
+            # as small as the workers waiting for an operator).
+            self.quarantine_refused.discard(event.worker_id)
         if isinstance(event, QuotaSet | TokenLimitSet):
             self.wake.set()  # so may a raised limit
         if isinstance(event, WorkerRegistered):
@@ -533,20 +547,29 @@ class Leader:
         return [w for w in self.state.workers.values() if w.alive]
 
     def _units(self) -> Iterator[placement.Unit]:
-        """Pending work in placement order: priority band, then FIFO by submission. A gang
+        """Pending work in placement order (shared/queue_order.py: priority band, then
+        users by fair share, each user's jobs FIFO). A gang
         is one unit, and only once none of its tasks is still live (it is placed whole).
         Lazy: a tick stops after MAX_TICK_PLACEMENTS, so with tens of thousands pending
         only the first units are ever built (sorting their keys is cheap). A task in its
         retry backoff is left out until its retry_at (and a gang while any member is)."""
         by_job: dict[str, list[int]] = {}
-        held = task_rules.held_back(self.state.backoff, time.time())
+        now = time.time()
+        held = task_rules.held_back(self.state.backoff, now)
         for key in self.state.pending:
             if key not in held:
                 by_job.setdefault(key[0], []).append(key[1])
-        ordered = sorted((self._unit_template(self.state.jobs[job_id])[0], job_id)
-                         for job_id in by_job)
+        queue = []
+        for job_id, indices in by_job.items():
+            w = self._unit_template(self.state.jobs[job_id])[0]
+            queue.append(queue_order.Waiting(w.job_id, w.band, w.user, w.seq,
+                                             w.charge * len(indices)))
+        ordered = queue_order.order(queue, queue_order.costs(
+            self.state.recent_use, now, self.settings.fair_share))
+        self.queue_rank = {w.job_id: i for i, w in enumerate(ordered)}
         held_jobs = {job_id for job_id, _ in held}
-        for _, job_id in ordered:
+        for w in ordered:
+            job_id = w.job_id
             job = self.state.jobs[job_id]
             if job.spec.coscheduling and (job_id in held_jobs or any(
                     t.state in ATTEMPT_LIVE for t in job.tasks)):
@@ -557,13 +580,14 @@ class Leader:
                                  t.device_kind, t.constraints, t.ports, t.gang, t.user,
                                  t.tokens)
 
-    def _unit_template(self, job: JobView) -> tuple[tuple[int, int], placement.Unit]:
-        """A job's placement order and unit, built once: its spec never changes."""
+    def _unit_template(self, job: JobView) -> tuple[queue_order.Waiting, placement.Unit]:
+        """A job as the placement order sees it (with the charge of one task) and its unit,
+        built once: its spec never changes."""
         cached = self.unit_templates.get(job.job_id)
         if cached is None:
             spec = job.spec
-            cached = self.unit_templates[job.job_id] = (queue_order.placement_key(job),
-                                                        placement.Unit(
+            cached = self.unit_templates[job.job_id] = (queue_order.waiting(
+                job, 1, self.settings.fair_share), placement.Unit(
                 job_id=job.job_id, indices=(), need=spec.resources.amounts,
                 device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
                 ports=tuple(spec.ports), gang=spec.coscheduling, user=spec.user,
@@ -666,12 +690,13 @@ class Leader:
             if job_id in self.state.holds:
                 continue
             order, template = self._unit_template(self.state.jobs[job_id])
-            band = order[0]
+            band = order.band
             if band < LOWEST_BAND and (band < lowest
                                        or (band == lowest and template.gang is not None)):
-                eligible.append((order, job_id))
+                eligible.append((self.queue_rank.get(job_id, len(self.queue_rank)), band,
+                                 job_id))
         units = []
-        for (band, _), job_id in sorted(eligible):
+        for _, band, job_id in sorted(eligible):
             job = self.state.jobs[job_id]
             t = self._unit_template(job)[1]
             if t.gang is not None and any(x.state in ATTEMPT_LIVE for x in job.tasks):
@@ -693,22 +718,24 @@ class Leader:
         running = self._running()
         where = {r.key: r.worker_id for r in running}
         plans = preemption.plan(units, self._hosts(), running, limit=MAX_TICK_PREEMPTIONS)
+        if not plans:
+            return
+        evictions = [Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
+                              p.needs) for p in plans]
+        self._check_lease()  # nothing committed that this term could not log
+        # The whole tick's evictions in one call (W5: 100 gangs in one round trip instead
+        # of 100), each still all or nothing.
+        refusals = await self.store.preempt_many(self.epoch, evictions)
         committed: list[TasksPreempted] = []
-        refused = False
-        for p in plans:
-            eviction = Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
-                                p.needs)
-            self._check_lease()  # nothing committed that this term could not log
-            try:
-                await self.store.preempt(self.epoch, eviction)
-            except ReservationConflict as exc:
+        now = time.time()
+        for p, why in zip(plans, refusals, strict=True):
+            if why:
                 log.error("preemption for %s refused (%s); re-reconciling with Redis",
-                          p.job_id, exc)
-                refused = True
-                break
+                          p.job_id, why)
+                continue
             committed.append(TasksPreempted(
                 id=uuid.uuid4().hex, job_id=p.job_id, victims=list(p.victims),
-                hosts=list(p.hosts), epoch=self.epoch, ts=time.time()))
+                hosts=list(p.hosts), epoch=self.epoch, ts=now))
             log.info("%s preempts %d attempts of %s", p.job_id, len(p.victims),
                      ", ".join(p.victim_jobs))
         if committed:
@@ -720,7 +747,7 @@ class Leader:
                 nats_io.message_headers(f"preempt:{e.id}")) for e in committed])
             for event in committed:
                 await self._carry_out(self.state.apply(0, event))
-        if refused:
+        if len(committed) < len(plans):
             await self._reconcile()
 
     async def _let_go_of_holds(self, result: placement.Placement, settled: set[str]) -> None:
