@@ -15,7 +15,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,7 @@ class Leader:
         lease: fencing.Lease,
         bus_ok_at: float | None = None,
         state: ClusterState | None = None,
+        state_from: Callable[[], Awaitable[ClusterState]] | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -192,6 +193,12 @@ class Leader:
         # its last_seq: the rest is folded here, and Redis reconciled from the result.
         self.state = (state if state is not None
                       else ClusterState(settings.fair_share.half_life))
+        # Where the term's fold comes from (a standby's warm fold handed over): asked inside
+        # the take-over, while the lease is kept, since stopping the standby's follower and
+        # checking its stream are round trips that, behind a long backlog, once outlasted a
+        # short lease before the term had begun to renew it.
+        self.state_from = state_from
+        self.events: AsyncGenerator[nats_io.EventRecord] | None = None
         # Set once the take-over is done and this term leads (what bench/takeover.py times).
         self.leading = asyncio.Event()
         self.wake = asyncio.Event()
@@ -242,10 +249,9 @@ class Leader:
             subjects.LEADER,
             encode(LeaderAnnouncement(epoch=self.epoch, scheduler_id=self.scheduler_id)),
         )
-        events = nats_io.follow_events(self.js, self.state.last_seq + 1)
         # The lease is kept from the start: catching up on a long log can outlast its TTL,
         # and a lease lost then would be won again, and lost again, on every take-over.
-        taking_over = asyncio.create_task(self._take_over(events, elected_seq))
+        taking_over = asyncio.create_task(self._take_over(elected_seq))
         tasks: list[asyncio.Task[Any]] = [
             asyncio.create_task(self._keep_lease(), name="lease"),
             asyncio.create_task(self._watch_bus(), name="bus"),
@@ -257,9 +263,10 @@ class Leader:
             if await self._until_first_ends(tasks) != taking_over:
                 return  # stopped while taking over
             tasks.remove(taking_over)
+            assert self.events is not None  # set by the take-over
             hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
             tasks += [
-                asyncio.create_task(self._follow(events), name="follow"),
+                asyncio.create_task(self._follow(self.events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
                 asyncio.create_task(schedule_fires.run(self.js, self.state, self._check_lease),
@@ -272,7 +279,8 @@ class Leader:
             await asyncio.gather(*tasks, return_exceptions=True)
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
-            await events.aclose()
+            if self.events is not None:
+                await self.events.aclose()
             gc.unfreeze()  # this term's state may be collected once the Leader is dropped
 
     @staticmethod
@@ -284,8 +292,12 @@ class Leader:
         first.result()
         return first
 
-    async def _take_over(self, events: AsyncGenerator[nats_io.EventRecord],
-                         elected_seq: int) -> None:
+    async def _take_over(self, elected_seq: int) -> None:
+        if self.state_from is not None:
+            self.state = await self.state_from()
+            self._heard_from_bus()
+            self.state_from = None  # the term's fold is the warm one now
+        self.events = events = nats_io.follow_events(self.js, self.state.last_seq + 1)
         await self._replay(events, elected_seq)
         # What the replay built lives as long as the term: keep the collector off it.
         gc.freeze()
@@ -516,7 +528,10 @@ class Leader:
         if NATS has not answered this leader lately (a leader that cannot reach NATS can
         neither command nor hear the workers: it must let a standby lead)."""
         unheard = time.monotonic() - self.bus_ok_at
-        if unheard > self.settings.lease_ttl * BUS_FRESH_TTLS:
+        # Not while the standby's follower is stopped and handed over: its unsubscribe and
+        # stream check wait behind the backlog it was reading, as the bus watcher's ping
+        # does; the fold that follows hears every event it folds.
+        if self.state_from is None and unheard > self.settings.lease_ttl * BUS_FRESH_TTLS:
             raise LostLeadership(f"NATS has not answered for {unheard:.1f} s")
         ttl_ms = int(self.settings.lease_ttl * 1000)
         sent = time.monotonic()
@@ -1267,7 +1282,6 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
     warm = warm or warm_fold.WarmFold(None, settings.snapshot_interval,
                                      settings.fair_share.half_life)
     while not stop.is_set():
-        warm.stand_by(js)
         # Only a scheduler NATS answers may take the lease.
         bus_ok_at = time.monotonic()
         if not await bus_answers(ping_js):
@@ -1289,11 +1303,16 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
         outage.recovered()
         backoff.reset()
         if lease is None:
+            # Another leads: keep the fold warm meanwhile. Not before the lease was asked
+            # for: a follower catching up on a long log fills the one NATS connection, and
+            # the new term's first round trips (its election, the hand-over) waited behind
+            # it past a short lease (tests/test_leadership.py).
+            warm.stand_by(js)
             # Standbys poll a little out of step with each other.
             await service.wait_or_stop(stop, settings.lease_ttl / 3 * random.uniform(0.8, 1.2))
             continue
         leader = Leader(settings, nc, store, scheduler_id, lease, bus_ok_at,
-                        await warm.hand_over(js))
+                        state_from=lambda: warm.hand_over(js))
         term = term or scheduler_metrics.Term()
         term.leader = leader
         scheduler_metrics.TERMS.inc()
@@ -1327,8 +1346,10 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             term.folded_earlier += leader.folded
             folded = max(folded, leader.state.epoch)
             # Not after a crash: it may have stopped the fold inside an event. Else the
-            # term's fold (changed only by folding events) goes on warm.
-            if not crashed:
+            # term's fold (changed only by folding events) goes on warm; unless the term
+            # ended before the warm fold was handed to it, which then is still the
+            # standby's own (or, handed over halfway, empty: folded again from the snapshot).
+            if not crashed and leader.state_from is None:
                 warm.take_back(leader.state)
                 await warm.save()
 

@@ -59,8 +59,21 @@ class WarmFold:
         """Stops following and gives the fold to a new leader: what it has folded if it
         still belongs to the events stream, else an empty state (a fold from sequence 1)."""
         await self._stop_following()
+        if self.state.last_seq == 0 and not self._spoiled:
+            # Never stood by (the lease was free at once): start from the snapshot file.
+            with contextlib.suppress(*nats_io.RETRIABLE):
+                await self._check_stream(js)
         state, self.state = self.state, self._empty()
         self._handed_over = True  # nothing to save until the term gives its fold back
+        try:
+            return await self._checked(js, state)
+        except asyncio.CancelledError:
+            # The term ended before it had the fold: standing by again starts afresh (from
+            # the snapshot file), and saves again.
+            self._handed_over = False
+            raise
+
+    async def _checked(self, js: JetStreamContext, state: ClusterState) -> ClusterState:
         if self._spoiled:
             self._spoiled = False
             return self._empty()
