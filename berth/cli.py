@@ -20,7 +20,7 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from berth import backup, cli_read, creds_cli, health, node_cli, token_cli
+from berth import backup, cli_read, creds_cli, health, limits_cli, node_cli, token_cli
 from berth.cli_app import (
     Globals,
     JsonFlag,
@@ -31,7 +31,7 @@ from berth.cli_app import (
     print_json,
 )
 from berth.client import ApiError, api_fetch, api_get, load_spec_file
-from berth.creds_cli import cli_connection, cli_credentials
+from berth.creds_cli import cli_connection, cli_credentials, local_user
 from berth.stack_info import read_stack_info
 from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
@@ -266,7 +266,7 @@ async def _device_health(nats_url: str, creds: Credentials, worker_id: str, inde
         await nats_io.publish_event(
             nc.jetstream(), subjects.worker_events(worker_id),
             DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
-                                reason=reason, ts=time.time()),
+                                reason=reason, by=local_user() or "operator", ts=time.time()),
             msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
 
 
@@ -356,9 +356,11 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     Reads Redis and the event log and reports every violation of the placement invariants:
     over-committed hosts, a group held by two gangs, a host shared by two gangs, a port
     given twice, a device (GPU) given to two live attempts, reservations with no live
-    attempt, live attempts with no reservation. Prints double_booked_hosts=0,
-    double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted
-    per host address, devices per worker); exit status 1 when anything is wrong."""
+    attempt, live attempts with no reservation, an attempt admitted over its user's quota
+    or a token's limit, quota or token counters that disagree with the reservations.
+    Prints double_booked_hosts=0, double_booked_ports=0 and double_booked_devices=0 when
+    all is well (ports are counted per host address, devices per worker); exit status 1
+    when anything is wrong."""
     import asyncio
 
     from redis.exceptions import RedisError
@@ -390,7 +392,10 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
                     "last_refused_seq": report.last_refused_seq,
                     "double_booked_hosts": report.double_booked_hosts,
                     "double_booked_ports": report.double_booked_ports,
-                    "double_booked_devices": report.double_booked_devices})
+                    "double_booked_devices": report.double_booked_devices,
+                    "over_quota": len(report.over_quota),
+                    "over_token_limit": len(report.over_token_limit),
+                    "limit_use_miscounted": len(report.limit_use_miscounted)})
         return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
@@ -401,6 +406,9 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"double_booked_ports={report.double_booked_ports}")
     print(f"double_booked_devices={report.double_booked_devices}")
     print(f"taken_from_preemptor={len(report.taken_from_preemptor)}")
+    print(f"over_quota={len(report.over_quota)}")
+    print(f"over_token_limit={len(report.over_token_limit)}")
+    print(f"limit_use_miscounted={len(report.limit_use_miscounted)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -656,7 +664,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

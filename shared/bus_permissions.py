@@ -103,7 +103,9 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      f"{API}.CONSUMER.MSG.NEXT.{SUBMIT}.{durable}",
                      f"$JS.ACK.{SUBMIT}.{durable}.>",
                      f"{API}.STREAM.MSG.GET.{EVENTS}",
-                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}"),
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}",
+                     # Whether a token a spec asks for exists (an admin set its limit).
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.ADMIN_TOKENS_ALL}"),
             subscribe=(replies,),
         )
     if role is Role.DASHBOARD:

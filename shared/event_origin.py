@@ -28,10 +28,12 @@ from shared.messages import (
     NodeHealthChanged,
     PendingReasonsChanged,
     PreemptionReleased,
+    QuotaSet,
     SubmitRejected,
     TaskAssigned,
     TasksPreempted,
     TaskUnschedulable,
+    TokenLimitSet,
     WorkerDeclaredDead,
     WorkerRegistered,
     WorkerStopped,
@@ -63,6 +65,10 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.worker_events(event.worker_id)
         case AttemptReported():
             ok = subject == subjects.attempt_reports(event.worker_id)
+        case QuotaSet():
+            ok = subject == subjects.ADMIN_QUOTAS
+        case TokenLimitSet():
+            ok = subject == subjects.admin_tokens(event.name)
     if ok:
         return None
     return f"{kind} may not come from {subject}"

@@ -315,6 +315,12 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
              "(docs/lifecycle.md); without it, FAILED and WORKER_FAILED tasks are retried "
              "at once under their budgets, and a scheduling timeout is final."),
     ] = None
+    tokens: Annotated[
+        dict[Name, Annotated[int, Meta(ge=1, le=1_000_000)]],
+        Meta(max_length=16, description="Named cluster-wide counters each task holds while "
+             "it runs (`berth tokens set NAME N`; docs/lifecycle.md, \"Tokens\"): a task "
+             "is placed only when every token it asks for is free."),
+    ] = {}
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -464,6 +470,10 @@ class DeviceHealthChanged(Event, tag="device_health_changed"):
     index: int
     healthy: bool
     reason: Reason = ""
+    # Set by an operator's `berth device disable` (their name, or "operator"); empty: the
+    # worker saw the device fail. An operator's choice is no fault of the host, so an
+    # attempt it kills does not count toward quarantine.
+    by: User = ""
 
 
 class NodeAction(enum.StrEnum):
@@ -515,6 +525,34 @@ class LeaderElected(Event, tag="leader_elected"):
     epoch: int
 
 
+class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Most of each resource one user's live attempts may hold at once (None: no limit of
+    its own; a user's quota falls back to the default one dimension at a time)."""
+
+    cpu: Annotated[int, Meta(ge=0, description="Millicores.")] | None = None
+    mem: Annotated[int, Meta(ge=0, description="MiB.")] | None = None
+    dev: Annotated[int, Meta(ge=0, description="Accelerator devices.")] | None = None
+
+
+class QuotaSet(Event, tag="quota_set"):
+    """An admin sets one user's quota (replacing what was set for them before), or the
+    default for every user (`user` ""). Logged on subjects.ADMIN_QUOTAS, where only an
+    admin may write (docs/placement.md, "Quotas")."""
+
+    user: Annotated[str, Meta(pattern=r"^([A-Za-z0-9_-]{1,128})?$")]
+    quota: Quota
+    by: User = ""
+
+
+class TokenLimitSet(Event, tag="token_limit_set"):
+    """An admin sets how many of token `name` may be held at once (docs/lifecycle.md,
+    "Tokens"). Logged on subjects.admin_tokens(name), where only an admin may write."""
+
+    name: Name
+    limit: NonNegInt
+    by: User = ""
+
+
 class TaskAssigned(Event, tag="task_assigned"):
     job_id: str
     task_index: int
@@ -528,6 +566,9 @@ class TaskAssigned(Event, tag="task_assigned"):
     # The indices of the worker's devices this attempt holds (reserved in the same Lua
     # commit as the host): one per device it asked for.
     devices: list[int] = []
+    # The version (log sequence) of the quotas and token limits the commit was checked
+    # against (shared/limits.py): the checker judges the assignment by those.
+    limits_seq: int = 0
 
 
 class TasksPreempted(Event, tag="tasks_preempted"):
@@ -636,6 +677,8 @@ AnyEvent = (
     | PreemptionReleased
     | PendingReasonsChanged
     | AttemptReported
+    | QuotaSet
+    | TokenLimitSet
 )
 
 

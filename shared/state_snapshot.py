@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.capacity import Amounts
 from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
+from shared.limits import Limits
 from shared.messages import decode
+from shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 9
+FORMAT = 11
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -34,6 +37,13 @@ class Snapshot(msgspec.Struct, kw_only=True):
     preemption_events: list[str]
     taken_from_preemptor: list[str]
     live_by_rank: dict[int, int]
+    limits: Limits
+    limit_versions: dict[int, Limits]
+    usage_users: dict[str, Amounts]
+    usage_tokens: dict[str, int]
+    over_limits: list[str]
+    usage_half_life: float
+    recent_use: dict[str, UserUsage]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -56,9 +66,16 @@ def dump(state: ClusterState, stream: str) -> bytes:
         refused_events=state.refused_events,
         last_refused_seq=state.last_refused_seq,
         holds=state.holds,
-        preemption_events=sorted(state.preemption_events),
+        preemption_events=list(state.preemption_events),  # oldest first
         taken_from_preemptor=state.taken_from_preemptor,
         live_by_rank=state.live_by_rank,
+        limits=state.limits,
+        limit_versions=state.limit_versions,
+        usage_users=state.usage.users,
+        usage_tokens=state.usage.tokens,
+        over_limits=state.over_limits,
+        usage_half_life=state.usage_half_life,
+        recent_use=state.recent_use,
     ))
 
 
@@ -66,7 +83,8 @@ class UnusableSnapshot(Exception):
     """The bytes are not a snapshot this version can continue from."""
 
 
-def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
+def load(data: bytes, stream: str, stream_last_seq: int,
+         usage_half_life: float = FairShare.half_life) -> ClusterState:
     """The state saved in `data`, if it was folded from `stream` (whose last sequence is
     now `stream_last_seq`); else UnusableSnapshot says why."""
     try:
@@ -81,7 +99,10 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     if snap.last_seq > stream_last_seq:
         raise UnusableSnapshot(f"it reaches event {snap.last_seq}, the stream ends at "
                                f"{stream_last_seq}")
-    state = ClusterState()
+    if snap.usage_half_life != usage_half_life:
+        raise UnusableSnapshot(f"its users' usage decays with a half-life of "
+                               f"{snap.usage_half_life:g} s, this one's is {usage_half_life:g} s")
+    state = ClusterState(usage_half_life)
     state.last_seq = snap.last_seq
     state.epoch = snap.epoch
     state.jobs = {job.job_id: job for job in snap.jobs}
@@ -98,7 +119,13 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.refused_events = snap.refused_events
     state.last_refused_seq = snap.last_refused_seq
     state.holds = snap.holds
-    state.preemption_events = set(snap.preemption_events)
+    state.preemption_events = dict.fromkeys(snap.preemption_events)
     state.taken_from_preemptor = snap.taken_from_preemptor
     state.live_by_rank = snap.live_by_rank
+    state.limits = snap.limits
+    state.limit_versions = snap.limit_versions
+    state.usage.users = snap.usage_users
+    state.usage.tokens = snap.usage_tokens
+    state.over_limits = snap.over_limits
+    state.recent_use = snap.recent_use
     return state

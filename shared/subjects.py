@@ -119,3 +119,16 @@ def inbox_prefix(identity: str) -> str:
     """Each identity's replies (JetStream acks, API answers, consumer deliveries) come under
     its own inbox prefix, so no identity may read another's replies."""
     return f"_INBOX.{identity}"
+
+
+# Cluster-wide limits (docs/placement.md "Quotas", docs/lifecycle.md "Tokens"): only an
+# admin may write here (no other role's permissions reach berth.events.admin.>).
+ADMIN_ALL = "berth.events.admin.>"
+ADMIN_QUOTAS = "berth.events.admin.quota"
+ADMIN_TOKENS_ALL = "berth.events.admin.tokens.*"
+
+
+def admin_tokens(name: str) -> str:
+    """Token `name`'s limits, one subject per token: the submitter checks that a token a
+    spec asks for exists with one direct read of the newest message here."""
+    return f"berth.events.admin.tokens.{name}"

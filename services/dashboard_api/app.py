@@ -138,10 +138,13 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     @get("/jobs/{job_id:str}/queue", sync_to_thread=False)
     def job_queue(job_id: str) -> views.QueuePlace | None:
         """Where the job stands in its priority band's queue of jobs with pending tasks
-        (placed in that order: band, then submission); null when none of its tasks is
-        pending."""
+        (placed in that order: band, then users by fair share, each user's jobs by
+        submission); null when none of its tasks is pending."""
         job = find_job(job_id)
-        place = queue_order.band_place(job, projection.state.pending, projection.state.jobs)
+        state, fair = projection.state, projection.fair_share
+        queue = queue_order.order(queue_order.pending_jobs(state.pending, state.jobs, fair),
+                                  queue_order.costs(state.recent_use, time.time(), fair))
+        place = queue_order.band_place(job, queue)
         return None if place is None else views.QueuePlace(job.spec.priority.value, *place)
 
     @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
@@ -319,6 +322,11 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             raise NotFoundException(f"no worker {worker_id!r}")
         return worker_out(worker_id)
 
+    @get("/limits", sync_to_thread=False)
+    def limits() -> views.LimitsOut:
+        """Quotas and token limits, and what live attempts hold of them."""
+        return views.limits_out(projection.state.limits, projection.state.usage)
+
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
     def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
         """What became of submit stream message N: its job, or the reason it was rejected."""
@@ -353,7 +361,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
                         task_logs, host_timeline, list_workers, worker_detail, submit_outcome,
-                        events],
+                        events, limits],
     )
 
     # --- open to all ------------------------------------------------------------------------

@@ -9,11 +9,14 @@ from collections.abc import Sequence
 import msgspec
 
 from shared import task_rules
+from shared.capacity import Amounts
 from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
+from shared.limits import Limits, Usage
 from shared.messages import (
     DeviceStats,
     GpuTelemetry,
     JobSpec,
+    Quota,
     Reason,
     Resources,
     ResourceUse,
@@ -252,3 +255,45 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool,
         drain_deadline=w.drain_deadline if w.draining else None,
         recent_failures=len(w.failures),
     )
+
+
+class QuotaOut(msgspec.Struct):
+    """One user's quota (each dimension its own, else the default; None: no limit) and what
+    its live attempts hold (cpu in millicores, memory in MiB)."""
+
+    user: str
+    cpu: int | None
+    mem: int | None
+    dev: int | None
+    cpu_used: int
+    mem_used: int
+    dev_used: int
+
+
+class TokenOut(msgspec.Struct):
+    name: str
+    limit: int
+    in_use: int
+
+
+class LimitsOut(msgspec.Struct):
+    """Every quota and token limit in force (docs/placement.md "Quotas", docs/lifecycle.md
+    "Tokens"): `default` is every user's quota unless set for them; `users` lists each user
+    with a quota of its own or anything in use."""
+
+    default: QuotaOut
+    users: list[QuotaOut]
+    tokens: list[TokenOut]
+
+
+def limits_out(limits: Limits, usage: Usage) -> LimitsOut:
+    def quota(user: str, q: Quota) -> QuotaOut:
+        used = usage.users.get(user, Amounts())
+        return QuotaOut(user, q.cpu, q.mem, q.dev, used.cpu, used.mem, used.dev)
+
+    users = sorted(set(limits.quotas) | set(usage.users))
+    return LimitsOut(
+        default=quota("*", limits.default),
+        users=[quota(u, limits.quota(u)) for u in users],
+        tokens=[TokenOut(name, limits.tokens.get(name, 0), usage.tokens.get(name, 0))
+                for name in sorted(set(limits.tokens) | set(usage.tokens))])

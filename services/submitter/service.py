@@ -108,6 +108,12 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
             if not await job_exists(js, job_id, earlier, user):
                 return SubmitRejected(submit_seq=seq, ts=outcome.ts,
                                       reason=f"{field}: no job {job_id!r}{yours}")
+        for name in sorted(outcome.spec.tokens):
+            if not await token_exists(js, name):
+                return SubmitRejected(
+                    submit_seq=seq, ts=outcome.ts,
+                    reason=f"tokens.{name}: no such token (an admin creates it: "
+                    f"`berth tokens set {name} N`)")
         return outcome
     if msg.subject == subjects.submit_cancel(user):
         outcome = intake_cancel(msg.data, seq, max_bytes, user)
@@ -141,6 +147,16 @@ async def job_exists(js: JetStreamContext, job_id: str,
     except msgspec.DecodeError:
         return False
     return isinstance(event, JobSubmitted) and event.job_id == job_id
+
+
+async def token_exists(js: JetStreamContext, name: str) -> bool:
+    """Whether an admin has set a limit for token `name`: one direct read of the newest
+    message on its admin subject."""
+    try:
+        await js.get_last_msg(subjects.EVENTS_STREAM, subjects.admin_tokens(name))
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
 
 
 def _stored_ns(msg: Msg) -> int:
