@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,7 +21,16 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from berth import backup, cli_read, creds_cli, health, limits_cli, node_cli, token_cli
+from berth import (
+    backup,
+    cli_read,
+    creds_cli,
+    health,
+    limits_cli,
+    node_cli,
+    schedules_cli,
+    token_cli,
+)
 from berth.cli_app import (
     Globals,
     JsonFlag,
@@ -176,6 +186,11 @@ def cmd_submit(
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
     print(outcome.job_id, flush=True)
+    if outcome.note == "schedule":
+        print(f"schedule {outcome.job_id}: {_schedule_words(payload)}", file=sys.stderr)
+        return 0
+    if outcome.note:  # stdout stays the job id alone, for scripts
+        print(outcome.note, file=sys.stderr)
     waits = _waits_for(payload)
     if waits:  # stdout stays the job id alone, for scripts
         print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
@@ -194,6 +209,18 @@ def _waits_for(payload: bytes) -> str:
     parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
     return " and ".join(parts)
 
+
+
+def _schedule_words(payload: bytes) -> str:
+    from shared import schedules
+    from shared.messages import decode, job_spec_decoder
+
+    spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
+    assert spec.schedule is not None
+    cron, zone = spec.schedule.cron, spec.schedule.timezone
+    first = schedules.next_fire(cron, zone, time.time())
+    return (f"{cron!r} ({zone}), first run at "
+            f"{datetime.fromtimestamp(first, UTC):%Y-%m-%d %H:%M:%S} UTC")
 
 
 def _retry_words(payload: bytes) -> str:
@@ -664,7 +691,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli, schedules_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

@@ -14,7 +14,7 @@ from shared import config, subjects
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from shared.messages import JobSpec
+    from shared.messages import AnyEvent, JobSpec
 
 # The NATS client and the messages are imported where a submit needs them: `berth jobs` and
 # the other readers use only the API half of this module and start faster without them.
@@ -25,6 +25,9 @@ class SubmitOutcome:
     submit_seq: int
     job_id: str | None
     reason: str | None
+    # What an `existing`/`dedup` policy did, in words ("" when it made a plain new job):
+    # "deduplicated to jX", "kept existing jX", "recreated: cancelled jY".
+    note: str = ""
 
     @property
     def accepted(self) -> bool:
@@ -71,13 +74,7 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
 
     import nats.js.errors
 
-    from shared.messages import (
-        JobCancelRequested,
-        JobSubmitted,
-        SubmitRejected,
-        decode,
-        event_decoder,
-    )
+    from shared.messages import decode, event_decoder
 
     ask_again: tuple[type[Exception], ...] = (nats.js.errors.NotFoundError, *unanswered())
     js = nc.jetstream()
@@ -97,10 +94,32 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.25)
     event = decode(event_decoder, msg.data or b"")
-    if isinstance(event, JobSubmitted | JobCancelRequested):
-        return SubmitOutcome(submit_seq, event.job_id, None)
+    return outcome_of_event(event, subject)
+
+
+def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
+    """The SubmitOutcome a stored submit outcome event says."""
+    from shared import job_policy
+    from shared.messages import (
+        JobCancelRequested,
+        JobSubmitted,
+        ScheduleCreated,
+        SubmitDeduplicated,
+        SubmitRejected,
+    )
+
+    if isinstance(event, JobSubmitted):
+        return SubmitOutcome(event.submit_seq, event.job_id, None,
+                             job_policy.recreated_words(event.replaces))
+    if isinstance(event, SubmitDeduplicated):
+        return SubmitOutcome(event.submit_seq, event.job_id, None,
+                             job_policy.in_words(event.how, event.job_id))
+    if isinstance(event, ScheduleCreated):
+        return SubmitOutcome(event.submit_seq, event.schedule_id, None, "schedule")
+    if isinstance(event, JobCancelRequested):
+        return SubmitOutcome(event.submit_seq, event.job_id, None)
     if isinstance(event, SubmitRejected):
-        return SubmitOutcome(submit_seq, None, event.reason)
+        return SubmitOutcome(event.submit_seq, None, event.reason)
     raise RuntimeError(f"unexpected event on {subject}: {event!r}")
 
 

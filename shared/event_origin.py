@@ -29,6 +29,8 @@ from shared.messages import (
     PendingReasonsChanged,
     PreemptionReleased,
     QuotaSet,
+    ScheduleCreated,
+    SubmitDeduplicated,
     SubmitRejected,
     TaskAssigned,
     TasksPreempted,
@@ -51,7 +53,8 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
     """Why `event` may not be believed from `subject`, or None if it may."""
     kind = type(event).__name__
     match event:
-        case JobSubmitted() | SubmitRejected() | JobCancelRequested():
+        case (JobSubmitted() | SubmitRejected() | JobCancelRequested() | SubmitDeduplicated()
+              | ScheduleCreated()):
             ok = subjects.is_submit_outcome(subject)
         case LeaderElected():
             ok = subject == subjects.LEADER_EVENTS

@@ -37,7 +37,9 @@ from shared.messages import (
     Resources,
     ResourceUse,
     RetryEvent,
+    ScheduleCreated,
     StopCriteria,
+    SubmitDeduplicated,
     SubmitRejected,
     TaskAssigned,
     TasksPreempted,
@@ -148,9 +150,26 @@ class JobView(msgspec.Struct, kw_only=True):
     waiting_for: str = ""
     # How many of its tasks are in each state, kept as they change (ClusterState._set_state).
     state_counts: dict[TaskState, int] = {}
+    # The jobs its submit cancelled (`existing: recreate`), and the schedule that made it.
+    replaced: list[str] = []
+    schedule_id: str = ""
 
     def task_counts(self) -> dict[str, int]:
         return {state.display: n for state, n in self.state_counts.items()}
+
+
+class ScheduleView(msgspec.Struct, kw_only=True):
+    """A schedule (docs/lifecycle.md, "Schedules"): its spec (with `schedule`) and what it
+    fired, all from the log, so any leader knows which fire comes next."""
+
+    schedule_id: str
+    spec: JobSpec
+    submit_seq: int
+    created_at: float
+    last_fire_at: float = 0.0  # the latest fire time a job was made for (0: none yet)
+    fired: int = 0
+    last_job: str = ""
+    cancelled_at: float = 0.0
 
 
 class WorkerView(msgspec.Struct, kw_only=True):
@@ -254,6 +273,10 @@ class ClusterState:
         self.rejections: dict[int, str] = {}
         self.job_by_submit: dict[int, str] = {}  # submit sequence -> job id
         self.cancel_by_submit: dict[int, str] = {}  # submit sequence -> cancelled job id
+        # submit sequence -> (existing job id, "kept" or "deduplicated"): submits that made
+        # no job of their own (shared/job_policy.py)
+        self.same_by_submit: dict[int, tuple[str, str]] = {}
+        self.schedules: dict[str, ScheduleView] = {}
         self.last_seq = 0
         self.epoch = 0
         # Messages in the log the fold did not believe (undecodable, or from a subject
@@ -315,11 +338,23 @@ class ClusterState:
                 self._job_submitted(event)
             case SubmitRejected():
                 self.rejections[event.submit_seq] = event.reason
+            case SubmitDeduplicated():
+                self.same_by_submit[event.submit_seq] = (event.job_id, event.how)
+            case ScheduleCreated():
+                if event.schedule_id not in self.schedules:
+                    self.schedules[event.schedule_id] = ScheduleView(
+                        schedule_id=event.schedule_id, spec=event.spec,
+                        submit_seq=event.submit_seq, created_at=event.ts)
             case JobCancelRequested():
                 self.cancel_by_submit[event.submit_seq] = event.job_id
-                who = f" by {event.user}" if event.user else ""
-                why = f": {event.reason}" if event.reason else ""
-                self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts, ""))
+                if (schedule := self.schedules.get(event.job_id)) is not None:
+                    # Its jobs run on: a schedule's cancel stops only its fires.
+                    schedule.cancelled_at = schedule.cancelled_at or event.ts
+                else:
+                    who = f" by {event.user}" if event.user else ""
+                    why = f": {event.reason}" if event.reason else ""
+                    self._cancellations.append(
+                        (event.job_id, f"cancelled{who}{why}", event.ts, ""))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
             case DeviceHealthChanged():
@@ -404,6 +439,13 @@ class ClusterState:
     def _job_submitted(self, event: JobSubmitted) -> None:
         if event.job_id in self.jobs:
             return
+        for old in event.replaces:
+            self._cancellations.append(
+                (old, f"replaced by {event.job_id} (existing: recreate)", event.ts, ""))
+        if (schedule := self.schedules.get(event.schedule_id)) is not None:
+            schedule.last_fire_at = max(schedule.last_fire_at, event.fire_at)
+            schedule.fired += 1
+            schedule.last_job = event.job_id
         job = JobView(
             job_id=event.job_id,
             spec=event.spec,
@@ -412,6 +454,8 @@ class ClusterState:
             tasks=[TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
                    for i in range(event.spec.replicas)],
             state_counts={S.PENDING: event.spec.replicas},
+            replaced=list(event.replaces),
+            schedule_id=event.schedule_id,
         )
         self.jobs[event.job_id] = job
         self.job_by_submit[event.submit_seq] = event.job_id

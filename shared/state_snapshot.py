@@ -4,10 +4,20 @@ events after it gives exactly the state a fold from sequence 1 gives (tested).""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import msgspec
 
 from shared.capacity import Amounts
-from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
+from shared.lifecycle import (
+    ClusterState,
+    GroupView,
+    HoldView,
+    JobView,
+    ScheduleView,
+    WorkerView,
+)
 from shared.limits import Limits
 from shared.messages import decode
 from shared.usage import FairShare, UserUsage
@@ -28,6 +38,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     workers: list[WorkerView]
     rejections: dict[int, str]
     cancel_by_submit: dict[int, str]
+    same_by_submit: dict[int, tuple[str, str]]
+    schedules: list[ScheduleView]
     pending: list[tuple[str, int]]
     groups: list[GroupView]
     seen_incarnations: list[tuple[str, str]]
@@ -60,6 +72,8 @@ def dump(state: ClusterState, stream: str) -> bytes:
         workers=list(state.workers.values()),
         rejections=state.rejections,
         cancel_by_submit=state.cancel_by_submit,
+        same_by_submit=state.same_by_submit,
+        schedules=list(state.schedules.values()),
         pending=list(state.pending),
         groups=list(state.groups.values()),
         seen_incarnations=sorted(state.seen_incarnations),
@@ -110,6 +124,8 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.workers = {worker.worker_id: worker for worker in snap.workers}
     state.rejections = snap.rejections
     state.cancel_by_submit = snap.cancel_by_submit
+    state.same_by_submit = snap.same_by_submit
+    state.schedules = {s.schedule_id: s for s in snap.schedules}
     state.pending = dict.fromkeys(snap.pending)
     # Held back by a backoff: exactly the pending tasks with a retry_at (kept so by the fold).
     state.backoff = {key: task.retry_at for key in state.pending
@@ -129,3 +145,14 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.over_limits = snap.over_limits
     state.recent_use = snap.recent_use
     return state
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Written beside, then renamed into place: a crash never leaves half a snapshot."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -23,6 +23,8 @@ BUNDLE_META = f"$O.{BUNDLES_BUCKET}.M.>"
 SUBMIT_JOB = "berth.submit.job"
 SUBMIT_CANCEL = "berth.submit.cancel"
 SUBMIT_ALL = "berth.submit.>"
+# A schedule's fires (docs/lifecycle.md, "Schedules"): only the scheduler writes here.
+SUBMIT_FIRE = "berth.submit.fire"
 # The outcome subjects' user token for a bare (admin) submit.
 ADMIN_SUBMITTER = "_"
 
@@ -44,6 +46,16 @@ def submit_job(user: str | None = None) -> str:
 
 def submit_cancel(user: str | None = None) -> str:
     return f"{SUBMIT_CANCEL}.{user}" if user else SUBMIT_CANCEL
+
+
+def schedule_fire(schedule_id: str) -> str:
+    """Where the leader asks for the job of a schedule's fire. One subject per schedule, so
+    the leader can publish a fire only if the last one there is the one it saw."""
+    return f"{SUBMIT_FIRE}.{schedule_id}"
+
+
+def is_schedule_fire(subject: str) -> bool:
+    return subject.startswith(SUBMIT_FIRE + ".")
 
 
 def submit_user(subject: str) -> str | None:

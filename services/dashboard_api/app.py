@@ -30,8 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from services.dashboard_api import auth, live, redact, timeline, views
 from services.dashboard_api import metrics as dashboard_metrics
 from services.dashboard_api.projection import Projection
+from shared import job_policy, nats_io, queue_order, subjects
 from shared import metrics as shared_metrics
-from shared import nats_io, queue_order, subjects
 from shared.api_tokens import Role
 from shared.lifecycle import JobView, TaskView
 from shared.messages import CancelRequest, JobSpec, encode
@@ -64,7 +64,16 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
         job_id = s.job_by_submit.get(submit_seq)
         if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
+            note = job_policy.recreated_words(s.jobs[job_id].replaced)
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job", note=note)
+        if submit_seq in s.same_by_submit:
+            job_id, how = s.same_by_submit[submit_seq]
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind=how,
+                                       note=job_policy.in_words(how, job_id))
+        for schedule in s.schedules.values():
+            if schedule.submit_seq == submit_seq:
+                return views.SubmitOutcome(submit_seq, True, job_id=schedule.schedule_id,
+                                           kind="schedule")
         job_id = s.cancel_by_submit.get(submit_seq)
         if job_id is not None:
             return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
@@ -322,6 +331,11 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             raise NotFoundException(f"no worker {worker_id!r}")
         return worker_out(worker_id)
 
+    @get("/schedules", sync_to_thread=False)
+    def list_schedules() -> list[views.ScheduleOut]:
+        """Every schedule, oldest first, with its next run (none once cancelled)."""
+        now = time.time()
+        return [views.schedule_out(s, now) for s in projection.state.schedules.values()]
     @get("/limits", sync_to_thread=False)
     def limits() -> views.LimitsOut:
         """Quotas and token limits, and what live attempts hold of them."""
@@ -361,7 +375,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
                         task_logs, host_timeline, list_workers, worker_detail, submit_outcome,
-                        events, limits],
+                        list_schedules, events, limits],
     )
 
     # --- open to all ------------------------------------------------------------------------
@@ -384,7 +398,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         await shared_metrics.refresh_all([metrics_refresh] if metrics_refresh else [])
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    @get(["/", "/jobs/{job_id:str}", "/workers", "/timeline"], media_type=MediaType.HTML,
+    @get(["/", "/jobs/{job_id:str}", "/workers", "/timeline", "/schedules"],
+         media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
     def page(job_id: str | None = None) -> str:
         return (STATIC / "index.html").read_text()
