@@ -10,9 +10,9 @@ import sys
 # What `import berth.cli` (every `berth` command, `--help` included) must not pull in: the
 # NATS client and asyncio (submits and other bus commands), Redis and through it
 # OpenTelemetry's SDK (`berth doctor`, `berth health`, the servers), metrics, Rich (tables),
-# nkeys (making or reading a key).
+# nkeys (making or reading a key), croniter (schedules).
 HEAVY = ("asyncio", "nats", "redis", "opentelemetry.sdk", "prometheus_client", "rich",
-         "shared.servers", "shared.messages", "pydantic", "nkeys")
+         "shared.servers", "shared.messages", "pydantic", "nkeys", "croniter")
 
 _PROBE = """
 import json, sys
