@@ -73,7 +73,7 @@ def history(tasks: int, per_job: int) -> list[tuple[str, bytes]]:
                 job_id=job_id, task_index=i, attempt_id=0, worker_id=worker,
                 incarnation="i1", epoch=1, ts=now))))
             for state in (TaskState.BUILDING, TaskState.RUNNING, TaskState.SUCCEEDED):
-                out.append((subject, encode(AttemptReported(
+                out.append((subjects.attempt_reports(worker), encode(AttemptReported(
                     job_id=job_id, task_index=i, attempt_id=0, worker_id=worker,
                     state=state, exit_code=0 if state == TaskState.SUCCEEDED else None,
                     ts=now))))

@@ -13,9 +13,27 @@ def status_mib(pid: int, field: str) -> float:
     return 0.0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process has used so far, in seconds (/proc/<pid>/stat)."""
+def cpu_seconds(pid: int, reaped: bool = False) -> float:
+    """User plus system CPU time a process has used so far, in seconds (/proc/<pid>/stat);
+    with `reaped`, also that of its children it has waited for (a worker's tasks). 0 for
+    a process that is gone."""
     import os
 
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each labelled process, its reaped children included."""
+    return {label: cpu_seconds(pid, reaped=True) for label, pid in pids.items()}
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process spent between two `cpu_by_process` readings."""
+    return {label: round(after[label] - before.get(label, 0.0), 2) for label in after}

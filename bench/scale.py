@@ -15,6 +15,9 @@ Workloads (each on a fresh stack):
                  time to place all, gang placements/s, the checker's (`berth doctor`) result.
   W3 latency     an idle cluster; 200 single-task jobs one after another: submit->RUNNING.
   W4 growth      W1 at 1,000, 5,000 and 10,000 hosts, tasks = 20 x hosts (capped by time).
+  P1 processes   real worker agents (8 x 8 cpu) running real processes: 500 `true` jobs at
+                 once: jobs/s, submit->SUCCEEDED percentiles, CPU seconds per job across
+                 every process of the stack.
   W5 preemption  1,000 hosts in slices of 8, full of batch gangs; 100 production gangs of 8
                  arrive at once: time until all run, evictions/s, how long each waited
                  after its last victim exited (simulated victims exit at once: the grace
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -41,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from procstat import cpu_seconds, status_mib  # bench/procstat.py, beside this script
+from procstat import cpu_by_process, cpu_seconds, cpu_used, status_mib  # bench/procstat.py
 
 from berth.stack import Stack, start_stack
 from shared import nats_io, redis_auth, redis_io, subjects
@@ -76,7 +80,9 @@ class Observed:
     assigned: dict[tuple[str, int], float] = field(default_factory=dict)  # first assignment
     running: dict[tuple[str, int], float] = field(default_factory=dict)
     finished: dict[tuple[str, int], float] = field(default_factory=dict)
+    group_of: dict[str, str] = field(default_factory=dict)  # gang job id -> its group
     rejected: int = 0
+    failed: int = 0  # attempts that ended other than SUCCEEDED
     registered: set[str] = field(default_factory=set)  # worker ids
     # Preemptions: (when, preemptor, victim attempt keys); attempt key -> when it exited.
     preemptions: list[tuple[float, str, list[str]]] = field(default_factory=list)
@@ -105,6 +111,8 @@ async def observe(nc: NATS, seen: Observed) -> None:
             seen.rejected += 1
         elif isinstance(event, TaskAssigned):
             seen.assigned.setdefault((event.job_id, event.task_index), event.ts)
+            if event.group:
+                seen.group_of.setdefault(event.job_id, event.group)
         elif isinstance(event, TasksPreempted):
             seen.preemptions.append((event.ts, event.job_id, event.victims))
         elif isinstance(event, AttemptReported):
@@ -113,6 +121,7 @@ async def observe(nc: NATS, seen: Observed) -> None:
                 seen.running.setdefault(key, event.ts)
             elif event.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED):
                 seen.finished[key] = event.ts
+                seen.failed += event.state != TaskState.SUCCEEDED
                 seen.exits[attempt_key(event.job_id, event.task_index, event.attempt_id)] = \
                     event.ts
         seen.changed.set()
@@ -172,8 +181,13 @@ class Cluster:
     cluster of `nats_nodes` (`--nats-nodes`; streams with min(nodes, 3) replicas)."""
 
     nats_nodes = 1
+    lease_ttl: float | None = None  # --lease-ttl
+    profile = False  # --profile: every service under cProfile, the scheduler's top printed
 
-    def __init__(self, root: Path, name: str, hosts: int, sim_args: list[str]) -> None:
+    def __init__(self, root: Path, name: str, hosts: int, sim_args: list[str],
+                 real_cpu: float | None = None) -> None:
+        """`hosts` simulated hosts in one process, or with `real_cpu` that many real
+        worker agents (each its own process, running real processes) of that many cpus."""
         self.data = root / name
         # Heartbeats of thousands of simulated hosts are real load: spread them as a real
         # cluster would (documented in docs/performance.md).
@@ -181,11 +195,20 @@ class Cluster:
         env = {"BERTH_HEARTBEAT_INTERVAL": str(interval),
                "BERTH_WORKER_DEAD_AFTER": str(interval * 6),
                "BERTH_LOG_LEVEL": "INFO"}
+        if self.lease_ttl is not None:
+            env["BERTH_LEASE_TTL"] = str(self.lease_ttl)
+        self.profile_dir = self.data / "profile"
+        if self.profile:
+            env["BERTH_PROFILE_DIR"] = str(self.profile_dir)
         self.stack: Stack = start_stack(self.data, workers=0, extra_env=env,
                                         nats_nodes=self.nats_nodes)
         self.hosts = hosts
-        self.stack.start_service("worker", "--id", "sim", "--simulate", str(hosts),
-                                 "--address", "127.0.0.1", *sim_args, label="sim")
+        if real_cpu is not None:
+            for i in range(hosts):
+                self.stack.start_worker(f"w{i}", real_cpu, 4096)
+        else:
+            self.stack.start_service("worker", "--id", "sim", "--simulate", str(hosts),
+                                     "--address", "127.0.0.1", *sim_args, label="sim")
         self.nc: NATS | None = None
         self.seen = Observed()
         self._observer: asyncio.Task[None] | None = None
@@ -206,12 +229,40 @@ class Cluster:
     def scheduler_pid(self) -> int:
         return self.stack.children["scheduler"].pid
 
-    async def doctor(self) -> dict[str, int]:
+    def pids(self) -> dict[str, int]:
+        """Every process of the stack: the services (the simulated hosts as "sim"), then
+        the servers."""
+        pids = {label: proc.pid for label, proc in self.stack.children.items()}
+        pids |= {f"nats{i}": node.proc.pid for i, node in enumerate(self.stack.nats.nodes)}
+        redis = getattr(self.stack.redis, "proc", None)
+        if redis is not None:
+            pids["valkey"] = redis.pid
+        return pids
+
+    def cpu(self) -> dict[str, float]:
+        return cpu_by_process(self.pids())
+
+    async def idle_rates(self) -> dict[str, float]:
+        """CPU seconds per second each process spends on the idle cluster."""
+        if self.idle_window <= 0:
+            return {}
+        before = self.cpu()
+        await asyncio.sleep(self.idle_window)
+        return {k: v / self.idle_window for k, v in cpu_used(before, self.cpu()).items()}
+
+    # Seconds of idle measured before W1/W4 submit, printed as CPU per second per process:
+    # at 1,000 hosts heartbeats cost CPU for every second a run lasts, so a run slowed by
+    # other load reads a higher CPU per placement. Right after the hosts registered, so it
+    # includes the tail of their registration: an upper bound. --quick: none.
+    idle_window = 3.0
+    settle = 0.5  # the checker's wait for in-flight commits; --quick: 0.1 (all has ended)
+
+    async def doctor(self, settle: float | None = None) -> dict[str, int]:
         assert self.nc is not None
         redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
         try:
             report = await check_cluster(self.nc.jetstream(), ReservationStore(redis),
-                                         settle=0.5)
+                                         settle=self.settle if settle is None else settle)
         finally:
             await redis.aclose()
         return {"violations": len(report.violations()),
@@ -225,6 +276,33 @@ class Cluster:
         if self.nc:
             await self.nc.close()
         self.stack.stop()
+        if self.profile:
+            print_profiles(self.profile_dir)
+
+
+def print_profiles(where: Path, top: int = 30) -> None:
+    """The scheduler's hottest functions (own time, then cumulative) on stderr."""
+    import pstats
+
+    for path in sorted(where.glob("scheduler-*.prof")):
+        print(f"\n--- profile {path}", file=sys.stderr)
+        stats = pstats.Stats(str(path), stream=sys.stderr)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+
+
+def cpu_cost(used: dict[str, float], units: int, per: str) -> dict[str, Any]:
+    """CPU seconds per `per` (e.g. placement) of the scheduler and of every berth process
+    (the services and the simulated hosts; also with nats-server and valkey): a measure
+    the load of other processes on this machine moves much less than wall-clock rates."""
+    services = sum(v for k, v in used.items() if not k.startswith(("nats", "valkey")))
+    n = max(units, 1)
+    return {
+        "cpu_s": used,
+        f"scheduler_cpu_ms_per_{per}": round(1000 * used.get("scheduler", 0.0) / n, 3),
+        f"berth_cpu_ms_per_{per}": round(1000 * services / n, 3),
+        f"all_cpu_ms_per_{per}": round(1000 * sum(used.values()) / n, 3),
+    }
 
 
 def single(i: int, cpu: float = 1) -> bytes:
@@ -239,10 +317,14 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
                                                         "--sim-runtime", run_time]) as c:
         seen = c.seen
         specs = [single(i) for i in range(jobs)]
+        idle = await c.idle_rates()
+        cpu0 = c.cpu()
         t0 = time.time()
         offered = await submit_all(c.nc, seen, specs, rate=rate)  # type: ignore[arg-type]
         complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
                                   f"{name}: all {jobs} tasks to finish")
+        used = cpu_used(cpu0, c.cpu())
+        doctor = await c.doctor()
         placed_times = sorted(seen.assigned.values())
         done_times = sorted(seen.finished.values())
         placements = len(placed_times) / max(placed_times[-1] - t0, 1e-9) if placed_times else 0
@@ -262,6 +344,9 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             # CPU time of every nats-server of the stack, start to end (R3: three stores).
             "nats_cpu_s": round(sum(cpu_seconds(n.proc.pid) for n in c.stack.nats.nodes), 1),
             "rejected": seen.rejected,
+            **cpu_cost(used, len(placed_times), "placement"),
+            "idle_cpu_per_s": {k: round(v, 3) for k, v in idle.items()},
+            **{f"doctor_{k}": v for k, v in doctor.items()},
         }
 
 
@@ -277,6 +362,7 @@ async def gangs(root: Path, slices: int, size: int, count: int, cap: float,
             resources=Resources(cpu=1, memory_mb=100, device=TPU),
             coscheduling=Coscheduling(group_by="tpu-name", order_by="tpu-worker-id")))
             for i in range(count)]
+        cpu0 = c.cpu()
         t0 = time.time()
         await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
         tasks = count * size
@@ -284,15 +370,71 @@ async def gangs(root: Path, slices: int, size: int, count: int, cap: float,
                                   f"W2: all {count} gangs placed")
         place_all = max(seen.assigned.values()) - t0 if seen.assigned else None
         await wait_for(seen, lambda: len(seen.finished) >= tasks, cap, "W2: gangs finished")
+        used = cpu_used(cpu0, c.cpu())
         doctor = await c.doctor()
         gangs_placed = len({job for job, _ in seen.assigned})
+        gaps = slice_gaps(seen)
         return {
             "workload": "W2", "hosts": hosts, "slices": slices, "gangs": count,
             "gang_size": size, "complete": complete, "gangs_placed": gangs_placed,
             "time_to_place_all_s": round(place_all, 2) if place_all is not None else None,
             "gang_placements_per_s": round(gangs_placed / place_all, 1) if place_all else None,
+            # The scheduler's own share of a round: from a slice's gang ending (its last
+            # task's exit) to the next gang's assignment there. Rounds are bound by the
+            # simulated run times (25 rounds of 0.05-0.15 s per slice) plus this.
+            "slice_free_to_next_gang_p50_ms": pct(gaps, 0.5),
+            "slice_free_to_next_gang_p99_ms": pct(gaps, 0.99),
+            **cpu_cost(used, gangs_placed, "gang"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
+
+
+async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
+                    ) -> dict[str, Any]:
+    """P1: real worker agents running real processes (`true`), `jobs` one-task jobs
+    submitted at once: jobs/s, submit->SUCCEEDED percentiles, CPU per job of every process
+    (the workers' reaped task processes and supervisors included)."""
+    async with Cluster(root, "P1", workers, [], real_cpu=cpu) as c:
+        seen = c.seen
+        specs = [encode(JobSpec(name=f"p{i}", command=["true"],
+                                resources=Resources(cpu=1, memory_mb=16)))
+                 for i in range(jobs)]
+        cpu0 = c.cpu()
+        t0 = time.time()
+        await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
+        complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
+                                  f"P1: all {jobs} jobs to finish")
+        used = cpu_used(cpu0, c.cpu())
+        doctor = await c.doctor()
+        done_times = sorted(seen.finished.values())
+        to_done = seen.latencies(seen.finished)
+        return {
+            "workload": "P1", "hosts": workers, "cpu_per_worker": cpu, "jobs": jobs,
+            "complete": complete, "finished": len(done_times), "failed": seen.failed,
+            "jobs_per_s": round(len(done_times) / max(done_times[-1] - t0, 1e-9), 1)
+            if done_times else 0,
+            "submit_to_succeeded_p50_ms": pct(to_done, 0.5),
+            "submit_to_succeeded_p90_ms": pct(to_done, 0.9),
+            "submit_to_succeeded_p99_ms": pct(to_done, 0.99),
+            "submit_to_running_p50_ms": pct(seen.latencies(seen.running), 0.5),
+            **cpu_cost(used, len(done_times), "job"),
+            **{f"doctor_{k}": v for k, v in doctor.items()},
+        }
+
+
+def slice_gaps(seen: Observed) -> list[float]:
+    """Per group, the time from each gang's last exit to the next gang's first assignment."""
+    rounds: dict[str, list[tuple[float, float]]] = {}  # group -> (assigned, last exit)
+    for job, group in seen.group_of.items():
+        assigned = [ts for (j, _), ts in seen.assigned.items() if j == job]
+        ended = [ts for (j, _), ts in seen.finished.items() if j == job]
+        if assigned and ended:
+            rounds.setdefault(group, []).append((min(assigned), max(ended)))
+    gaps = []
+    for runs in rounds.values():
+        runs.sort()
+        gaps += [max(0.0, nxt[0] - cur[1]) for cur, nxt in itertools.pairwise(runs)]
+    return gaps
 
 
 async def latency(root: Path, hosts: int, jobs: int) -> dict[str, Any]:
@@ -379,7 +521,7 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
                 waits.append(max(started) - max(gone))
                 to_assigned.append(max(assigned) - max(gone))
                 to_running.append(max(started) - max(assigned))
-        doctor = await c.doctor()
+        doctor = await c.doctor(settle=0.5)  # commits may still be in flight here
         span = (max(exits) - min(evict_times)) if exits and evict_times else None
         return {
             "workload": "W5", "hosts": hosts, "slices": slices, "gangs": count,
@@ -405,7 +547,9 @@ def table(results: list[dict[str, Any]]) -> str:
         if r["workload"] == "W2":
             what = (f"{r['gangs_placed']}/{r['gangs']} gangs placed in "
                     f"{r['time_to_place_all_s']} s ({r['gang_placements_per_s']}/s), "
-                    f"doctor violations={r['doctor_violations']}")
+                    f"slice free->next gang p50 {r['slice_free_to_next_gang_p50_ms']} ms, "
+                    f"CPU ms/gang: scheduler {r['scheduler_cpu_ms_per_gang']}, berth "
+                    f"{r['berth_cpu_ms_per_gang']}, doctor violations={r['doctor_violations']}")
         elif r["workload"] == "W5" and "gangs_running" not in r:
             what = f"the batch gangs never filled the hosts ({r['batch_running']} running)"
         elif r["workload"] == "W5":
@@ -415,6 +559,14 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"{r['placed_after_last_victim_p50_s']} s, max "
                     f"{r['placed_after_last_victim_max_s']} s, doctor violations="
                     f"{r['doctor_violations']}")
+        elif r["workload"] == "P1":
+            what = (f"{r['finished']}/{r['jobs']} real jobs done ({r['failed']} failed), "
+                    f"{r['jobs_per_s']} jobs/s, submit->SUCCEEDED p50 "
+                    f"{r['submit_to_succeeded_p50_ms']} ms p99 "
+                    f"{r['submit_to_succeeded_p99_ms']} ms, CPU ms/job: scheduler "
+                    f"{r['scheduler_cpu_ms_per_job']}, berth {r['berth_cpu_ms_per_job']}, "
+                    f"all {r['all_cpu_ms_per_job']}, doctor violations="
+                    f"{r['doctor_violations']}")
         elif r["workload"] == "W3":
             what = (f"submit->RUNNING p50 {r['submit_to_running_p50_ms']} ms, "
                     f"p99 {r['submit_to_running_p99_ms']} ms")
@@ -422,7 +574,10 @@ def table(results: list[dict[str, Any]]) -> str:
             what = (f"{r['placements_per_s']} placements/s, {r['completions_per_s']} "
                     f"completions/s, submit->ASSIGNED p50 {r['submit_to_assigned_p50_ms']} ms "
                     f"p99 {r['submit_to_assigned_p99_ms']} ms, scheduler peak RSS "
-                    f"{r['scheduler_peak_rss_mib']} MiB ({r['placed']}/{r['jobs']} placed)")
+                    f"{r['scheduler_peak_rss_mib']} MiB ({r['placed']}/{r['jobs']} placed), "
+                    f"CPU ms/placement: scheduler {r['scheduler_cpu_ms_per_placement']}, "
+                    f"berth {r['berth_cpu_ms_per_placement']}, doctor violations="
+                    f"{r['doctor_violations']}")
         lines.append(f"{r['workload']:<10}{r['hosts']:>7}  {what}")
     return "\n".join(lines)
 
@@ -449,7 +604,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         else:
             root = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="berth-scale-")))
         if wanted("W1"):
-            emit(await throughput(root, "W1", 40 if quick else 1000,
+            emit(await throughput(root, "W1", args.hosts or (40 if quick else 1000),
                                   args.jobs or (400 if quick else 20_000), 20 if quick else 300,
                                   "uniform:0.1:0.3" if quick else "uniform:0.5:1.5",
                                   rate=args.rate))
@@ -459,10 +614,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if wanted("W3"):
             emit(await latency(root, 10 if quick else 100, 20 if quick else 200))
         if wanted("W4"):
-            sizes = [20, 40] if quick else args.w4_sizes
+            # One size in --quick: the same code path as W1, and a stack fewer for CI (P1 adds one).
+            sizes = [20] if quick else args.w4_sizes
             for hosts in sizes:
                 emit(await throughput(root, "W4", hosts, 20 * hosts,
                                       8 if quick else args.w4_cap, "uniform:0.5:1.5"))
+        if wanted("P1"):
+            emit(await processes(root, 1 if quick else 8, 4 if quick else 8,
+                                 12 if quick else 500, 30 if quick else 300))
         if wanted("W5"):
             emit(await preemption(root, 4 if quick else 125, 8, 2 if quick else 100,
                                   30 if quick else 300))
@@ -478,6 +637,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true",
                         help="keep each stack's data and service logs (the path is printed)")
     parser.add_argument("--jobs", type=int, help="W1's job count (default 20,000)")
+    parser.add_argument("--hosts", type=int, help="W1's simulated hosts (default 1,000)")
     parser.add_argument("--rate", type=float,
                         help="W1's offered load in jobs/s (default: as fast as the client can)")
     parser.add_argument("--w4-sizes", type=lambda v: [int(n) for n in v.split(",")],
@@ -488,8 +648,20 @@ def main() -> None:
     parser.add_argument("--nats-nodes", type=int, default=1,
                         help="run NATS as a JetStream cluster of N nodes on this machine, "
                         "streams with min(N, 3) replicas (default: 1 server, R1)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run every service under cProfile (BERTH_PROFILE_DIR) and print "
+                        "the scheduler's hottest functions after each workload")
+    parser.add_argument("--lease-ttl", type=float,
+                        help="BERTH_LEASE_TTL for the stack (default 3 s): on a machine "
+                        "loaded by other work a starved leader loses its lease and replays, "
+                        "which is what a run then measures")
     args = parser.parse_args()
     Cluster.nats_nodes = args.nats_nodes
+    Cluster.profile = args.profile
+    if args.quick:
+        Cluster.settle = 0.1
+        Cluster.idle_window = 0.0
+    Cluster.lease_ttl = args.lease_ttl
     results = asyncio.run(run(args))
     print(f"\nNATS: {args.nats_nodes} node(s), streams with {min(args.nats_nodes, 3)} "
           "replica(s)\n" + table(results), file=sys.stderr)

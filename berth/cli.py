@@ -422,7 +422,8 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
                     "double_booked_devices": report.double_booked_devices,
                     "over_quota": len(report.over_quota),
                     "over_token_limit": len(report.over_token_limit),
-                    "limit_use_miscounted": len(report.limit_use_miscounted)})
+                    "limit_use_miscounted": len(report.limit_use_miscounted),
+                    "attempt_keys_reused": len(report.attempt_keys_reused)})
         return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
@@ -436,6 +437,7 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"over_quota={len(report.over_quota)}")
     print(f"over_token_limit={len(report.over_token_limit)}")
     print(f"limit_use_miscounted={len(report.limit_use_miscounted)}")
+    print(f"attempt_keys_reused={len(report.attempt_keys_reused)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 

@@ -18,7 +18,7 @@ from shared.reservations import GroupUsage, HostUsage, ReservationStore
 # Violations that must never happen, not even for a moment.
 NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
          "devices_given_twice", "taken_from_preemptor", "over_quota", "over_token_limit",
-         "limit_use_miscounted")
+         "limit_use_miscounted", "attempt_keys_reused")
 # Disagreements between Redis and the log: real only when they persist.
 PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
 
@@ -36,6 +36,9 @@ class Report:
     # the commit (docs/invariants.md, invariant 12).
     over_quota: list[str] = field(default_factory=list)
     over_token_limit: list[str] = field(default_factory=list)
+    # An attempt key the log assigned twice, to different placements (a worker never starts
+    # a key it has seen, so the second would never run).
+    attempt_keys_reused: list[str] = field(default_factory=list)
     # Redis's quota and token counters disagree with its reservations.
     limit_use_miscounted: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
@@ -82,6 +85,7 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
     report = Report(events_seq=state.last_seq, refused_events=state.refused_events,
                     last_refused_seq=state.last_refused_seq,
                     taken_from_preemptor=list(state.taken_from_preemptor),
+                    attempt_keys_reused=list(state.attempt_keys_reused),
                     over_quota=[x for x in state.over_limits if ": user " in x],
                     over_token_limit=[x for x in state.over_limits if ": token " in x])
     if limits_used is not None:
@@ -134,7 +138,12 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                     report.groups_held_twice.append(
                         f"{g.name}: owner {g.owner}, but {member} is held by {host.gang}")
     redis_ports: dict[str, dict[int, str]] = {}
+    reserved_on: dict[str, str] = {}
     for h in hosts:
+        for key in h.allocations:
+            if (other := reserved_on.setdefault(key, h.worker_id)) != h.worker_id:
+                report.attempt_keys_reused.append(f"{key}: to {other} and to {h.worker_id}"
+                                                  " (redis)")
         device_holders: dict[int, str] = {}
         for key, a in sorted(h.allocations.items()):
             _hold(device_holders, a.devices, key, f"{h.worker_id}: device",

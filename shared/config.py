@@ -96,6 +96,12 @@ def log_level() -> str:
     return os.environ.get("BERTH_LOG_LEVEL", "INFO").upper()
 
 
+def profile_dir() -> str:
+    """BERTH_PROFILE_DIR: when set, each service runs under cProfile and writes
+    `<service>-<pid>.prof` there on a clean stop (`bench/scale.py --profile`)."""
+    return os.environ.get("BERTH_PROFILE_DIR", "")
+
+
 # What the `berth` command reads. Each is a function on its own, not a Settings field:
 # Settings.from_env checks the services' settings, and a bad scheduler setting in the
 # environment must not stop `berth status`. Each takes, in order: its BERTH_* variable, then

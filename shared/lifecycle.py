@@ -55,6 +55,8 @@ from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 MAX_REFUSALS_KEPT = 20
+# Attempt keys assigned twice kept for the checker: one is already a violation.
+MAX_REUSES_KEPT = 20
 # Preemption event ids remembered: a leader folds its own event at once and again when the
 # log delivers it, at most a tick's preemptions (200) and their releases later; far more
 # than that may pass in between only if the log is that far behind.
@@ -117,6 +119,10 @@ class TaskView(msgspec.Struct, kw_only=True):
     # Its policy's duration ran out: finished, whatever its budgets say.
     retries_ended: bool = False
     refused_reports: list[str] = []
+    # The highest attempt id a deposed leader's late (void) assignment used, -1 if none: its
+    # command may have reached a worker, which never starts an attempt key twice, so no
+    # later attempt may take that id (docs/reliability.md, "Late assignments").
+    burned_attempt_id: int = -1
 
     @property
     def key(self) -> tuple[str, int]:
@@ -129,6 +135,12 @@ class TaskView(msgspec.Struct, kw_only=True):
 
     def attempt(self, attempt_id: int) -> AttemptView | None:
         return next((a for a in self.attempts if a.attempt_id == attempt_id), None)
+
+    def next_attempt_id(self, taken_elsewhere: int = -1) -> int:
+        """The id of this task's next attempt: past every attempt, every id a void late
+        assignment burned, and `taken_elsewhere` (the highest id Redis holds for it)."""
+        newest = self.attempts[-1].attempt_id if self.attempts else -1
+        return max(newest, self.burned_attempt_id, taken_elsewhere) + 1
 
 
 class JobView(msgspec.Struct, kw_only=True):
@@ -300,6 +312,9 @@ class ClusterState:
         # Attempts assigned to a host held for another job's preemption: must never happen
         # (reserve.lua refuses them); the checker reports them.
         self.taken_from_preemptor: list[str] = []
+        # Attempt keys the log assigned twice, to different placements (checker: a
+        # violation; the worker would never start the second).
+        self.attempt_keys_reused: list[str] = []
         # Live attempts per priority rank: lets the scheduler skip preemption at once when
         # nothing running is of a band a waiting unit could evict.
         self.live_by_rank: dict[int, int] = {}
@@ -383,9 +398,10 @@ class ClusterState:
                 self.last_refused_seq = seq
             case LeaderElected():
                 self.epoch = event.epoch
+            case TaskAssigned() if event.epoch < self.epoch:
+                self._void_assignment(event)  # a deposed leader's late assignment
             case TaskAssigned():
-                if event.epoch >= self.epoch:  # a deposed leader's late assignment is void
-                    self._task_assigned(event, effects)
+                self._task_assigned(event, effects)
             case TaskUnschedulable():
                 if event.epoch >= self.epoch:
                     self._task_unschedulable(event, effects)
@@ -621,13 +637,40 @@ class ClusterState:
         worker.failures.append(node_health.Failure(ts, job_id))
         del worker.failures[:-node_health.MAX_FAILURES_KEPT]
 
+    def _void_assignment(self, event: TaskAssigned) -> None:
+        """A deposed leader's late assignment holds nothing, but its key may have reached
+        a worker: the id is burned, so no later attempt of the task reuses it."""
+        task = self.task(event.job_id, event.task_index)
+        if task is None:
+            return
+        task.burned_attempt_id = max(task.burned_attempt_id, event.attempt_id)
+        self._note_reuse(task, event)
+
+    def _note_reuse(self, task: TaskView, event: TaskAssigned) -> None:
+        """Records for the checker an `event` that assigns an attempt key already assigned
+        elsewhere, or burned; folding the same event again is no reuse."""
+        key = attempt_key(event.job_id, event.task_index, event.attempt_id)
+        existing = task.attempt(event.attempt_id)
+        if existing is not None:
+            if (existing.worker_id, existing.assigned_at) == (event.worker_id, event.ts):
+                return
+            why = f"{key}: to {existing.worker_id} and to {event.worker_id}"
+        elif event.epoch >= self.epoch and event.attempt_id <= task.burned_attempt_id:
+            why = f"{key}: to {event.worker_id} after a void assignment burned the id"
+        else:
+            return
+        self.attempt_keys_reused.append(why)
+        del self.attempt_keys_reused[:-MAX_REUSES_KEPT]
+
     def _task_assigned(self, event: TaskAssigned, effects: list[Effect]) -> None:
         task = self.task(event.job_id, event.task_index)
         worker = self.workers.get(event.worker_id)
         if task is None or worker is None:
             return
+        # A burned id reused is noted but still a committed assignment, folded as one.
+        self._note_reuse(task, event)
         if task.attempt(event.attempt_id) is not None:
-            return
+            return  # folded already, or a second assignment of the key (noted)
         job = self.jobs[event.job_id]
         attempt = AttemptView(
             attempt_id=event.attempt_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import gc
 import logging
 import os
@@ -67,13 +68,26 @@ def run(service: str, main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]
             loop.add_signal_handler(sig, on_signal)
         await main(stop)
 
+    profiler = _start_profile()
     try:
         asyncio.run(runner())
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(os.path.join(config.profile_dir(), f"{service}-{os.getpid()}.prof"))
         telemetry.shutdown_tracing()
         log.info("stopped")
+
+
+def _start_profile() -> cProfile.Profile | None:
+    if not config.profile_dir():
+        return None
+    os.makedirs(config.profile_dir(), exist_ok=True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
 
 
 def tune_gc() -> None:

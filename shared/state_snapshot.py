@@ -24,7 +24,7 @@ from shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 11
+FORMAT = 12
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -48,6 +48,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     holds: dict[str, HoldView]
     preemption_events: list[str]
     taken_from_preemptor: list[str]
+    attempt_keys_reused: list[str]
     live_by_rank: dict[int, int]
     limits: Limits
     limit_versions: dict[int, Limits]
@@ -82,6 +83,7 @@ def dump(state: ClusterState, stream: str) -> bytes:
         holds=state.holds,
         preemption_events=list(state.preemption_events),  # oldest first
         taken_from_preemptor=state.taken_from_preemptor,
+        attempt_keys_reused=state.attempt_keys_reused,
         live_by_rank=state.live_by_rank,
         limits=state.limits,
         limit_versions=state.limit_versions,
@@ -137,6 +139,7 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.holds = snap.holds
     state.preemption_events = dict.fromkeys(snap.preemption_events)
     state.taken_from_preemptor = snap.taken_from_preemptor
+    state.attempt_keys_reused = snap.attempt_keys_reused
     state.live_by_rank = snap.live_by_rank
     state.limits = snap.limits
     state.limit_versions = snap.limit_versions

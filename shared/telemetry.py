@@ -1,8 +1,12 @@
 """OpenTelemetry set-up and W3C `traceparent` propagation through NATS headers.
 
 Configured by the standard OTEL_* variables: spans are exported over OTLP/HTTP when
-OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set; otherwise
-spans are still created, so trace context still flows from service to service.
+OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set, sampled as
+OTEL_TRACES_SAMPLER says (the SDK's default: every trace; a job's spans share its submit's
+trace, so `parentbased_traceidratio` samples whole jobs). With no exporter (and no
+OTEL_TRACES_SAMPLER), nothing is recorded: spans are still started, so trace context
+still flows from service to service and logs still carry trace ids, but a span that
+nobody will read costs about half as much (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _configured = False
 
@@ -23,10 +28,12 @@ def setup_tracing(service_name: str) -> None:
         return
     _configured = True
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=resource)
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-    ):
+    exporting = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                     or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    # None: the SDK's own choice, from OTEL_TRACES_SAMPLER.
+    sampler = None if exporting or os.environ.get("OTEL_TRACES_SAMPLER") else ALWAYS_OFF
+    provider = TracerProvider(resource=resource, sampler=sampler)
+    if exporting:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

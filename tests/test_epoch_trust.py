@@ -34,6 +34,7 @@ from shared.messages import (
     Op,
     ResetWorker,
     Resources,
+    TaskAssigned,
     WorkerDeclaredDead,
     attempt_key,
     encode,
@@ -195,15 +196,22 @@ async def test_forged_epochs_leave_the_real_leader_obeyed_through_a_take_over(
     leader.wait()
     await wait_until(lambda: "leading with epoch 2:" in logs[standby].read_text(), timeout=30,
                      what="the standby to lead")
-    stack.start_worker("late", 1, 512, "-a", "pool=late")
     late = JobSpec(name="on-late", command=["true"], resources=SMALL,
                    constraints=[Constraint(key="pool", op=Op.EQ, value="late")])
     # More memory than the late worker offers: local-0's.
     on_local = JobSpec(name="on-local-0", command=["true"],
                        resources=Resources(cpu=0.1, memory_mb=1024))
     jobs = [await accepted(nc, late), await accepted(nc, on_local)]
+    # The deposed leader's assignment of the waiting job, logged late: void, but a worker
+    # may have seen its key, so the new leader must place it as attempt 1, not 0 again.
+    await nats_io.publish_event(js, subjects.task_events(jobs[0]), TaskAssigned(
+        job_id=jobs[0], task_index=0, attempt_id=0, worker_id="local-0",
+        incarnation=incarnation, epoch=1), msg_id="late-assignment")
+    stack.start_worker("late", 1, 512, "-a", "pool=late")
     for job in jobs:
         await wait_for_job(stack, job, {"succeeded"}, timeout=30)
+    placed = get_json(stack, f"/api/jobs/{jobs[0]}")["tasks"][0]
+    assert [a["attempt_id"] for a in placed["attempts"]] == [1]
 
     # The late worker learned epoch 2 from a heartbeat answer: the old epoch is refused.
     late_incarnation = (await _worker(stack, "late"))["incarnation"]

@@ -28,6 +28,7 @@ from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
 from services.scheduler import (
+    attempt_ids,
     fencing,
     frameworks,
     heartbeats,
@@ -51,7 +52,7 @@ from shared import (
     telemetry,
 )
 from shared import limits as limit_rules
-from shared.capacity import GroupClaim
+from shared.capacity import Amounts, GroupClaim
 from shared.config import RedisSettings, Settings
 from shared.credentials import Role
 from shared.event_origin import RefusedEvent, read_heartbeat
@@ -205,6 +206,9 @@ class Leader:
         self.unit_templates: dict[str, tuple[queue_order.Waiting, placement.Unit]] = {}
         # Each job's place in the last tick's placement order (the preemptions follow it).
         self.queue_rank: dict[str, int] = {}
+        # worker id -> (its view, its `used`, the rest of what its Host is made of, Host).
+        self.host_cache: dict[str, tuple[WorkerView, Amounts, tuple[object, ...],
+                                         placement.Host]] = {}
         # Workers whose quarantine the cap refused, so the refusal is logged once each.
         self.quarantine_refused: set[str] = set()
         # Releases folded but not yet written to Redis: written together, as soon as the
@@ -219,6 +223,9 @@ class Leader:
         # its ack, e.g. while a NATS cluster elects a new stream leader): no run command
         # may go out for them, or the worker's reports could be logged before them.
         self.unlogged: set[str] = set()
+        # Attempt ids a deposed leader reserved whose TaskAssigned is not folded (yet, or
+        # void): never handed out again (services/scheduler/attempt_ids.py).
+        self.ids_in_redis: attempt_ids.TakenIds = {}
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
         # The version of the limits (shared/limits.py) written to Redis by this term (-1:
@@ -309,6 +316,8 @@ class Leader:
             if worker.alive:
                 await self._register_host(worker)
         usage = await self.store.host_usage()
+        attempt_ids.note_reserved(
+            self.state, (key for host in usage for key in host.allocations), self.ids_in_redis)
         # The fold goes on meanwhile (reports end attempts, their releases go out in the
         # background), so it is read after Redis, with no await in between: an attempt it
         # ends while Redis is read is then released twice (harmless), never re-reserved.
@@ -604,12 +613,31 @@ class Leader:
         return cached
 
     def _hosts(self) -> list[placement.Host]:
-        return [
-            placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                           w.address, w.holder, set(w.ports_used), w.free_devices,
-                           w.out_of_service, w.held_for)
-            for w in self._live_workers()
-        ]
+        """The live workers as placement sees them. A worker's Host is rebuilt only when
+        the fold changed it since the last call (building all of them was over half of a
+        tick's synchronous part at 1,000 hosts: docs/performance.md); callers copy what
+        they change (placement.place, preemption.plan)."""
+        hosts = []
+        cache = self.host_cache
+        for w in self.state.workers.values():
+            if not w.alive:
+                continue
+            # `used` is replaced (never changed in place) whenever an attempt starts or
+            # ends here, which is also when its ports and devices change: its identity
+            # stands for all three. The rest are what else a Host is made of.
+            rest = (w.holder, w.held_for, w.cordon, w.draining, w.quarantine,
+                    len(w.unhealthy))
+            cached = cache.get(w.worker_id)
+            if cached is not None and cached[0] is w and cached[1] is w.used and \
+                    cached[2] == rest:
+                hosts.append(cached[3])
+                continue
+            host = placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
+                                  w.address, w.holder, set(w.ports_used), w.free_devices,
+                                  w.out_of_service, w.held_for)
+            cache[w.worker_id] = (w, w.used, rest, host)
+            hosts.append(host)
+        return hosts
 
     async def tick(self) -> int:
         """One round of placement; returns how many tasks it placed."""
@@ -806,7 +834,7 @@ class Leader:
         for a in result.assignments:
             task = self.state.task(a.job_id, a.task_index)
             assert task is not None
-            attempt_id = max((x.attempt_id for x in task.attempts), default=-1) + 1
+            attempt_id = attempt_ids.next_id(task, self.ids_in_redis)
             worker = self.state.workers[a.worker_id]
             spec = self.state.jobs[a.job_id].spec
             res = spec.resources

@@ -128,15 +128,24 @@ def _replace_one(rng: random.Random, pattern: re.Pattern[bytes], data: bytes, ne
     return data[:m.start()] + new + data[m.end():]
 
 
-def garbage(rng: random.Random, valid: bytes, big_every: int, readable: bool = True) -> bytes:
-    """One generated payload from a valid message of the subject's kind; one in `big_every`
-    is a big one (20,000 levels, or a 200 KiB string). `readable=False`: only payloads that
-    cannot decode (no mutation that may leave the message well-formed)."""
-    if rng.randrange(big_every) == 0:
-        big = [deep(20_000), deep_objects(20_000)]
-        if readable:
-            big.append(_replace_one(rng, STRING, valid, b'"' + b"a" * BIG_STRING + b'"'))
-        return rng.choice(big)
+def big_payload(rng: random.Random, valid: bytes, which: int, readable: bool = True) -> bytes:
+    """The `which`-th big payload, in turn: 20,000 levels of lists, of objects, or (only where
+    the payload may stay readable) a 200 KiB string. Taken in turn rather than drawn, so a
+    short run covers each whatever the subjects' count does to the random draws."""
+    kinds = 3 if readable else 2
+    match which % kinds:
+        case 0:
+            return deep(20_000)
+        case 1:
+            return deep_objects(20_000)
+        case _:
+            return _replace_one(rng, STRING, valid, b'"' + b"a" * BIG_STRING + b'"')
+
+
+def garbage(rng: random.Random, valid: bytes, readable: bool = True) -> bytes:
+    """One generated small payload from a valid message of the subject's kind.
+    `readable=False`: only payloads that cannot decode (no mutation that may leave the
+    message well-formed)."""
     choice = rng.randrange(8)
     if not readable and choice in (2, 3, 4, 7):
         choice = rng.choice([0, 1, 5, 6])
@@ -159,7 +168,8 @@ def garbage(rng: random.Random, valid: bytes, big_every: int, readable: bool = T
 
 def payloads(rng: random.Random, count: int, workers: list[str], big_every: int = 500
              ) -> Iterator[tuple[str, bytes]]:
-    """`count` (subject, payload) pairs over every target, round robin."""
+    """`count` (subject, payload) pairs over every target, round robin; every `big_every`-th
+    payload is a big one (big_payload)."""
     per_worker = {w: samples(w) for w in workers} or {"": samples(FAKE_WORKER)}
     common = next(iter(per_worker.values()))
     subject_list = targets(workers)
@@ -169,7 +179,11 @@ def payloads(rng: random.Random, count: int, workers: list[str], big_every: int 
         valid = per_worker.get(worker, common)
         # A well-formed announcement of another epoch is the epoch fence's case, not the
         # decoder's: forged_epochs() sends those on purpose.
-        yield subject, garbage(rng, rng.choice(valid[kind]), big_every, kind != "leader")
+        sample, readable = rng.choice(valid[kind]), kind != "leader"
+        if i % big_every == big_every // 2:
+            yield subject, big_payload(rng, sample, i // big_every, readable)
+        else:
+            yield subject, garbage(rng, sample, readable)
 
 
 def forged_epochs() -> list[tuple[str, bytes]]:

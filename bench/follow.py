@@ -1,0 +1,79 @@
+"""How fast one follower reads the events stream (`nats_io.follow_events`), in this process:
+the per-message cost every service pays (the scheduler, the dashboard, the benchmarks'
+own observers), apart from any fold.
+
+    .venv/bin/python bench/follow.py             # 100,000 events (a W1 of ~16,000 tasks)
+    .venv/bin/python bench/follow.py --events 20000
+
+A real nats-server is filled with the benchmark history of bench/dashboard.py (submits,
+assignments, reports), each message with the headers services give it (a dedup id and a
+trace context); then it is read from sequence 1, and the CPU seconds of this process
+(`time.process_time`, which other load on the machine moves little) and the wall-clock
+rate are printed as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from dashboard import history  # bench/dashboard.py, beside this script
+
+from shared import nats_io, servers
+
+
+async def fill(server: servers.ServerProcess, events: list[tuple[str, bytes]]) -> int:
+    nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
+    js = nc.jetstream()
+    await nats_io.ensure_streams(js)
+    for i, (subject, data) in enumerate(events):
+        await nc.publish(subject, data, headers=nats_io.message_headers(f"bench:{i}"))
+        if i % 5000 == 0:
+            await nc.flush()
+    await nc.flush()
+    last = 0
+    for _ in range(1200):  # until the server has stored them all (at most 2 minutes)
+        last = await nats_io.last_event_seq(js)
+        if last >= len(events):
+            break
+        await asyncio.sleep(0.1)
+    await nc.close()
+    return last
+
+
+async def read_all(server: servers.ServerProcess, last: int) -> dict[str, float]:
+    nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
+    events = nats_io.follow_events(nc.jetstream())
+    cpu, wall = time.process_time(), time.perf_counter()
+    async for record in events:
+        if record.seq >= last:
+            break
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    await events.aclose()
+    await nc.close()
+    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+            "cpu_us_per_event": round(1e6 * cpu / last, 1),
+            "events_per_s": round(last / wall)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    args = parser.parse_args()
+    events = history(max(10, args.events // 4), 10)[:args.events]
+    with tempfile.TemporaryDirectory(prefix="berth-follow-") as tmp:
+        server = servers.start_nats(Path(tmp))
+        try:
+            last = asyncio.run(fill(server, events))
+            result = asyncio.run(read_all(server, last))
+        finally:
+            server.stop()
+    print(json.dumps({"benchmark": "follow_events", "events": last, **result}))
+
+
+if __name__ == "__main__":
+    main()

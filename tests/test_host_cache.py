@@ -1,0 +1,113 @@
+"""The leader's hosts, kept between ticks (`Leader._hosts`), always equal hosts built afresh
+from the fold: a stale one would let placement offer capacity, ports or devices another
+attempt holds, or a host out of service. Drawn sequences of assignments, exits, node
+health verdicts, device health changes and re-registrations, checked after every event."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import astuple
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.scheduler import placement
+from services.scheduler.service import Leader
+from shared.config import Settings
+from shared.lifecycle import ClusterState
+from shared.messages import (
+    AnyEvent,
+    AttemptReported,
+    DeviceHealthChanged,
+    GpuDevice,
+    JobSpec,
+    JobSubmitted,
+    LeaderElected,
+    NodeAction,
+    NodeHealthChanged,
+    Resources,
+    TaskAssigned,
+    WorkerRegistered,
+)
+from shared.states import TaskState
+
+WORKERS = ["w0", "w1", "w2"]
+GPU = GpuDevice(variant="h100", count=2)
+
+
+class _Bus:
+    def jetstream(self, **_: object) -> None:
+        return None
+
+
+class _Lease:
+    epoch = 1
+    sent = time.monotonic()
+
+
+def fresh(state: ClusterState) -> list[placement.Host]:
+    return [placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
+                           w.address, w.holder, set(w.ports_used), w.free_devices,
+                           w.out_of_service, w.held_for)
+            for w in state.workers.values() if w.alive]
+
+
+def register(worker: str, incarnation: str) -> WorkerRegistered:
+    return WorkerRegistered(worker_id=worker, incarnation=incarnation, address="127.0.0.1",
+                            resources=Resources(cpu=4, memory_mb=4096, device=GPU), ts=1.0)
+
+
+steps = st.lists(st.tuples(st.sampled_from(["assign", "exit", "cordon", "uncordon",
+                                            "sick", "healed", "restart"]),
+                           st.integers(0, 2), st.integers(0, 7)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_kept_hosts_equal_fresh_ones(plan: list[tuple[str, int, int]]) -> None:
+    leader = Leader(Settings.from_env(), _Bus(), None, "s", _Lease())  # type: ignore[arg-type]
+    state = leader.state
+    seq = 0
+
+    def fold(event: AnyEvent) -> None:
+        nonlocal seq
+        seq += 1
+        state.apply(seq, event)
+        assert [astuple(h) for h in leader._hosts()] == [astuple(h) for h in fresh(state)]
+
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=1.0))
+    for w in WORKERS:
+        fold(register(w, "i0"))
+    for j in range(8):
+        fold(JobSubmitted(job_id=f"j{j}", submit_seq=j + 1, ts=1.0, spec=JobSpec(
+            name="t", command=["true"], ports=["http"],
+            resources=Resources(cpu=1, memory_mb=100, device=GpuDevice(variant="h100",
+                                                                       count=1)))))
+    restarts = 0
+    for action, w, j in plan:
+        worker = state.workers[WORKERS[w]]
+        job = state.jobs[f"j{j}"]
+        task = job.tasks[0]
+        if action == "assign" and task.state == TaskState.PENDING:
+            hosts = placement.place([placement.Unit(f"j{j}", (0,), job.spec.resources.amounts,
+                                                    job.spec.resources.device_kind,
+                                                    ports=("http",))],
+                                    [h for h in leader._hosts() if h.worker_id == worker.worker_id])
+            for a in hosts.assignments:
+                fold(TaskAssigned(job_id=a.job_id, task_index=0, attempt_id=len(task.attempts),
+                                  worker_id=a.worker_id, incarnation=worker.incarnation,
+                                  epoch=1, ts=2.0, ports=a.ports, devices=list(a.devices)))
+        elif action == "exit" and (attempt := task.current_attempt) is not None and \
+                not attempt.exited:
+            fold(AttemptReported(job_id=f"j{j}", task_index=0, attempt_id=attempt.attempt_id,
+                                 worker_id=attempt.worker_id, state=TaskState.FAILED,
+                                 exit_code=1, ts=3.0))
+        elif action in ("cordon", "uncordon"):
+            fold(NodeHealthChanged(worker_id=worker.worker_id, action=NodeAction(action),
+                                   by="admin", ts=4.0))
+        elif action in ("sick", "healed"):
+            fold(DeviceHealthChanged(worker_id=worker.worker_id, index=j % 2,
+                                     healthy=action == "healed", ts=5.0))
+        elif action == "restart":
+            restarts += 1
+            fold(register(worker.worker_id, f"i{restarts}"))
