@@ -6,22 +6,25 @@ original."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
-import nats.js.errors
 import typer
-from nats.js import JetStreamContext
 
 from berth.cli_app import fail, globals_of
 from berth.creds_cli import cli_connection, cli_credentials
-from shared import nats_io, subjects
+from shared import subjects
 from shared.config import Settings
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+# The NATS client is imported by the backup and the restore themselves, not by every
+# `berth` command (each imports this module to register these two).
 
 FORMAT = "berth-events-backup/1"
 
@@ -32,6 +35,8 @@ class BackupError(Exception):
 
 async def backup(js: JetStreamContext, out: IO[str]) -> int:
     """Writes every event up to the stream's last sequence now; returns how many."""
+    from shared import nats_io
+
     last = await nats_io.last_event_seq(js)
     out.write(json.dumps({"format": FORMAT, "stream": subjects.EVENTS_STREAM,
                           "last_seq": last}) + "\n")
@@ -66,6 +71,10 @@ def read_backup(lines: Iterator[str]) -> Iterator[dict[str, object]]:
 async def restore(js: JetStreamContext, lines: Iterator[str]) -> int:
     """Replays a backup into the events stream, which must be empty: each message lands at
     the sequence it had (JetStream refuses it otherwise), so nothing can interleave."""
+    import nats.js.errors
+
+    from shared import nats_io
+
     if (last := await nats_io.last_event_seq(js)) != 0:
         raise BackupError(f"the events stream already holds {last} events; restore only "
                           "into a new cluster's empty stream")
@@ -98,6 +107,8 @@ def cmd_backup(ctx: typer.Context,
     Writes every event of BERTH_EVENTS, the source of truth, to FILE (JSON lines), while
     berth runs. Submits not yet decided are not in it. Needs admin credentials
     (BERTH_NATS_CREDS, or a local `berth up`'s)."""
+    import asyncio
+
     where = globals_of(ctx)
     url = where.nats_url()
     creds = cli_credentials(where.data_dir, admin=True)
@@ -123,11 +134,15 @@ def cmd_restore(ctx: typer.Context,
     Replays FILE, made by `berth backup`, into an empty BERTH_EVENTS with every event at its
     original sequence; start the services afterwards and they fold it as they would the
     original. Refuses a stream that already holds events."""
+    import asyncio
+
     where = globals_of(ctx)
     url = where.nats_url()
     creds = cli_credentials(where.data_dir, admin=True)
 
     async def run() -> int:
+        from shared import nats_io
+
         async with cli_connection(url, creds) as nc:
             js = nc.jetstream()
             # Into a NATS cluster: as many copies as its services keep (BERTH_STREAM_REPLICAS).

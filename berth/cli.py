@@ -3,7 +3,6 @@ entry point, which registers every command module on one Typer app (berth/cli_ap
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
 import functools
@@ -15,9 +14,8 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import typer.main
@@ -32,7 +30,6 @@ from berth import (
     node_cli,
     schedules_cli,
     token_cli,
-    workspace,
 )
 from berth.cli_app import (
     Globals,
@@ -43,24 +40,19 @@ from berth.cli_app import (
     new_app,
     print_json,
 )
-from berth.client import (
-    ApiError,
-    SubmitOutcome,
-    api_fetch,
-    api_get,
-    cancel_job,
-    load_spec_file,
-    publish_submit,
-    wait_for_outcome,
-)
+from berth.client import ApiError, api_fetch, api_get, load_spec_file
 from berth.creds_cli import cli_connection, cli_credentials, local_user
 from berth.stack_info import read_stack_info
-from shared import config, schedules, subjects
+from shared import config, subjects
 from shared.config import RedisSettings, parse_sentinels
-from shared.credentials import Credentials
-from shared.dir_lock import DirLocked
-from shared.messages import decode, job_spec_decoder, job_spec_schema
 from shared.states import JOB_TERMINAL_NAMES
+
+if TYPE_CHECKING:
+    from berth.client import SubmitOutcome
+    from shared.credentials import Credentials
+
+# Every `berth` command imports this module, `--help` and `--version` included: what only
+# some commands need (the NATS client, Redis, the messages, workspaces) is imported in them.
 
 app = new_app()
 
@@ -116,6 +108,10 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
     """Submits and waits for the verdict. A submit that was stored but not yet decided (a
     submitter that died holding it is redelivered after 30 s) is waited for, with a word
     on progress, not raced against a short timeout."""
+    import asyncio
+
+    from berth.client import publish_submit, wait_for_outcome
+
     key = key or uuid.uuid4().hex
     async with cli_connection(nats_url, creds) as nc:
         try:
@@ -140,6 +136,8 @@ async def _submit(nats_url: str, creds: Credentials, payload: bytes, key: str | 
 
 async def _resolve(nats_url: str, data_dir: str, payload: bytes, base: Path) -> bytes:
     """`workspace` and `env_file` resolved: a bad one is said before anything connects."""
+    from berth import workspace
+
     return await workspace.resolve(
         payload, base, lambda: cli_connection(nats_url, cli_credentials(data_dir)),
         lambda line: print(line, file=sys.stderr))
@@ -165,6 +163,10 @@ def cmd_submit(
         "(docs/workspaces.md)")] = None,
 ) -> int:
     """Submit a job spec file (YAML or JSON); prints the job id."""
+    import asyncio
+
+    from berth import workspace
+
     where = globals_of(ctx)
     nats_url = where.nats_url()
     try:
@@ -210,6 +212,9 @@ def _waits_for(payload: bytes) -> str:
 
 
 def _schedule_words(payload: bytes) -> str:
+    from shared import schedules
+    from shared.messages import decode, job_spec_decoder
+
     spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
     assert spec.schedule is not None
     cron, zone = spec.schedule.cron, spec.schedule.timezone
@@ -220,12 +225,16 @@ def _schedule_words(payload: bytes) -> str:
 
 def _retry_words(payload: bytes) -> str:
     """What an accepted submit's retry policy will do, in words ("" without one)."""
+    from shared.messages import decode, job_spec_decoder
+
     spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
     return spec.retry.describe() if spec.retry is not None else ""
 
 
 async def _cancel(nats_url: str, creds: Credentials, job_id: str, reason: str
                   ) -> SubmitOutcome:
+    from berth.client import cancel_job
+
     async with cli_connection(nats_url, creds) as nc:
         return await cancel_job(nc, job_id, reason, creds.user)
 
@@ -253,6 +262,8 @@ def cmd_cancel(
     Its unfinished tasks are killed (SIGTERM, then SIGKILL after BERTH_KILL_GRACE seconds)
     and its child jobs are cancelled. Cancelling a job that already ended changes nothing:
     berth says so and exits with status 1."""
+    import asyncio
+
     where = globals_of(ctx)
     api_url = where.api_url()
     # Cancelling a job that already ended changes nothing: say so, and fail, rather than
@@ -306,6 +317,8 @@ def cmd_device(
     and retried elsewhere (a worker failure, not the user's). enable: return a device to
     service, e.g. one its worker reported unhealthy (NVML errors, uncorrectable ECC errors,
     gone from the bus) once it is fixed. Speaks as the admin identity."""
+    import asyncio
+
     where = globals_of(ctx)
     try:
         found = api_get(where.api_url(), f"/api/workers/{worker}")
@@ -375,6 +388,8 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     Prints double_booked_hosts=0, double_booked_ports=0 and double_booked_devices=0 when
     all is well (ports are counted per host address, devices per worker); exit status 1
     when anything is wrong."""
+    import asyncio
+
     from redis.exceptions import RedisError
 
     from shared import redis_auth, redis_io
@@ -465,6 +480,8 @@ def cmd_health(ctx: typer.Context, redis_url: RedisUrlOption = None,
     Whether the scheduler holds the leader lease (and its epoch), the dashboard has caught
     up with the event log, and each worker heartbeats; beside a running `berth up`, also how
     often it restarted its children. Exit status 1 when anything is unhealthy."""
+    import asyncio
+
     from redis.exceptions import RedisError
 
     from shared import redis_auth, redis_io
@@ -555,6 +572,7 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
            redis_server: bool, nats_nodes: int, metrics: bool = False,
            metrics_port: int | None = None) -> Any:
     from berth.stack import start_stack
+    from shared.dir_lock import DirLocked
     from shared.servers import ServerError
 
     data_dir = Path(data_dir_given).resolve()
@@ -632,9 +650,13 @@ def cmd_demo(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2
              redis_port: RedisPort = None, redis_server: RedisServer = False,
              timeout: Annotated[float, typer.Option(help="seconds to wait")] = 120) -> int:
     """Start berth, run a demo job to completion, stop."""
+    import asyncio
+
     stack = _start(globals_of(ctx).data_dir, workers, worker_cpu, worker_memory_mb, port,
                    nats_port, redis_port, redis_server, nats_nodes)
     try:
+        from importlib import resources
+
         demo = resources.files("berth").joinpath("examples", "demo.yaml")
         with resources.as_file(demo) as path:
             payload = load_spec_file(str(path))
@@ -664,6 +686,8 @@ def cmd_demo(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2
 @app.command("schema")
 def cmd_schema() -> int:
     """Print the JSON Schema of the submit message."""
+    from shared.messages import job_spec_schema
+
     print(json.dumps(job_spec_schema(), indent=2))
     return 0
 

@@ -10,14 +10,16 @@ import signal
 import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from berth.stack_info import nats_url, read_stack_info
 from shared import config
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 
@@ -88,14 +90,16 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        # Rich would exit with status 1; the root command ends as a SIGPIPE would.
-        raise BrokenPipeError
-
-
 def console(stderr: bool = False) -> Console:
     """A Rich console; into a pipe or file it does not wrap lines at 80 columns."""
+    # Rich is imported here, by the commands that draw, not by every `berth` command.
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # Rich would exit with status 1; the root command ends as a SIGPIPE would.
+            raise BrokenPipeError
+
     stream = sys.stderr if stderr else sys.stdout
     return _Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
 

@@ -9,7 +9,6 @@ import urllib.parse
 from typing import Annotated, Any
 
 import typer
-from rich.live import Live
 
 from berth import cli_views
 from berth.cli_app import JsonFlag, console, fail, globals_of, print_json
@@ -95,6 +94,8 @@ def wait_for_end(api_url: str, job_id: str, timeout: float) -> dict[str, Any] | 
     """Follows the job until it ends: a live view on a terminal, else a line on stderr each
     time its task counts change; then prints the ended job. Returns it, or None (after
     saying why) on an error or timeout."""
+    from rich.live import Live
+
     deadline = time.monotonic() + timeout
     err = console(stderr=True)
     last = ""

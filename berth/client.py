@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import nats.js.errors
-from nats.aio.client import Client as NATS
+from shared import config, subjects
 
-from shared import config, job_policy, subjects
-from shared.messages import (
-    AnyEvent,
-    CancelRequest,
-    JobCancelRequested,
-    JobSpec,
-    JobSubmitted,
-    ScheduleCreated,
-    SubmitDeduplicated,
-    SubmitRejected,
-    decode,
-    encode,
-    event_decoder,
-)
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from shared.messages import AnyEvent, JobSpec
+
+# The NATS client and the messages are imported where a submit needs them: `berth jobs` and
+# the other readers use only the API half of this module and start faster without them.
 
 
 @dataclass(frozen=True)
@@ -60,14 +49,20 @@ async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str | None =
                      timeout: float = 30) -> SubmitOutcome:
     """Asks berth to cancel a job as `user` (None: as an admin, on the bare subject); the
     outcome says whether the request was accepted."""
+    from shared.messages import CancelRequest, encode
+
     request = CancelRequest(job_id=job_id, reason=reason)
     seq = await publish_submit(nc, encode(request), subject=subjects.submit_cancel(user))
     return await wait_for_outcome(nc, seq, user, timeout)
 
 
-# A read that got no answer, which is worth asking again.
-UNANSWERED = (nats.errors.NoRespondersError, nats.errors.TimeoutError,
-              nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError)
+def unanswered() -> tuple[type[Exception], ...]:
+    """The errors of a read that got no answer, which is worth asking again."""
+    import nats.errors
+    import nats.js.errors
+
+    return (nats.errors.NoRespondersError, nats.errors.TimeoutError,
+            nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError)
 
 
 async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
@@ -75,6 +70,13 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
     """Waits for the submitter's verdict on submit `submit_seq` (a job or a cancel) made as
     `user`. It is read by subject, one message, as often as needed: the one read a submit
     client's permissions allow, and nothing to set up or tear down."""
+    import asyncio
+
+    import nats.js.errors
+
+    from shared.messages import decode, event_decoder
+
+    ask_again: tuple[type[Exception], ...] = (nats.js.errors.NotFoundError, *unanswered())
     js = nc.jetstream()
     subject = subjects.submit_outcome(user, submit_seq)
     deadline = time.monotonic() + timeout
@@ -83,7 +85,7 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
         try:
             msg = await js.get_msg(subjects.EVENTS_STREAM, subject=subject, direct=True)
             break
-        except (nats.js.errors.NotFoundError, *UNANSWERED):
+        except ask_again:
             # Not there yet; or, on a NATS cluster that just lost a node, no replica answered
             # (reconnecting, or the stream electing a new leader): ask again.
             if time.monotonic() + pause > deadline:
@@ -97,6 +99,15 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
 
 def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
     """The SubmitOutcome a stored submit outcome event says."""
+    from shared import job_policy
+    from shared.messages import (
+        JobCancelRequested,
+        JobSubmitted,
+        ScheduleCreated,
+        SubmitDeduplicated,
+        SubmitRejected,
+    )
+
     if isinstance(event, JobSubmitted):
         return SubmitOutcome(event.submit_seq, event.job_id, None,
                              job_policy.recreated_words(event.replaces))
@@ -114,6 +125,8 @@ def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
 
 async def submit_job(nc: NATS, spec: JobSpec, user: str | None = None,
                      timeout: float = 30) -> SubmitOutcome:
+    from shared.messages import encode
+
     seq = await publish_submit(nc, encode(spec), subject=subjects.submit_job(user))
     return await wait_for_outcome(nc, seq, user, timeout)
 
@@ -143,6 +156,9 @@ def api_fetch(api_url: str, path: str, timeout: float = 10) -> bytes:
 def api_stream(api_url: str, path: str, timeout: float | None = 10) -> Iterator[bytes]:
     """The body of GET `path` as it arrives (a followed log: until the server ends it);
     `timeout` bounds each wait for more. Any failure is an ApiError saying what went wrong."""
+    import urllib.error
+    import urllib.request
+
     # Needed only where the dashboard runs with BERTH_API_CLOSED_READS.
     token = config.cli_api_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -8,14 +8,13 @@ import getpass
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from nats.aio.client import Client as NATS
 
 from berth.cli_app import JsonFlag, globals_of, print_json
 from berth.stack_info import read_stack_info
-from shared import config, servers
+from shared import config
 from shared.credentials import (
     NAME_PATTERN,
     AuthDir,
@@ -27,6 +26,12 @@ from shared.credentials import (
     load,
     write_private,
 )
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+# shared.servers (and through it Redis and OpenTelemetry) is imported by the commands that
+# render or reload the servers' config, not by every `berth` command.
 
 ROLES_WITH_SCOPE = {"worker": Role.WORKER, "user": Role.SUBMIT}
 
@@ -101,6 +106,8 @@ def _local_auth(data_dir: Path) -> AuthDir:
 def _running_nats_pids(data_dir: Path) -> list[int]:
     """The nats-servers of the `berth up` running in `data_dir` (every node of its cluster)
     that are still running."""
+    from shared import servers
+
     try:
         info = read_stack_info(data_dir)
         pids = [int(pid) for pid in info.get("nats_pids") or [info["nats_pid"]]]
@@ -112,6 +119,8 @@ def _running_nats_pids(data_dir: Path) -> list[int]:
 def _apply(data_dir: Path, auth: AuthDir) -> None:
     """Renders the server's users and, beside a local `berth up`, reloads its nats-servers
     (no restart: connected clients stay connected)."""
+    from shared import servers
+
     users = servers.write_nats_users(auth)
     pids = _running_nats_pids(data_dir)
     for pid in pids:
@@ -132,6 +141,8 @@ def _routes(auth: AuthDir, addresses: str) -> int:
     """Renders the routes file every node of a NATS cluster on real hosts includes in its
     `cluster {}` (deploy/nats-cluster.conf): the route secret of this auth folder (made
     once) and a route to each `host:port`."""
+    from shared import servers
+
     routes = [a.strip() for a in addresses.split(",") if a.strip()]
     if not routes or any(":" not in r or "@" in r or "/" in r for r in routes):
         print("berth: `berth creds routes` needs the nodes' route addresses, comma-separated: "

@@ -6,11 +6,10 @@ Lists read the dashboard API, which folds the same log."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,8 +17,13 @@ from berth.cli_app import JsonFlag, console, fail, globals_of, print_json
 from berth.client import ApiError, api_get
 from berth.creds_cli import cli_connection, cli_credentials, local_user
 from shared import subjects
-from shared.credentials import Credentials
-from shared.messages import Event, Quota, QuotaSet, TokenLimitSet
+
+if TYPE_CHECKING:
+    from shared.credentials import Credentials
+    from shared.messages import Event, Quota
+
+# asyncio and the messages are imported by the commands that publish, not by every `berth`
+# command (each imports this module to register these).
 
 quota = typer.Typer(name="quota", no_args_is_help=True,
                     help="Per-user quotas: most cpu, memory and devices one user's running "
@@ -38,6 +42,8 @@ def quota_of(cpu: float | None, memory_mb: int | None, devices: int | None) -> Q
     for field, value in (("--cpu", cpu), ("--memory-mb", memory_mb), ("--devices", devices)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             fail(f"{field}: {value:g} is not a limit (a number, 0 or more)")
+    from shared.messages import Quota
+
     return Quota(cpu=None if cpu is None else round(cpu * 1000), mem=memory_mb, dev=devices)
 
 
@@ -67,6 +73,8 @@ async def _publish(nats_url: str, creds: Credentials, subject: str, event: Event
 
 
 def _admin_publish(ctx: typer.Context, subject: str, event: Event, msg_id: str) -> None:
+    import asyncio
+
     where = globals_of(ctx)
     asyncio.run(_publish(where.nats_url(), cli_credentials(where.data_dir, admin=True),
                          subject, event, msg_id))
@@ -100,6 +108,8 @@ def cmd_quota_set(
     user over a lowered quota runs nothing new until back under it."""
     q = quota_of(cpu, memory_mb, devices)
     who = check_user(user)
+    from shared.messages import QuotaSet
+
     event = QuotaSet(user=who, quota=q, by=local_user() or "", ts=time.time())
     _admin_publish(ctx, subjects.ADMIN_QUOTAS, event, f"quota:{who}:{time.time_ns()}")
     shown = ", ".join(f"{k} {v}" for k, v in (("cpu", _cores(q.cpu)),
@@ -135,6 +145,8 @@ def cmd_tokens_set(
     check_token_name(name)
     if limit < 0:
         fail(f"LIMIT: {limit} is not a limit (0 or more)")
+    from shared.messages import TokenLimitSet
+
     event = TokenLimitSet(name=name, limit=limit, by=local_user() or "", ts=time.time())
     _admin_publish(ctx, subjects.admin_tokens(name), event, f"token:{name}:{time.time_ns()}")
     print(f"token {name}: limit {limit}")

@@ -6,12 +6,11 @@ any command-line front end can call them."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import sys
 import time
 import uuid
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,8 +18,13 @@ from berth.cli_app import globals_of
 from berth.client import ApiError, api_get
 from berth.creds_cli import cli_connection, cli_credentials, local_user
 from shared import subjects
-from shared.credentials import Credentials
-from shared.messages import NodeAction, NodeHealthChanged
+
+if TYPE_CHECKING:
+    from shared.credentials import Credentials
+    from shared.messages import NodeAction, NodeHealthChanged
+
+# The messages and asyncio are imported by these commands themselves, not by every `berth`
+# command (each imports this module to register them).
 
 # A drain's default deadline: long enough for most work to finish by itself.
 DEFAULT_DRAIN_DEADLINE = 3600.0
@@ -39,6 +43,10 @@ def node_health(nats_url: str, api_url: str, data_dir: str, worker_id: str,
                 action: NodeAction, reason: str = "", deadline: float | None = None) -> int:
     """Publishes one operator action on `worker_id`; the command's exit status. `deadline`
     (seconds from now) is a drain's."""
+    import asyncio
+
+    from shared.messages import NodeAction, NodeHealthChanged
+
     if deadline is not None and not (math.isfinite(deadline) and deadline >= 0):
         print(f"berth: deadline: {deadline:g} is not a number of seconds, 0 or more",
               file=sys.stderr)
@@ -70,6 +78,8 @@ ReasonOption = Annotated[str, typer.Option(help="recorded in the event log")]
 
 def cordon(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "") -> int:
     """The worker takes no new work; what runs there runs on (docs/operations.md)."""
+    from shared.messages import NodeAction
+
     where = globals_of(ctx)
     return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
                        NodeAction.CORDON, reason)
@@ -80,6 +90,8 @@ def drain(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "",
               help="seconds to wait for running work")] = DEFAULT_DRAIN_DEADLINE) -> int:
     """The worker takes no new work; what still runs there at the deadline is preempted
     (retried elsewhere; docs/operations.md)."""
+    from shared.messages import NodeAction
+
     where = globals_of(ctx)
     return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
                        NodeAction.DRAIN, reason, deadline)
@@ -87,6 +99,8 @@ def drain(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "",
 
 def uncordon(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "") -> int:
     """Return a cordoned, drained or quarantined worker to service (docs/operations.md)."""
+    from shared.messages import NodeAction
+
     where = globals_of(ctx)
     return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
                        NodeAction.UNCORDON, reason)

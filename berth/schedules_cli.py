@@ -4,7 +4,6 @@ the schedule, decided by the submitter like a job's."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from typing import Annotated, Any
@@ -58,6 +57,8 @@ def cmd_schedules_cancel(
     reason: Annotated[str, typer.Option(help="recorded with the cancel")] = "",
 ) -> int:
     """Cancel a schedule: it fires no more; the jobs it made run on."""
+    import asyncio  # here, not for every `berth` command (tests/test_cli_startup.py)
+
     if not schedule_id.startswith("s"):
         fail(f"ID: {schedule_id!r} is not a schedule id (those start with s, e.g. s42-1a2b)")
     where = globals_of(ctx)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-import nkeys
 
 AUTH_DIR = "auth"
 IDENTITIES_FILE = "identities.json"
@@ -81,6 +80,10 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def public_key_of(seed: str) -> str:
+    # nkeys (and libsodium under it) is imported where a key is made or read: every `berth`
+    # command imports this module, and most never touch a key.
+    import nkeys
+
     try:
         key = nkeys.from_seed(bytearray(seed.encode()))
     except Exception as exc:  # nkeys raises its own classes and binascii/nacl errors
@@ -108,6 +111,8 @@ def generate(role: Role, scope: str = "") -> Credentials:
     if role in (Role.WORKER, Role.SUBMIT) and not scope:
         what = "worker id" if role is Role.WORKER else "user"
         raise CredentialsError(f"role {role}: needs a {what}")
+    import nkeys
+
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
     return Credentials(name=identity_name(role, scope), role=role, seed=seed,
                        scope=scope if role in (Role.WORKER, Role.SUBMIT) else "")
