@@ -7,6 +7,6 @@ Everything else lives in `shared` and `services`.
 """
 
 from berth.client import SubmitOutcome, submit_job, wait_for_outcome
-from shared.messages import JobSpec, Resources
+from berth.shared.messages import JobSpec, Resources
 
 __all__ = ["JobSpec", "Resources", "SubmitOutcome", "submit_job", "wait_for_outcome"]

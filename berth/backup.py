@@ -20,8 +20,8 @@ from nats.js import JetStreamContext
 
 from berth.cli_app import fail, globals_of
 from berth.creds_cli import cli_connection, cli_credentials
-from shared import nats_io, subjects
-from shared.config import Settings
+from berth.shared import nats_io, subjects
+from berth.shared.config import Settings
 
 FORMAT = "berth-events-backup/1"
 

@@ -43,13 +43,13 @@ from berth.client import (
     wait_for_outcome,
 )
 from berth.creds_cli import cli_connection, cli_credentials
+from berth.shared import config, subjects
+from berth.shared.config import RedisSettings, parse_sentinels
+from berth.shared.credentials import Credentials
+from berth.shared.dir_lock import DirLocked
+from berth.shared.messages import decode, job_spec_decoder, job_spec_schema
+from berth.shared.states import JOB_TERMINAL_NAMES
 from berth.stack_info import read_stack_info
-from shared import config, subjects
-from shared.config import RedisSettings, parse_sentinels
-from shared.credentials import Credentials
-from shared.dir_lock import DirLocked
-from shared.messages import decode, job_spec_decoder, job_spec_schema
-from shared.states import JOB_TERMINAL_NAMES
 
 app = new_app()
 
@@ -250,8 +250,8 @@ def cmd_cancel(
 
 async def _device_health(nats_url: str, creds: Credentials, worker_id: str, index: int,
                          healthy: bool, reason: str) -> None:
-    from shared import nats_io
-    from shared.messages import DeviceHealthChanged
+    from berth.shared import nats_io
+    from berth.shared.messages import DeviceHealthChanged
 
     async with cli_connection(nats_url, creds) as nc:
         await nats_io.publish_event(
@@ -300,9 +300,9 @@ def cmd_device(
 
 
 async def _doctor(nats_url: str, creds: Credentials, redis: RedisSettings) -> Any:
-    from shared import redis_io
-    from shared.checker import check_cluster
-    from shared.reservations import ReservationStore
+    from berth.shared import redis_io
+    from berth.shared.checker import check_cluster
+    from berth.shared.reservations import ReservationStore
 
     async with cli_connection(nats_url, creds) as nc:
         client = redis_io.open_client(redis)
@@ -315,7 +315,7 @@ def doctor_redis(data_dir: str, redis_url: str | None) -> RedisSettings:
     """Where and as whom `berth doctor` reads Redis: --redis-url, then BERTH_REDIS_URL (with
     BERTH_REDIS_SENTINELS), else beside a running `berth up`: its Redis (or Sentinels) as
     the read-only `doctor` user, whose password is in <data dir>/auth/redis.json."""
-    from shared import redis_auth
+    from berth.shared import redis_auth
 
     explicit = redis_url or RedisSettings.url_from_env()
     if explicit:
@@ -350,7 +350,7 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     per host address, devices per worker); exit status 1 when anything is wrong."""
     from redis.exceptions import RedisError
 
-    from shared import redis_auth, redis_io
+    from berth.shared import redis_auth, redis_io
 
     where = globals_of(ctx)
     try:
@@ -394,7 +394,7 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
 
 async def _leader_lease(redis: RedisSettings) -> tuple[str | None, int]:
     """The leader key and its TTL in ms (negative when absent), as `berth doctor` reads."""
-    from shared import redis_io, redis_keys
+    from berth.shared import redis_io, redis_keys
 
     client = redis_io.open_client(redis)
     try:
@@ -432,7 +432,7 @@ def cmd_health(ctx: typer.Context, redis_url: RedisUrlOption = None,
     often it restarted its children. Exit status 1 when anything is unhealthy."""
     from redis.exceptions import RedisError
 
-    from shared import redis_auth, redis_io
+    from berth.shared import redis_auth, redis_io
 
     where = globals_of(ctx)
     api_url = where.api_url()
@@ -478,15 +478,15 @@ def cmd_run(ctx: typer.Context, service: Annotated[Service, typer.Argument()]) -
     rest = list(ctx.args)
     sys.argv = [f"berth run {service.value}", *rest]
     if service is Service.WORKER:
-        from services.worker_agent.service import main as worker_main
+        from berth.services.worker_agent.service import main as worker_main
 
         worker_main(rest)
         return 0
     if rest:
         fail(f"run {service.value} takes no arguments (configure with BERTH_* variables)", 2)
-    from services.dashboard_api.service import main as dashboard_main
-    from services.scheduler.service import main as scheduler_main
-    from services.submitter.service import main as submitter_main
+    from berth.services.dashboard_api.service import main as dashboard_main
+    from berth.services.scheduler.service import main as scheduler_main
+    from berth.services.submitter.service import main as submitter_main
 
     mains: dict[Service, Callable[[], None]] = {
         Service.SCHEDULER: scheduler_main, Service.SUBMITTER: submitter_main,
@@ -512,8 +512,8 @@ RedisServer = Annotated[bool, typer.Option(
 def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_mb: int,
            port: int | None, nats_port: int | None, redis_port: int | None,
            redis_server: bool, nats_nodes: int) -> Any:
+    from berth.shared.servers import ServerError
     from berth.stack import start_stack
-    from shared.servers import ServerError
 
     data_dir = Path(data_dir_given).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
@@ -546,7 +546,7 @@ def cmd_up(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2.0
            nats_port: NatsPort = None, nats_nodes: NatsNodes = 1, redis_port: RedisPort = None,
            redis_server: RedisServer = False) -> int:
     """Start NATS, Redis, all services and local workers."""
-    from shared.servers import ServerError
+    from berth.shared.servers import ServerError
 
     stack = _start(globals_of(ctx).data_dir, workers, worker_cpu, worker_memory_mb, port,
                    nats_port, redis_port, redis_server, nats_nodes)

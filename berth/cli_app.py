@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from berth.shared import config
 from berth.stack_info import nats_url, read_stack_info
-from shared import config
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 

@@ -11,7 +11,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 
 def counts(task_counts: dict[str, int]) -> str:

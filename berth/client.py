@@ -15,8 +15,8 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from shared import config, subjects
-from shared.messages import (
+from berth.shared import config, subjects
+from berth.shared.messages import (
     CancelRequest,
     JobCancelRequested,
     JobSpec,

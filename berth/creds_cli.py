@@ -14,9 +14,8 @@ import typer
 from nats.aio.client import Client as NATS
 
 from berth.cli_app import globals_of
-from berth.stack_info import read_stack_info
-from shared import config, servers
-from shared.credentials import (
+from berth.shared import config, servers
+from berth.shared.credentials import (
     NAME_PATTERN,
     AuthDir,
     Credentials,
@@ -27,6 +26,7 @@ from shared.credentials import (
     load,
     write_private,
 )
+from berth.stack_info import read_stack_info
 
 ROLES_WITH_SCOPE = {"worker": Role.WORKER, "user": Role.SUBMIT}
 
@@ -68,8 +68,8 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
     identity is a clear exit."""
     import nats
 
-    from shared.config import Settings
-    from shared.nats_io import auth_options, server_urls, settings_tls, tls_options
+    from berth.shared.config import Settings
+    from berth.shared.nats_io import auth_options, server_urls, settings_tls, tls_options
 
     refused: list[Exception] = []
 

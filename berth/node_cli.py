@@ -18,16 +18,16 @@ import typer
 from berth.cli_app import globals_of
 from berth.client import ApiError, api_get
 from berth.creds_cli import cli_connection, cli_credentials, local_user
-from shared import subjects
-from shared.credentials import Credentials
-from shared.messages import NodeAction, NodeHealthChanged
+from berth.shared import subjects
+from berth.shared.credentials import Credentials
+from berth.shared.messages import NodeAction, NodeHealthChanged
 
 # A drain's default deadline: long enough for most work to finish by itself.
 DEFAULT_DRAIN_DEADLINE = 3600.0
 
 
 async def _publish(nats_url: str, creds: Credentials, event: NodeHealthChanged) -> None:
-    from shared import nats_io
+    from berth.shared import nats_io
 
     async with cli_connection(nats_url, creds) as nc:
         await nats_io.publish_event(

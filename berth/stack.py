@@ -18,15 +18,15 @@ from pathlib import Path
 
 from berth.creds_cli import local_user
 from berth.restarts import ChildHistory, RestartPolicy, after_exit, restarted
+from berth.shared import config, dir_lock, redis_auth, servers
+from berth.shared.credentials import AuthDir, Role, identity_name
 from berth.stack_info import STACK_INFO
-from shared import config, dir_lock, redis_auth, servers
-from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
-    "submitter": "services.submitter",
-    "scheduler": "services.scheduler",
-    "dashboard": "services.dashboard_api",
-    "worker": "services.worker_agent",
+    "submitter": "berth.services.submitter",
+    "scheduler": "berth.services.scheduler",
+    "dashboard": "berth.services.dashboard_api",
+    "worker": "berth.services.worker_agent",
 }
 SERVICE_ROLES = {"submitter": Role.SUBMITTER, "scheduler": Role.SCHEDULER,
                  "dashboard": Role.DASHBOARD, "worker": Role.WORKER}

@@ -18,7 +18,7 @@ import dotenv
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from shared import bundles, config, subjects
+from berth.shared import bundles, config, subjects
 
 
 @dataclass(frozen=True)

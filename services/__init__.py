@@ -1,1 +1,1 @@
-"""berth's four services, each runnable as `python -m services.<name>` or `berth run <name>`."""
+"""berth's four services, each runnable as `python -P -m berth.services.<name>` or `berth run <name>`."""

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.bounded import MAX_MESSAGE_BYTES
-from shared.node_health import QuarantinePolicy
+from berth.shared.bounded import MAX_MESSAGE_BYTES
+from berth.shared.node_health import QuarantinePolicy
 
 
 def _env_float(name: str, default: float) -> float:

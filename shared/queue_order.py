@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from shared.lifecycle import JobView
+from berth.shared.lifecycle import JobView
 
 
 def placement_key(job: JobView) -> tuple[int, int]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
-from shared.messages import decode
+from berth.shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
+from berth.shared.messages import decode
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.

@@ -37,11 +37,11 @@ import redis as sync_redis
 import trustme
 from nats.aio.client import Client as NATS
 
-from shared import nats_io, servers
-from shared.credentials import AuthDir, Role, identity_name, write_private
-from shared.nats_io import tls_context
-from shared.redis_auth import ADMIN, DOCTOR, SCHEDULER, RedisUsers
-from shared.reservations import ReservationStore
+from berth.shared import nats_io, servers
+from berth.shared.credentials import AuthDir, Role, identity_name, write_private
+from berth.shared.nats_io import tls_context
+from berth.shared.redis_auth import ADMIN, DOCTOR, SCHEDULER, RedisUsers
+from berth.shared.reservations import ReservationStore
 from tests.netbed import Bed, BedError
 
 NATS_PORT = 4222
@@ -57,8 +57,8 @@ API_PORT = 8080
 # the admin (BERTH_API_TOKEN).
 API_TOKEN = "bed-admin-token"
 HEADERS = {"Authorization": f"Bearer {API_TOKEN}"}
-MODULES = {"scheduler": "services.scheduler", "submitter": "services.submitter",
-           "dashboard": "services.dashboard_api", "worker": "services.worker_agent"}
+MODULES = {"scheduler": "berth.services.scheduler", "submitter": "berth.services.submitter",
+           "dashboard": "berth.services.dashboard_api", "worker": "berth.services.worker_agent"}
 ROLES = {"scheduler": Role.SCHEDULER, "submitter": Role.SUBMITTER,
          "dashboard": Role.DASHBOARD, "worker": Role.WORKER}
 
@@ -203,7 +203,7 @@ class BedCluster:
     def store(self, user: str = DOCTOR, host: str | None = None) -> ReservationStore:
         """The reservations on the primary (or on `host`), read as `berth doctor` reads them
         (the read-only user) unless told."""
-        from shared import redis_io
+        from berth.shared import redis_io
         return ReservationStore(redis_io.connect(
             self.redis_url_via(host or self.primary_host(), user)))
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from berth import cli
+from berth.shared import redis_auth
+from berth.shared.credentials import Role
 from berth.stack import Stack
-from shared import redis_auth
-from shared.credentials import Role
 from tests.conftest import wait_until
 
 BERTH = [sys.executable, "-m", "berth.cli"]

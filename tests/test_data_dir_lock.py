@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from berth.shared import dir_lock
 from berth.stack import Stack
-from shared import dir_lock
 from tests.conftest import wait_until
 
 

@@ -18,10 +18,10 @@ import httpx
 from litestar.testing import AsyncTestClient
 from nats.aio.client import Client as NATS
 
+from berth.services.dashboard_api import auth
+from berth.services.dashboard_api.app import create_app
+from berth.services.dashboard_api.projection import Projection
 from berth.stack_info import read_stack_info
-from services.dashboard_api import auth
-from services.dashboard_api.app import create_app
-from services.dashboard_api.projection import Projection
 from tests.conftest import wait_until
 from tests.test_cli import BERTH, run_berth
 

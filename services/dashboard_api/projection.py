@@ -18,12 +18,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from shared import nats_io, state_snapshot, subjects
-from shared.durable_feed import DurableEventFeed
-from shared.event_origin import RefusedEvent, read_heartbeat
-from shared.lifecycle import ClusterState, JobView
-from shared.messages import DeviceStats, JobSubmitted
-from shared.nats_io import RawEvent
+from berth.shared import nats_io, state_snapshot, subjects
+from berth.shared.durable_feed import DurableEventFeed
+from berth.shared.event_origin import RefusedEvent, read_heartbeat
+from berth.shared.lifecycle import ClusterState, JobView
+from berth.shared.messages import DeviceStats, JobSubmitted
+from berth.shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
 

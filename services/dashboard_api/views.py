@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared import task_rules
-from shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
-from shared.messages import (
+from berth.shared import task_rules
+from berth.shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
+from berth.shared.messages import (
     DeviceStats,
     GpuTelemetry,
     JobSpec,
@@ -19,7 +19,7 @@ from shared.messages import (
     ResourceUse,
     User,
 )
-from shared.states import JOB_TERMINAL, JobState, TaskState, job_state_names
+from berth.shared.states import JOB_TERMINAL, JobState, TaskState, job_state_names
 
 
 class AttemptOut(msgspec.Struct):

@@ -26,9 +26,9 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import fencing, frameworks, heartbeats, placement, preemption
-from services.scheduler import metrics as scheduler_metrics
-from shared import (
+from berth.services.scheduler import fencing, frameworks, heartbeats, placement, preemption
+from berth.services.scheduler import metrics as scheduler_metrics
+from berth.shared import (
     bounded,
     metrics,
     nats_io,
@@ -40,12 +40,20 @@ from shared import (
     task_rules,
     telemetry,
 )
-from shared.capacity import GroupClaim
-from shared.config import RedisSettings, Settings
-from shared.credentials import Role
-from shared.event_origin import RefusedEvent, read_heartbeat
-from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
-from shared.messages import (
+from berth.shared.capacity import GroupClaim
+from berth.shared.config import RedisSettings, Settings
+from berth.shared.credentials import Role
+from berth.shared.event_origin import RefusedEvent, read_heartbeat
+from berth.shared.lifecycle import (
+    ClusterState,
+    Effect,
+    JobView,
+    Kill,
+    Release,
+    TaskView,
+    WorkerView,
+)
+from berth.shared.messages import (
     AnyEvent,
     Command,
     DeviceHealthChanged,
@@ -70,7 +78,7 @@ from shared.messages import (
     encode,
     parse_attempt_key,
 )
-from shared.reservations import (
+from berth.shared.reservations import (
     Eviction,
     NotDurable,
     Reservation,
@@ -78,7 +86,7 @@ from shared.reservations import (
     ReservationStore,
     StaleEpochError,
 )
-from shared.states import ATTEMPT_LIVE, TaskState
+from berth.shared.states import ATTEMPT_LIVE, TaskState
 
 log = logging.getLogger("berth.scheduler")
 tracer = telemetry.tracer("berth.scheduler")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
+from berth.shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
 
 SUBMITS = Counter("berth_submits", "Submits decided, by kind (job, cancel) and outcome "
                   "(accepted, rejected)", ["kind", "outcome"])
