@@ -44,6 +44,7 @@ from berth.shared.messages import (
     encode,
 )
 from berth.shared.states import TaskState
+from berth.stack import service_command
 
 WORKERS = 100
 
@@ -101,7 +102,7 @@ async def fill_stream(server: servers.ServerProcess, events: list[tuple[str, byt
 
 def start_dashboard(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "berth.services.dashboard_api"], env=env,
+        return subprocess.Popen(service_command("dashboard"), env=env,
                                 stdout=f, stderr=subprocess.STDOUT)
 
 
