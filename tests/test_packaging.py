@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 OLD = ("shared", "services")
 # A module path in a string: a `python -m` target, a logger name, a mock.patch target.
 OLD_DOTTED = re.compile(r"(?:shared|services)(?:\.\w+)+")
+# An import in code that a string holds (`python -c`).
+OLD_FROM = re.compile(r"(?<![\w.])from ((?:shared|services)(?:\.\w+)*) import\b")
 # What may be one of the above, to parse only the files that hold it (parsing all is ~1 s).
-SUSPECT = re.compile(r"^\s*(?:from|import)\s+(?:shared|services)\b|[\"'](?:shared|services)\.",
-                     re.MULTILINE)
+SUSPECT = re.compile(r"(?:from|import)\s+(?:shared|services)\b|[\"'](?:shared|services)\.")
 
 
 def _python_files() -> list[Path]:
@@ -33,9 +34,9 @@ def _old_names(tree: ast.AST) -> list[tuple[int, str]]:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
-              and OLD_DOTTED.fullmatch(node.value)):
-            names = [node.value]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = ([node.value] if OLD_DOTTED.fullmatch(node.value)
+                     else OLD_FROM.findall(node.value))
         else:
             continue
         found += [(node.lineno, n) for n in names if n.split(".")[0] in OLD]
@@ -44,10 +45,11 @@ def _old_names(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_nothing_imports_shared_or_services_outside_the_berth_namespace() -> None:
     s, v = OLD  # spelled apart, so that the rewrite script leaves this sample alone
-    planted = f"from {s}.x import y\nimport {v}.a\nz = '{s}.config.X'\nq = '{s}.'\n"
+    planted = (f"from {s}.x import y\nimport {v}.a\nz = '{s}.config.X'\nq = '{s}.'\n"
+               f"c = 'import sys; from {s} import dir_lock'\n")
     assert SUSPECT.search(planted)
     assert [name for _, name in _old_names(ast.parse(planted))] == [
-        f"{s}.x", f"{v}.a", f"{s}.config.X"]
+        f"{s}.x", f"{v}.a", f"{s}.config.X", s]
     files = _python_files()
     assert any(p.relative_to(ROOT).parts[0] == "shared" for p in files)
     sources = {p: p.read_text() for p in files}
