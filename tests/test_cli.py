@@ -18,7 +18,8 @@ from berth.shared.credentials import Role
 from berth.stack import Stack
 from tests.conftest import wait_until
 
-BERTH = [sys.executable, "-m", "berth.cli"]
+# -P as the installed `berth` script has it: its sys.path starts at its bin/, not the cwd.
+BERTH = [sys.executable, "-P", "-m", "berth.cli"]
 
 
 def run_berth(*args: str, env: dict[str, str] | None = None, timeout: float = 120

@@ -2,14 +2,19 @@
 imported only as `berth.shared` and `berth.services` (docs/decisions.md, "One namespace").
 In this checkout the old top-level names still import (pytest puts the repository first on
 sys.path), so a leftover `from shared...` would pass every test here and fail only once
-installed; this finds one before that."""
+installed; this finds one before that. And `in_a_poisoned_project`, which a real-stack test
+imports to run from a directory whose `shared/`, `services/` and `berth/` must never be
+imported."""
 
 from __future__ import annotations
 
 import ast
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD = ("shared", "services")
@@ -19,6 +24,22 @@ OLD_DOTTED = re.compile(r"(?:shared|services)(?:\.\w+)+")
 OLD_FROM = re.compile(r"(?<![\w.])from ((?:shared|services)(?:\.\w+)*) import\b")
 # What may be one of the above, to parse only the files that hold it (parsing all is ~1 s).
 SUSPECT = re.compile(r"(?:from|import)\s+(?:shared|services)\b|[\"'](?:shared|services)\.")
+
+
+@pytest.fixture(autouse=True)
+def in_a_poisoned_project(tmp_path_factory: pytest.TempPathFactory,
+                          monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The working directory is a user's project whose folders have the names of berth's
+    packages, each raising on import. Autouse: a module that imports this fixture runs all
+    of its tests from there, so every process they start inherits that directory (the
+    `berth` command and its services start with `python -P`, which keeps it off sys.path)."""
+    where = tmp_path_factory.mktemp("project")
+    for name in ("shared", "services", "berth"):
+        (where / name).mkdir()
+        (where / name / "__init__.py").write_text(
+            f"raise SystemExit('the working directory\\'s {name}/ was imported')\n")
+    monkeypatch.chdir(where)
+    yield where
 
 
 def _python_files() -> list[Path]:

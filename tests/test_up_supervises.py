@@ -1,9 +1,7 @@
 """`berth up` as a user runs it, supervising its children (issue 17 item 4): a worker agent
 SIGKILLed under a running task is started again, the task's attempt is written off
 (worker_failed) and a new attempt succeeds, the stack stays up, `berth health` says so; a
-clean stop still leaves no process behind (checked by PID). It runs from a directory that
-holds `shared/`, `services/` and `berth/` folders that must never be imported (issue 17
-item 6): no child may find them through its working directory."""
+clean stop still leaves no process behind (checked by PID)."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from berth.services.dashboard_api.projection import Projection
 from berth.stack_info import read_stack_info
 from tests.conftest import wait_until
 from tests.test_cli import BERTH, run_berth
+from tests.test_packaging import in_a_poisoned_project  # noqa: F401  (autouse: issue 17 item 6)
 
 
 def _alive(pid: int) -> bool:
@@ -35,15 +33,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _poisoned_project(where: Path) -> Path:
-    """A user's project whose folders have the names of berth's packages."""
-    for name in ("shared", "services", "berth"):
-        (where / name).mkdir(parents=True)
-        (where / name / "__init__.py").write_text(
-            f"raise SystemExit('the working directory\\'s {name}/ was imported')\n")
-    return where
 
 
 def _children(data_dir: Path) -> dict[str, Any]:
@@ -57,11 +46,9 @@ async def test_a_killed_worker_is_restarted_its_task_retried_and_the_stack_stays
     env = {**os.environ, "BERTH_HEARTBEAT_INTERVAL": "0.5", "BERTH_WORKER_DEAD_AFTER": "3",
            "BERTH_KILL_GRACE": "2"}
     err = (tmp_path / "up.err").open("wb")
-    # -P as the `berth` script has it (its sys.path starts at its own bin/, not the cwd).
     up = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", "-m", "berth.cli", "--data-dir", str(data_dir), "up",
-        "--workers", "1", stdout=subprocess.DEVNULL, stderr=err, env=env,
-        cwd=_poisoned_project(tmp_path / "project"))
+        *BERTH, "--data-dir", str(data_dir), "up", "--workers", "1",
+        stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
         await wait_until(lambda: "local-0" in _children(data_dir), 60, "berth up to start")
         info = read_stack_info(data_dir)
