@@ -227,7 +227,7 @@ async def test_two_dashboards_following_a_burst_each_equal_the_fold(
         "BERTH_DATA_DIR": str(tmp_path / "second"), "BERTH_API_PORT": str(port)})
     await wait_until(lambda: _answers(second_url), what="the second dashboard")
     seqs = [await publish_submit(nc, encode(JobSpec(name=f"b{i}", command=["true"],
-                                                    resources=SMALL))) for i in range(100)]
+                                                    resources=SMALL))) for i in range(40)]
     jobs = [str((await wait_for_outcome(nc, seq)).job_id) for seq in seqs]
     for job_id in jobs:
         await wait_for_job(stack, job_id, {"succeeded"}, timeout=120)
