@@ -507,11 +507,18 @@ NatsNodes = Annotated[int, typer.Option(
 RedisPort = Annotated[int | None, typer.Option(help="default: a free port")]
 RedisServer = Annotated[bool, typer.Option(
     help="use redis-server from PATH instead of the bundled valkey-server")]
+Metrics = Annotated[bool, typer.Option(
+    "--metrics", help="every service serves Prometheus metrics, each on a free port of its "
+    "own (BERTH_METRICS_PORT; docs/metrics.md); the URLs are printed")]
+MetricsPort = Annotated[int | None, typer.Option(
+    min=1, max=65_000, metavar="PORT", help="with --metrics: ports from PORT on, in the "
+    "order submitter, scheduler, dashboard, local-0, local-1, ... (default: free ports)")]
 
 
 def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_mb: int,
            port: int | None, nats_port: int | None, redis_port: int | None,
-           redis_server: bool, nats_nodes: int) -> Any:
+           redis_server: bool, nats_nodes: int, metrics: bool = False,
+           metrics_port: int | None = None) -> Any:
     from berth.shared.servers import ServerError
     from berth.stack import start_stack
 
@@ -523,6 +530,9 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
             worker_memory_mb=worker_memory_mb, api_port=port,
             nats_port=nats_port, redis_port=redis_port,
             prefer_redis_on_path=redis_server, nats_nodes=nats_nodes,
+            # A given first port makes the range (start_services); free ones otherwise.
+            metrics=metrics and metrics_port is None,
+            extra_env={"BERTH_METRICS_PORT": str(metrics_port)} if metrics_port else None,
         )
     except (DirLocked, ServerError) as exc:  # what it started is stopped again
         fail(str(exc))
@@ -537,6 +547,8 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
           f"  identities {stack.auth.path} (`berth creds --help`)\n"
           f"  API token  {data_dir / 'api-token'} (for submit and cancel over HTTP)",
           file=sys.stderr)
+    for label, url in stack.metrics_urls.items():
+        print(f"  metrics    {label:<10} {url}", file=sys.stderr)
     return stack
 
 
@@ -544,12 +556,15 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
 def cmd_up(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2.0,
            worker_memory_mb: WorkerMemory = 2048, port: Port = None,
            nats_port: NatsPort = None, nats_nodes: NatsNodes = 1, redis_port: RedisPort = None,
-           redis_server: RedisServer = False) -> int:
+           redis_server: RedisServer = False, metrics: Metrics = False,
+           metrics_port: MetricsPort = None) -> int:
     """Start NATS, Redis, all services and local workers."""
     from berth.shared.servers import ServerError
 
+    if metrics_port is not None and not metrics:
+        fail("--metrics-port: only with --metrics")
     stack = _start(globals_of(ctx).data_dir, workers, worker_cpu, worker_memory_mb, port,
-                   nats_port, redis_port, redis_server, nats_nodes)
+                   nats_port, redis_port, redis_server, nats_nodes, metrics, metrics_port)
     print("berth is up; a child that exits is started again; Ctrl-C stops every process "
           "it started.", file=sys.stderr)
     stopping = False

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import typer
 from nats.aio.client import Client as NATS
 
-from berth.cli_app import globals_of
+from berth.cli_app import JsonFlag, globals_of, print_json
 from berth.shared import config, servers
 from berth.shared.credentials import (
     NAME_PATTERN,
@@ -156,6 +156,7 @@ def cmd_creds(
     name: Annotated[str, typer.Argument(
         help="worker id (worker), user name (user), identity (revoke), the nodes' route "
         "addresses host:port, comma-separated (routes)")] = "",
+    as_json: JsonFlag = False,
 ) -> int:
     """Make, list or revoke identities on the bus (NATS credentials).
 
@@ -173,6 +174,11 @@ def cmd_creds(
     try:
         if action == "routes":
             return _routes(auth, name)
+        if action == "list" and as_json:
+            # The public half only, as the identities file holds it: never a seed.
+            print_json([{"name": i.name, "role": i.role.value, "scope": i.scope,
+                         "public_key": i.public_key} for i in auth.identities()])
+            return 0
         if action == "list":
             for identity in auth.identities():
                 scope = f" ({identity.scope})" if identity.scope else ""

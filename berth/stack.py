@@ -318,9 +318,11 @@ def start_stack(
     prefer_redis_on_path: bool = False,
     extra_env: dict[str, str] | None = None,
     nats_nodes: int = 1,
+    metrics: bool = False,
 ) -> Stack:
     """Everything of `berth up`, on a data dir no other stack uses: raises
-    dir_lock.DirLocked (naming the holder) before anything starts if one does."""
+    dir_lock.DirLocked (naming the holder) before anything starts if one does. `metrics`:
+    as start_services."""
     lock = dir_lock.acquire(data_dir / STACK_LOCK, "berth up", inherit=True)
     try:
         nats, redis = start_servers(data_dir, nats_port, redis_port, prefer_redis_on_path,
@@ -329,7 +331,7 @@ def start_stack(
         lock.release()
         raise
     stack = start_services(data_dir, nats, redis, workers, worker_cpu, worker_memory_mb,
-                           api_port, extra_env, owns_servers=True, lock=lock)
+                           api_port, extra_env, owns_servers=True, lock=lock, metrics=metrics)
     stack.prefer_redis_on_path = prefer_redis_on_path
     return stack
 

@@ -5,6 +5,7 @@ the API listens beyond loopback."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -61,6 +62,13 @@ async def test_roles_decide_who_submits_and_cancels_and_tokens_change_live(
         ["ada", "submit"], ["bob", "submit"], ["rita", "read"]]
     assert ada not in listed and ada not in (stack.data_dir / "auth" /
                                              "api-tokens.json").read_text()
+    # The bus identities too, for scripts: the public half only (never a seed).
+    creds = run_berth("--data-dir", str(stack.data_dir), "creds", "list", "--json")
+    identities = {i["name"]: i for i in json.loads(creds.stdout)}
+    assert {"scheduler", "dashboard", "worker-local-0"} <= set(identities), creds.stdout
+    assert identities["worker-local-0"]["role"] == "worker"
+    assert identities["worker-local-0"]["scope"] == "local-0"
+    assert "seed" not in creds.stdout.lower()
 
     # read: reads, but no actions.
     assert get(stack, "/api/jobs", rita).status_code == 200

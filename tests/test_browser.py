@@ -1,9 +1,12 @@
 """The web dashboard in headless Chromium (Debian's `chromium`, driven by Playwright): a job
 submitted from the page, its worker SIGKILLed mid-run, and the page following it to
-succeeded without a reload, with the attempt history marking the worker failure."""
+succeeded without a reload, with the attempt history marking the worker failure; then the
+host timeline drawing those two attempts, and a known set of attempts (gangs, shared hosts,
+an overlap) checked bar by bar and pixel by pixel in a screenshot."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -103,6 +106,10 @@ async def test_submit_from_the_page_and_watch_it_succeed_without_reload(
             await page.wait_for_selector(f'tr[data-worker="{victim}"] .error')  # dead
             await page.screenshot(path=str(tmp_path / "workers.png"), full_page=True)
             assert await page.evaluate("window.__sameDocument") is True
+
+            await check_the_timeline_of_the_job(page, stack, job_id, victim, tmp_path)
+            await check_a_known_timeline(await browser.new_page(
+                viewport={"width": 1400, "height": 900}), stack, tmp_path)
         finally:
             await browser.close()
 
@@ -136,3 +143,176 @@ async def test_the_page_asks_for_a_token_where_reads_are_closed(make_stack: Any)
             assert "'rita' has role read" in await refused.inner_text()
         finally:
             await browser.close()
+
+
+# --- the host timeline ---------------------------------------------------------------------
+
+
+async def bars_by_row(page: Any) -> dict[str, list[dict[str, Any]]]:
+    """Each host row's bars as drawn: data attributes, and the body's box and fill."""
+    rows: dict[str, list[dict[str, Any]]] = await page.evaluate("""() => {
+      const out = {};
+      for (const row of document.querySelectorAll("#timeline-hosts .host-row")) {
+        out[row.dataset.worker] = [...row.querySelectorAll(".bar")].map((g) => {
+          const body = g.querySelector(".bar-body");
+          const box = body.getBoundingClientRect();
+          return { ...g.dataset, x: box.x, y: box.y, w: box.width, h: box.height,
+                   fill: getComputedStyle(body).fill, stroke: getComputedStyle(body).stroke,
+                   rowTop: row.getBoundingClientRect().y,
+                   rowBottom: row.getBoundingClientRect().bottom };
+        });
+      }
+      return out;
+    }""")
+    return rows
+
+
+def assert_no_overlap_within_a_lane(rows: dict[str, list[dict[str, Any]]]) -> None:
+    for worker, bars in rows.items():
+        for bar in bars:  # inside its own row
+            assert bar["rowTop"] <= bar["y"] and bar["y"] + bar["h"] <= bar["rowBottom"], bar
+        for i, a in enumerate(bars):
+            for b in bars[i + 1:]:
+                apart = a["x"] + a["w"] <= b["x"] + 0.5 or b["x"] + b["w"] <= a["x"] + 0.5
+                assert a["lane"] != b["lane"] or apart, (worker, a, b)
+                # Bars of different lanes never share a pixel row either.
+                if a["lane"] != b["lane"]:
+                    assert a["y"] + a["h"] <= b["y"] or b["y"] + b["h"] <= a["y"], (a, b)
+
+
+async def screenshot_pixels(page: Any, path: Path) -> Any:
+    """Takes a screenshot to `path` and returns a function reading its pixels: the PNG
+    itself decoded by the browser, so what is checked is what was captured."""
+    png = await page.screenshot(path=str(path))
+    assert len(png) > 10_000  # a page drawn, not a blank
+    await page.evaluate("""async (b64) => {
+      const img = new Image();
+      img.src = "data:image/png;base64," + b64;
+      await img.decode();
+      const canvas = document.createElement("canvas");
+      canvas.width = img.width; canvas.height = img.height;
+      const ctx = canvas.getContext("2d");
+      ctx.drawImage(img, 0, 0);
+      window.__shot = ctx;
+    }""", base64.b64encode(png).decode())
+
+    async def pixel(x: float, y: float) -> str:
+        rgb: list[int] = await page.evaluate(
+            "([x, y]) => [...window.__shot.getImageData(x, y, 1, 1).data].slice(0, 3)",
+            [round(x), round(y)])
+        return f"rgb({rgb[0]}, {rgb[1]}, {rgb[2]})"
+    return pixel
+
+
+async def check_the_timeline_of_the_job(page: Any, stack: Stack, job_id: str, victim: str,
+                                        tmp_path: Path) -> None:
+    """The job's two attempts, one bar each, on the hosts that ran them, in a window that
+    ends just after the job did."""
+    job = get_json(stack, f"/api/jobs/{job_id}")
+    until = job["finished_at"] + 2
+    since = job["submitted_at"] - 2
+    api = get_json(stack, f"/api/timeline?since={since}&until={until}")
+    drawn_by_api = {(b["job_id"], b["attempt_id"], row["worker_id"])
+                    for row in api["hosts"] for b in row["bars"]}
+    assert {(j, a) for j, a, _ in drawn_by_api} == {(job_id, 0), (job_id, 1)}
+    assert all(not row["overlaps"] for row in api["hosts"])
+    # The cluster chart's samples saw the first attempt run on its host (one is taken
+    # within a second of a change, however quiet the log is after it).
+    assert any(p["running"] == 1 and p["hosts_busy"] == 1 for p in api["cluster"]), api
+
+    await page.click("[data-nav=timeline]")
+    await page.wait_for_selector("#timeline-hosts")
+    await page.evaluate(f"go('/timeline?until={until}&window={until - since}')")
+    # The window asked for, not the default one drawn a moment before.
+    await page.wait_for_function(
+        "(until) => Math.abs(Number(document.getElementById('timeline-hosts')"
+        "?.dataset.until) - until) < 0.01", arg=until)
+    assert await page.locator("#timeline-hosts .bar").count() == 2
+    assert await page.evaluate("window.__sameDocument") is True
+    rows = await bars_by_row(page)
+    drawn = {(b["job"], int(b["attempt"]), w) for w, bars in rows.items() for b in bars}
+    assert drawn == drawn_by_api, (rows, api)
+    assert [b["state"] for b in rows[victim]] == ["worker_failed"], (rows, api)
+    assert_no_overlap_within_a_lane(rows)
+    first = rows[victim][0]
+    assert first["w"] > 20  # ran seconds of a window of about 10
+    pixel = await screenshot_pixels(page, tmp_path / "timeline-job.png")
+    assert await pixel(first["x"] + first["w"] / 3, first["y"] + first["h"] / 2) \
+        == first["fill"]
+    # The end is drawn in its state's colour: worker_failed purple, as its badge.
+    assert await pixel(first["x"] + first["w"] - 2, first["y"] + first["h"] / 2) \
+        == "rgb(130, 80, 223)"
+
+
+def known_timeline() -> dict[str, Any]:
+    def bar(job: str, attempt: int, start: float, end: float | None, state: str,
+            group: str = "") -> dict[str, Any]:
+        return {"job_id": job, "task_index": 0, "attempt_id": attempt, "group": group,
+                "exclusive": bool(group), "start": start, "started": start, "end": end,
+                "state": state}
+
+    def row(worker: str, bars: list[dict[str, Any]], overlaps: tuple[str, ...] = ()
+            ) -> dict[str, Any]:
+        return {"worker_id": worker, "host": "h", "alive": True, "bars": bars,
+                "overlaps": list(overlaps), "truncated": False}
+
+    def point(ts: float, pending: int, assigned: int, running: int, busy: int
+              ) -> dict[str, Any]:
+        return {"ts": ts, "pending": pending, "assigned": assigned, "running": running,
+                "hosts_busy": busy, "hosts_up": 3}
+
+    return {"since": 1000.0, "until": 1100.0, "total_hosts": 3, "next_cursor": None,
+            "truncated": False,
+            "hosts": [
+                # Two tasks of no gang sharing a host: two lanes.
+                row("w-shared", [bar("j1-aaaa", 0, 1000, 1050, "succeeded"),
+                                 bar("j2-bbbb", 0, 1020, 1080, "failed"),
+                                 bar("j1-aaaa", 1, 1060, 1090, "succeeded")]),
+                row("w-gang", [bar("j3-cccc", 0, 1010, None, "running", "rack=r1")]),
+                # What must never happen, drawn as it would be: marked.
+                row("w-bad", [bar("j4-dddd", 0, 1000, 1060, "killed", "rack=r2"),
+                              bar("j5-eeee", 0, 1030, 1090, "running", "rack=r2")],
+                    ("j4-dddd/0#0 and j5-eeee/0#0",)),
+            ],
+            "cluster": [point(1000, 3, 0, 0, 0), point(1010, 1, 1, 1, 2),
+                        point(1060, 0, 0, 3, 3)]}
+
+
+async def check_a_known_timeline(page: Any, stack: Stack, tmp_path: Path) -> None:
+    """The drawing of a known answer: a bar per attempt, overlapping attempts of a shared
+    host in separate lanes, gangs outlined, an overlap of gangs marked, each bar's colour
+    exactly over its time range in the screenshot."""
+    body = json.dumps(known_timeline())
+
+    async def answer(route: Any) -> None:
+        await route.fulfill(status=200, content_type="application/json", body=body)
+
+    await page.route("**/api/timeline?*", answer)
+    await page.goto(stack.api_url + "/timeline?until=1100&window=100")
+    await page.wait_for_selector("#timeline-hosts .bar >> nth=5", state="attached")
+    rows = await bars_by_row(page)
+    assert {w: len(b) for w, b in rows.items()} == {"w-shared": 3, "w-gang": 1, "w-bad": 2}
+    assert_no_overlap_within_a_lane(rows)
+    shared = rows["w-shared"]
+    assert [b["lane"] for b in shared] == ["0", "1", "0"]  # the retry reuses the free lane
+    assert shared[0]["fill"] == shared[2]["fill"] != shared[1]["fill"]  # a job's colour
+    assert rows["w-gang"][0]["stroke"] != "none" and shared[0]["stroke"] == "none"
+    assert await page.locator('.host-row.overlap[data-worker="w-bad"]').count() == 1
+    assert await page.locator(".host-row.overlap").count() == 1
+    assert "j4-dddd/0#0 and j5-eeee/0#0" in await page.locator("#overlaps").inner_text()
+    assert await page.locator("#cluster-chart path.series").count() == 4
+
+    # In the screenshot, a bar's colour lies exactly over its time: j1's first attempt
+    # (1000-1050) at 1025, not at 1055 in its lane (free then), j1's retry at 1075.
+    a, retry = shared[0], shared[2]
+    per_second = a["w"] / 50
+    middle = a["y"] + a["h"] / 2
+    pixel = await screenshot_pixels(page, tmp_path / "timeline-known.png")
+    assert await pixel(a["x"] + 25 * per_second, middle) == a["fill"]
+    assert await pixel(a["x"] + 55 * per_second, middle) != a["fill"]
+    assert await pixel(a["x"] + 75 * per_second, middle) == retry["fill"]
+    assert abs(retry["x"] - (a["x"] + 60 * per_second)) < 1.5
+
+    # A bar leads to its job.
+    await page.click('.bar[data-job="j3-cccc"]')
+    await page.wait_for_url("**/jobs/j3-cccc")

@@ -101,6 +101,23 @@ async def test_task_and_worker_detail_and_unknown_ids_are_404(make_stack: Any, n
     assert worker["resources"]["cpu"] == 2.0 and worker["running_attempts"] == []
     assert worker["last_heartbeat"] is not None
 
+    # The host timeline: one row for the one host, a bar for each task's attempt, ended.
+    tl = get_json(stack, f"/api/timeline?since={t['attempts'][0]['assigned_at'] - 1}")
+    assert [r["worker_id"] for r in tl["hosts"]] == ["local-0"] and tl["total_hosts"] == 1
+    bars = tl["hosts"][0]["bars"]
+    assert sorted((b["job_id"], b["task_index"], b["attempt_id"]) for b in bars) == [
+        (job_id, 0, 0), (job_id, 1, 0)]
+    assert all(b["end"] is not None and b["end"] >= b["start"] and b["group"] == ""
+               for b in bars)
+    assert {b["state"] for b in bars} <= {"failed", "killed"}
+    assert tl["hosts"][0]["overlaps"] == [] and tl["next_cursor"] is None
+    assert tl["cluster"] and tl["cluster"][-1]["hosts_busy"] == 0  # as it stands
+    assert get_json(stack, "/api/timeline?hosts=nope")["hosts"] == []
+    for query, field in [("since=10&until=5", "since"), ("until=nan", "until"),
+                         ("limit=0", "limit"), ("since=abc", "since")]:
+        resp = httpx.get(f"{stack.api_url}/api/timeline?{query}", timeout=10)
+        assert resp.status_code == 400 and field in resp.json()["detail"], (query, resp.text)
+
     for path in (f"/api/jobs/{job_id}/tasks/2", f"/api/jobs/{job_id}/tasks/0/logs?attempt=9",
                  "/api/workers/nope", "/api/jobs/j9-abcd/tasks/0", "/api/nothing"):
         resp = httpx.get(stack.api_url + path, timeout=10)

@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import cancel_job, publish_submit, wait_for_outcome
-from berth.services.dashboard_api import views
+from berth.services.dashboard_api import timeline, views
 from berth.services.dashboard_api.projection import Projection
 from berth.shared import nats_io, servers, state_snapshot, subjects
 from berth.shared.durable_feed import DurableEventFeed
@@ -144,6 +145,14 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
         for live_only in ("healthy", "last_heartbeat"):
             del expected[live_only], shown[worker_id][live_only]
         assert shown[worker_id] == expected
+
+    # So is its host timeline, its index rebuilt from a snapshot and extended as it folds.
+    until = time.time() + 60
+    rows, *_ = timeline.host_page(fresh, timeline.build_index(fresh), 0, until, None, 100, None)
+    assert get_json(stack, f"/api/timeline?since=0&until={until}")["hosts"] == [
+        as_json(r) for r in rows]
+    assert sum(len(r.bars) for r in rows) == sum(
+        len(t.attempts) for j in fresh.jobs.values() for t in j.tasks)
 
     # Its saved state, written as it stopped, is the fresh fold exactly.
     stack.stop_child("dashboard")

@@ -1,7 +1,8 @@
 """`berth up` as a user runs it, supervising its children (issue 17 item 4): a worker agent
 SIGKILLed under a running task is started again, the task's attempt is written off
 (worker_failed) and a new attempt succeeds, the stack stays up, `berth health` says so; a
-clean stop still leaves no process behind (checked by PID)."""
+clean stop still leaves no process behind (checked by PID). Started with `--metrics`: every
+child's metrics URL is printed, and the restarted worker serves its metrics again."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _scrape(url: str) -> str | None:
+    try:
+        return httpx.get(url, timeout=5).text
+    except httpx.TransportError:
+        return None  # not listening yet
+
+
 def _children(data_dir: Path) -> dict[str, Any]:
     kids: dict[str, Any] = read_stack_info(data_dir).get("children", {})
     return kids
@@ -47,11 +55,20 @@ async def test_a_killed_worker_is_restarted_its_task_retried_and_the_stack_stays
            "BERTH_KILL_GRACE": "2"}
     err = (tmp_path / "up.err").open("wb")
     up = await asyncio.create_subprocess_exec(
-        *BERTH, "--data-dir", str(data_dir), "up", "--workers", "1",
+        *BERTH, "--data-dir", str(data_dir), "up", "--workers", "1", "--metrics",
         stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
         await wait_until(lambda: "local-0" in _children(data_dir), 60, "berth up to start")
         info = read_stack_info(data_dir)
+        # --metrics: a URL per child, printed and kept in stack.json; each one answers.
+        urls = info["metrics_urls"]
+        assert set(urls) == {"submitter", "scheduler", "dashboard", "local-0"}
+        # Printed once everything has started, a moment after stack.json lists it.
+        summary = tmp_path / "up.err"
+        await wait_until(lambda: "berth is up" in summary.read_text(), 30, "the summary")
+        printed = summary.read_text()
+        assert all(f"metrics    {label:<10} {url}" in printed for label, url in urls.items())
+        assert "berth_submits_total" in httpx.get(urls["submitter"], timeout=10).text
         api = info["api_url"]
         token = (data_dir / "api-token").read_text().strip()
         # The first attempt leaves a mark and runs until killed; the retry finds the mark.
@@ -71,6 +88,9 @@ async def test_a_killed_worker_is_restarted_its_task_retried_and_the_stack_stays
             "berth up to restart local-0")
         assert restarted["pid"] != old and _alive(restarted["pid"])
         assert restarted["last_exit"] == -signal.SIGKILL
+        # The restarted agent serves its metrics on the same port again.
+        scraped = await wait_until(lambda: _scrape(urls["local-0"]), 30, "local-0's metrics")
+        assert 'berth_worker_attempts_running{worker="local-0"}' in scraped
 
         def ended() -> dict[str, Any] | None:
             job: dict[str, Any] = httpx.get(f"{api}/api/jobs/{job_id}", timeout=10).json()

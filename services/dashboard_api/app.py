@@ -5,6 +5,7 @@ spec's env values reach only those allowed to see them (redact.py)."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -26,7 +27,7 @@ from litestar.static_files import create_static_files_router
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from berth.services.dashboard_api import auth, live, redact, views
+from berth.services.dashboard_api import auth, live, redact, timeline, views
 from berth.services.dashboard_api import metrics as dashboard_metrics
 from berth.services.dashboard_api.projection import Projection
 from berth.shared import metrics as shared_metrics
@@ -257,6 +258,48 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
 
         return Stream(body(), media_type=MediaType.TEXT)
 
+    # --- the host timeline -------------------------------------------------------------------
+
+    @get("/timeline", sync_to_thread=False)
+    def host_timeline(
+        since: Annotated[float | None, Parameter(
+            description="window start (Unix seconds); default: an hour before `until`")]
+        = None,
+        until: Annotated[float | None, Parameter(
+            description="window end (Unix seconds); default: now")] = None,
+        hosts: Annotated[str | None, Parameter(
+            description="only these worker ids, comma-separated")] = None,
+        limit: Annotated[int, Parameter(ge=1, le=timeline.MAX_HOSTS,
+                                        description="hosts per page")] = 100,
+        cursor: Annotated[str | None, Parameter(
+            description="next_cursor of the previous page")] = None,
+    ) -> timeline.Timeline:
+        """Per host (worker), the attempts that held it within the window: job, task,
+        attempt, gang group, when assigned, started and gone (null: still holding), state;
+        and `overlaps`, attempts of two gangs holding it at once (never any). Plus the
+        cluster's tasks by state and busy hosts over the window. Hosts by worker id, one
+        page at a time."""
+        for name, value in (("since", since), ("until", until)):
+            if value is not None and not math.isfinite(value):
+                raise ValidationException(f"{name}: {value} is not a time")
+        end = time.time() if until is None else until
+        start = end - 3600.0 if since is None else since
+        if start >= end:
+            raise ValidationException(f"since: {start} is not before until ({end})")
+        wanted = None
+        if hosts is not None:
+            wanted = [h for h in hosts.split(",") if h]
+            if len(wanted) > timeline.MAX_HOSTS:
+                raise ValidationException(
+                    f"hosts: {len(wanted)} named, at most {timeline.MAX_HOSTS}")
+        rows, total, next_cursor = timeline.host_page(
+            projection.state, projection.host_attempts, start, end, wanted, limit, cursor)
+        return timeline.Timeline(
+            since=start, until=end, hosts=rows, total_hosts=total, next_cursor=next_cursor,
+            truncated=any(r.truncated for r in rows),
+            cluster=timeline.cluster_series(projection.cluster_samples, start, end,
+                                            projection.cluster_now()))
+
     # --- workers, submits, live -------------------------------------------------------------
 
     def worker_out(worker_id: str) -> views.WorkerOut:
@@ -309,7 +352,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         path="/api",
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
-                        task_logs, list_workers, worker_detail, submit_outcome, events],
+                        task_logs, host_timeline, list_workers, worker_detail, submit_outcome,
+                        events],
     )
 
     # --- open to all ------------------------------------------------------------------------
@@ -332,7 +376,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         await shared_metrics.refresh_all([metrics_refresh] if metrics_refresh else [])
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    @get(["/", "/jobs/{job_id:str}", "/workers"], media_type=MediaType.HTML,
+    @get(["/", "/jobs/{job_id:str}", "/workers", "/timeline"], media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
     def page(job_id: str | None = None) -> str:
         return (STATIC / "index.html").read_text()

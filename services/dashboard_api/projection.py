@@ -18,11 +18,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from berth.services.dashboard_api import timeline
 from berth.shared import nats_io, state_snapshot, subjects
 from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.event_origin import RefusedEvent, read_heartbeat
-from berth.shared.lifecycle import ClusterState, JobView
-from berth.shared.messages import DeviceStats, JobSubmitted
+from berth.shared.lifecycle import AttemptView, ClusterState, JobView
+from berth.shared.messages import DeviceStats, JobSubmitted, TaskAssigned
 from berth.shared.nats_io import RawEvent
 
 log = logging.getLogger("berth.dashboard.projection")
@@ -73,9 +74,17 @@ class Projection:
         # Jobs in submission order (their submit sequences alongside), for paging.
         self.job_order: list[JobView] = []
         self.job_order_seqs: list[int] = []
+        # For the host timeline: each worker's attempts by assignment, and the cluster's
+        # counts as they stood (event time), sampled as batches fold.
+        self.host_attempts: dict[str, deque[timeline.HostAttempt]] = {}
+        self.cluster_samples: deque[timeline.ClusterPoint] = deque(
+            maxlen=timeline.CLUSTER_HISTORY)
         self.consumer = consumer_name(snapshot_path.parent if snapshot_path else None)
         self._feed = DurableEventFeed(self.js, self.consumer)
         self._saved_seq = 0
+        self._last_ts = 0.0  # the newest folded event's time
+        self._sampled_at = -timeline.SAMPLE_EVERY  # when the last cluster sample was taken
+        self._sample_timer: asyncio.TimerHandle | None = None
         self.folded = 0  # events folded by this process (a metric)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -91,6 +100,8 @@ class Projection:
                        asyncio.create_task(self._save_periodically())]
 
     async def stop(self) -> None:
+        if self._sample_timer is not None:
+            self._sample_timer.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -115,6 +126,7 @@ class Projection:
             for raw in batch:
                 self._apply(raw)
             self.folded += len(batch)
+            self._sample_cluster()
             await self._feed.ack()
             if not self.caught_up.is_set() and self.state.last_seq >= self._catch_up_to:
                 log.info("caught up at event %d", self.state.last_seq)
@@ -126,10 +138,43 @@ class Projection:
         # A refused message is counted by the fold and never shown: the rest still folds.
         event = raw.record().event
         known = len(self.state.jobs)
+        new_attempt = isinstance(event, TaskAssigned) and self._attempt_of(event) is None
         self.state.apply(raw.seq, event)
         if isinstance(event, JobSubmitted) and len(self.state.jobs) != known:
             self._index_job(self.state.jobs[event.job_id])
+        if isinstance(event, TaskAssigned) and new_attempt and (
+                attempt := self._attempt_of(event)) is not None:
+            timeline.index_attempt(self.host_attempts, self.state.jobs[event.job_id],
+                                   event.task_index, attempt)
+        if event is not None:
+            # Services stamp their own events: the chart's clock never runs backwards.
+            self._last_ts = max(self._last_ts, event.ts)
         self.recent.append((raw.seq, raw.data if event is not None else None))
+
+    def _sample_cluster(self) -> None:
+        # A sample walks every worker: at most one a second of folding, however many
+        # batches (a rebuild from sequence 1 samples its history that coarsely). One held
+        # back is taken when the second is up, so the state before a quiet spell is kept.
+        wait = self._sampled_at + timeline.SAMPLE_EVERY - time.monotonic()
+        if wait <= 0:
+            self._take_sample()
+        elif self._sample_timer is None:
+            self._sample_timer = asyncio.get_running_loop().call_later(wait, self._take_sample)
+
+    def _take_sample(self) -> None:
+        # Runs between two batches (a loop callback), so it sees one consistent state.
+        self._sample_timer = None
+        self._sampled_at = time.monotonic()
+        if (point := self.cluster_now()) is not None:
+            timeline.record_point(self.cluster_samples, point)
+
+    def cluster_now(self) -> timeline.ClusterPoint | None:
+        """The cluster as it stands, as of the newest event; None before any."""
+        return timeline.cluster_point(self.state, self._last_ts) if self._last_ts else None
+
+    def _attempt_of(self, event: TaskAssigned) -> AttemptView | None:
+        task = self.state.task(event.job_id, event.task_index)
+        return task.attempt(event.attempt_id) if task else None
 
     async def wait_for_change(self, timeout: float) -> bool:
         """Waits until more events are folded; False if `timeout` passed first."""
@@ -164,6 +209,7 @@ class Projection:
             return
         for job in sorted(self.state.jobs.values(), key=lambda j: j.submit_seq):
             self._index_job(job)
+        self.host_attempts = timeline.build_index(self.state)
         self._saved_seq = self.state.last_seq
         log.info("snapshot loaded: %d jobs, %d workers, up to event %d",
                  len(self.state.jobs), len(self.state.workers), self.state.last_seq)

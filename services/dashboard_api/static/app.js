@@ -1,5 +1,6 @@
-// berth's web dashboard: plain JavaScript, no build step. Three pages (jobs, one job,
-// workers) rendered from the JSON API, re-rendered on each Server-Sent Event.
+// berth's web dashboard: plain JavaScript, no build step. Four pages (jobs, one job,
+// workers, the host timeline) rendered from the JSON API, re-rendered on each Server-Sent
+// Event.
 "use strict";
 
 const EXAMPLE_SPEC = {
@@ -169,12 +170,160 @@ async function workersPage() {
       <tbody>${rows || `<tr><td colspan="10" class="muted">no workers</td></tr>`}</tbody></table>`;
 }
 
+// --- the host timeline: one row per host, one bar per attempt, drawn as plain SVG ----------
+
+const STATE_COLOURS = { // the badges' colours (app.css)
+  pending: "#9a6700", assigned: "#bc4c00", building: "#8250df", running: "#0969da",
+  succeeded: "#1a7f37", failed: "#cf222e", killed: "#57606a", worker_failed: "#8250df",
+  unschedulable: "#cf222e",
+};
+const WINDOWS = [[300, "5 min"], [900, "15 min"], [3600, "1 hour"], [21600, "6 hours"], [86400, "24 hours"]];
+const TL = { label: 170, lane: 14, gap: 3, pad: 4, axis: 22 };
+let hostsCursor = null; // the page of hosts being shown (null: the first)
+
+// A job's colour: the same hue for every attempt of a job, on every page load.
+function jobColour(jobId) {
+  let h = 0;
+  for (const c of jobId) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  // The golden angle spreads ids that differ in one character far apart on the wheel.
+  return `hsl(${Math.round((h * 137.508) % 360)}, 60%, 62%)`;
+}
+
+// Attempts that overlap in time go into separate lanes of their host's row: tasks of no
+// gang may share a host within its capacity. Gangs of different jobs never may: such a
+// pair is in the row's `overlaps` (from the API), and the row is marked.
+function lanes(bars, until) {
+  const ends = [];
+  return bars.map((b) => {
+    const end = b.end ?? until;
+    let lane = ends.findIndex((e) => e <= b.start);
+    if (lane < 0) { lane = ends.length; ends.push(end); } else ends[lane] = end;
+    return lane;
+  });
+}
+
+function niceStep(span, want) {
+  const raw = span / want;
+  return [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400]
+    .find((s) => s >= raw) || 86400;
+}
+
+function timeAxis(since, until, x, y, height) {
+  const step = niceStep(until - since, 8);
+  let out = "";
+  for (let t = Math.ceil(since / step) * step; t <= until; t += step) {
+    const px = x(t).toFixed(1);
+    out += `<line class="tick" x1="${px}" x2="${px}" y1="${y}" y2="${y + height}" stroke="#eaeef2"/>
+      <text x="${px}" y="${y - 6}" font-size="11" text-anchor="middle" fill="#57606a">${esc(when(t))}</text>`;
+  }
+  return out;
+}
+
+// The window's times to x: the plot right of the labels, clamped to the window.
+const timeScale = (tl, width) => (t) => TL.label
+  + (Math.min(Math.max(t, tl.since), tl.until) - tl.since) / (tl.until - tl.since) * (width - TL.label - 8);
+
+function hostRows(tl, width) {
+  const x = timeScale(tl, width);
+  let y = TL.axis;
+  let body = "";
+  for (const row of tl.hosts) {
+    const lane = lanes(row.bars, tl.until);
+    const height = Math.max(1, ...lane.map((l) => l + 1)) * (TL.lane + TL.gap) + TL.pad;
+    const bad = row.overlaps.length > 0;
+    body += `<g class="host-row${bad ? " overlap" : ""}" data-worker="${esc(row.worker_id)}" data-y="${y}" data-height="${height}">
+      <rect x="0" y="${y}" width="${width}" height="${height}" fill="${bad ? "#ffebe9" : "transparent"}"/>
+      <line x1="0" x2="${width}" y1="${y + height}" y2="${y + height}" stroke="#d0d7de"/>
+      <text x="4" y="${y + 14}" font-size="12" fill="${row.alive ? "#1f2328" : "#cf222e"}">${esc(row.worker_id)}${bad ? " ⚠ overlap" : ""}</text>`;
+    row.bars.forEach((b, i) => {
+      const x0 = x(b.start);
+      const w = Math.max(2, x(b.end ?? tl.until) - x0);
+      const top = y + TL.pad / 2 + lane[i] * (TL.lane + TL.gap);
+      const cap = Math.min(4, w / 2);
+      const title = `${b.job_id} task ${b.task_index} attempt ${b.attempt_id}${b.group ? ` (gang ${b.group})` : ""}: ${b.state}, ${when(b.start)} → ${b.end ? when(b.end) : "now"}`;
+      body += `<a href="/jobs/${encodeURIComponent(b.job_id)}" data-link><g class="bar" data-job="${esc(b.job_id)}" data-task="${b.task_index}" data-attempt="${b.attempt_id}" data-lane="${lane[i]}" data-state="${esc(b.state)}"${b.group ? ` data-gang="${esc(b.group)}"` : ""}>
+        <title>${esc(title)}</title>
+        <rect class="bar-body" x="${x0.toFixed(1)}" y="${top}" width="${w.toFixed(1)}" height="${TL.lane}" fill="${jobColour(b.job_id)}"${b.group ? ` stroke="#1f2328" stroke-width="2"` : ""}/>
+        <rect class="bar-end" x="${(x0 + w - cap).toFixed(1)}" y="${top}" width="${cap.toFixed(1)}" height="${TL.lane}" fill="${STATE_COLOURS[b.state] || "#57606a"}"/>
+      </g></a>`;
+    });
+    body += "</g>";
+    y += height;
+  }
+  return `<svg id="timeline-hosts" width="${width}" height="${y + 2}" data-since="${tl.since}" data-until="${tl.until}" xmlns="http://www.w3.org/2000/svg">
+    ${timeAxis(tl.since, tl.until, x, TL.axis, y - TL.axis)}${body}</svg>`;
+}
+
+// Tasks by state and busy hosts over the window, as step lines.
+const SERIES = [["pending", "pending", "#9a6700", ""], ["assigned", "assigned", "#bc4c00", ""],
+  ["running", "running", "#0969da", ""],
+  ["hosts_busy", "hosts busy", "#1f2328", "5 3"]]; // dashed: it often runs along the running line
+function clusterChart(tl, width) {
+  const height = 140;
+  const top = 24;
+  const pts = tl.cluster;
+  if (!pts.length) return `<p class="muted" id="cluster-chart">no cluster samples in this window</p>`;
+  // Scaled to the hosts up too, so busy hosts read as a share of them.
+  const max = Math.max(1, ...pts.flatMap((p) => [p.pending, p.assigned, p.running, p.hosts_up]));
+  const x = timeScale(tl, width);
+  const y = (v) => top + height - v / max * height;
+  const lines = SERIES.map(([i, name, colour, dash]) => {
+    let d = "";
+    pts.forEach((p, k) => {
+      d += k === 0 ? `M${x(p.ts).toFixed(1)},${y(p[i]).toFixed(1)}`
+        : `H${x(p.ts).toFixed(1)}V${y(p[i]).toFixed(1)}`;
+    });
+    d += `H${x(Math.min(tl.until, Date.now() / 1000)).toFixed(1)}`;
+    return `<path class="series" data-series="${name}" d="${d}" fill="none" stroke="${colour}" stroke-width="1.5"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`;
+  }).join("");
+  const legend = SERIES.map(([, name, colour], k) =>
+    `<text x="${TL.label + k * 110}" y="14" font-size="12" fill="${colour}">■ ${name}</text>`).join("")
+    + `<text x="${TL.label + SERIES.length * 110}" y="14" font-size="12" fill="#57606a">hosts up: ${pts[pts.length - 1].hosts_up}</text>`;
+  return `<svg id="cluster-chart" width="${width}" height="${top + height + 6}" xmlns="http://www.w3.org/2000/svg">
+    ${legend}<text x="4" y="${top + 10}" font-size="11" fill="#57606a">${max}</text>
+    <text x="4" y="${top + height}" font-size="11" fill="#57606a">0</text>
+    <line x1="${TL.label}" x2="${width - 8}" y1="${top + height}" y2="${top + height}" stroke="#d0d7de"/>${lines}</svg>`;
+}
+
+async function timelinePage() {
+  const f = new URLSearchParams(location.search);
+  const span = Number(f.get("window")) || 3600;
+  const q = new URLSearchParams();
+  const until = f.get("until") ? Number(f.get("until")) : Date.now() / 1000;
+  q.set("since", String(until - span));
+  q.set("until", String(until));
+  if (f.get("hosts")) q.set("hosts", f.get("hosts"));
+  if (hostsCursor) q.set("cursor", hostsCursor);
+  const tl = await api(`/api/timeline?${q}`);
+  const width = Math.max(700, main.clientWidth - 8);
+  const bad = tl.hosts.filter((r) => r.overlaps.length);
+  return `<h1>Host timeline</h1>
+    <form class="filters" id="timeline-filters">
+      <label>window <select name="window">${(WINDOWS.some(([s]) => s === span) ? WINDOWS
+        : [[span, `${Math.round(span)} s`], ...WINDOWS]).map(([s, name]) =>
+        `<option value="${s}" ${s === span ? "selected" : ""}>${name}</option>`).join("")}</select></label>
+      <label>hosts <input name="hosts" value="${esc(f.get("hosts"))}" placeholder="worker ids, comma-separated"></label>
+      <button>show</button>
+      <span class="muted">hosts ${tl.hosts.length ? `${esc(tl.hosts[0].worker_id)} … ${esc(tl.hosts[tl.hosts.length - 1].worker_id)}` : "none"} of ${tl.total_hosts}${tl.truncated ? "; some hosts had more attempts than shown (the oldest are left out)" : ""}</span>
+    </form>
+    <p class="muted">One row per host, one bar per attempt from assignment until its process was gone:
+      the job's colour, a dark outline for a gang's task, the end in the colour of its state.
+      Attempts at once on one host stack in lanes; two gangs on one host at once would mark the row red.</p>
+    ${bad.length ? `<p class="error" id="overlaps">overlapping gangs: ${bad.map((r) => `${esc(r.worker_id)}: ${r.overlaps.map(esc).join("; ")}`).join(" — ")}</p>` : ""}
+    ${hostRows(tl, width)}
+    ${hostsCursor ? `<button id="hosts-first">first hosts</button>` : ""}
+    ${tl.next_cursor ? `<button id="hosts-next" data-cursor="${esc(tl.next_cursor)}">next hosts →</button>` : ""}
+    <h2>Cluster</h2>
+    ${clusterChart(tl, width)}`;
+}
+
 // --- rendering and navigation ----------------------------------------------------------------
 
 function route() {
   const m = location.pathname.match(/^\/jobs\/([^/]+)$/);
   if (m) return ["job", () => jobPage(decodeURIComponent(m[1]))];
   if (location.pathname === "/workers") return ["workers", workersPage];
+  if (location.pathname === "/timeline") return ["timeline", timelinePage];
   return ["jobs", jobsPage];
 }
 
@@ -185,18 +334,23 @@ let deferred = false; // a re-render waiting for the user to leave a field
 let submitResult = ""; // kept across re-renders of the jobs page
 main.addEventListener("focusout", () => { if (deferred) { deferred = false; render(); } });
 
+const typing = () => main.contains(document.activeElement)
+  && document.activeElement.matches("input, textarea, select");
+
 async function render() {
   if (rendering) { again = true; return; }
   const [name, page] = route();
-  const typing = main.contains(document.activeElement)
-    && document.activeElement.matches("input, textarea, select");
-  if (typing && name === shown) { deferred = true; return; } // never under the user's cursor
+  if (typing() && name === shown) { deferred = true; return; } // never under the user's cursor
   rendering = true;
+  const before = shown;
   shown = name;
   document.querySelectorAll("[data-nav]").forEach((a) =>
     a.classList.toggle("active", a.dataset.nav === (name === "job" ? "jobs" : name)));
   try {
     const html = await page();
+    // The user may have begun typing while the page was fetched: not under the cursor
+    // either (it was drawn before what they typed).
+    if (typing() && name === before) { deferred = true; return; }
     const spec = document.getElementById("spec");
     if (spec) sessionStorage.setItem("spec", spec.value);
     main.innerHTML = html;
@@ -221,29 +375,38 @@ async function showLogs() {
 function go(href) {
   history.pushState(null, "", href);
   jobsCursor = null;
+  hostsCursor = null;
   logView = null;
   render();
 }
-window.addEventListener("popstate", () => { jobsCursor = null; render(); });
+window.addEventListener("popstate", () => { jobsCursor = null; hostsCursor = null; render(); });
 
 document.addEventListener("click", async (ev) => {
-  const el = ev.target.closest("a[data-link], [data-nav], #older, #newest, #submit, #cancel, a[data-logs]");
+  const el = ev.target.closest("a[data-link], [data-nav], #older, #newest, #submit, #cancel, a[data-logs], #hosts-next, #hosts-first");
   if (!el) return;
   ev.preventDefault();
   if (el.matches("a[data-link], [data-nav]")) return go(el.getAttribute("href"));
   if (el.id === "older") { jobsCursor = el.dataset.cursor; return render(); }
   if (el.id === "newest") { jobsCursor = null; return render(); }
+  if (el.id === "hosts-next") { hostsCursor = el.dataset.cursor; return render(); }
+  if (el.id === "hosts-first") { hostsCursor = null; return render(); }
   if (el.dataset.logs) { logView = el.dataset.logs; return render(); }
   if (el.id === "submit") return submitJob();
   if (el.id === "cancel") return cancelJob(el.dataset.job);
 });
 
 document.addEventListener("submit", (ev) => {
-  if (ev.target.id !== "filters") return;
+  const pages = { filters: "/", "timeline-filters": "/timeline" };
+  if (!(ev.target.id in pages)) return;
   ev.preventDefault();
   const q = new URLSearchParams();
   for (const [k, v] of new FormData(ev.target)) if (v) q.set(k, v);
-  go(`/${q.toString() ? "?" + q : ""}`);
+  go(`${pages[ev.target.id]}${q.toString() ? "?" + q : ""}`);
+});
+
+// The spec as typed, kept at once: a page drawn meanwhile starts from it.
+document.addEventListener("input", (ev) => {
+  if (ev.target.id === "spec") sessionStorage.setItem("spec", ev.target.value);
 });
 
 document.addEventListener("toggle", (ev) => {
@@ -336,6 +499,10 @@ async function connectEvents() {
 
 // Heartbeats are not events: the workers page also refreshes on a timer.
 setInterval(() => { if (route()[0] === "workers") render(); }, 2000);
+// A live window slides with the clock, and running bars grow, between events too.
+setInterval(() => {
+  if (route()[0] === "timeline" && !new URLSearchParams(location.search).get("until")) render();
+}, 5000);
 // A retry backoff's countdown moves without events (the API states it as of its answer).
 setInterval(() => {
   for (const el of document.querySelectorAll("[data-retry-at]")) {
