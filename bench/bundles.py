@@ -11,8 +11,11 @@ incompressible files, then measures:
 - that cached start's own work alone: placing the cached tree in a new directory, against
   unpacking the tar there (what a cached start did before);
 - one job of T tasks over the N workers needing a bundle none has: submit -> every task
-  RUNNING, the CPU seconds the stack spent on it, and how many fetches the workers made
-  (each should fetch it once). The same job without a bundle is the baseline.
+  RUNNING (and until the first task was), the CPU seconds the stack spent on it, how many
+  fetches the workers made (each should fetch it once) and, from their log lines, where
+  each fetch's time went: when it started after the submit, until its first chunk,
+  receiving, and the unpack's catching up after the last chunk. The same job without a
+  bundle is the baseline.
 
 On a shared machine the load average (printed) moves the wall-clock figures a lot; the CPU
 seconds much less.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import os
 import statistics
@@ -67,9 +71,10 @@ async def upload(nc: NATS, root: Path) -> tuple[str, int, float]:
     return done.digest, done.uploaded, time.perf_counter() - started
 
 
-async def submit_until_running(nc: NATS, state: ClusterState, events: object, spec: JobSpec
-                               ) -> float:
-    """Seconds from the publish until every task of the job has reported RUNNING."""
+async def submit_until_running(nc: NATS, state: ClusterState, events: object, spec: JobSpec,
+                               first: list[float] | None = None) -> float:
+    """Seconds from the publish until every task of the job has reported RUNNING (and in
+    `first`, until the first one had)."""
     started = time.perf_counter()
     seq = await publish_submit(nc, encode(spec))
     while True:
@@ -86,19 +91,56 @@ async def submit_until_running(nc: NATS, state: ClusterState, events: object, sp
         tasks = state.jobs[job_id].tasks
         if any(t.state == TaskState.FAILED for t in tasks):
             raise SystemExit(f"bench: a task failed: {[t.error for t in tasks if t.error]}")
-        if all(t.current_attempt and t.current_attempt.started_at for t in tasks):
+        running = [t for t in tasks if t.current_attempt and t.current_attempt.started_at]
+        if first is not None and running and not first:
+            first.append(time.perf_counter() - started)
+        if len(running) == len(tasks):
             return time.perf_counter() - started
 
 
-def fetch_times(stack: Stack) -> list[float]:
-    """Seconds each fetch took, from the workers' logs ("fetched bundle ... in 1.23 s")."""
+def fetch_lines(stack: Stack) -> list[str]:
+    """The workers' "fetched bundle ..." log lines (bundle_cache.py), oldest first on each."""
     out = []
     for label in stack.children:
         if label.startswith("local-"):
             for line in (stack.data_dir / "logs" / f"{label}.log").read_text().splitlines():
                 if "fetched bundle" in line:
-                    out.append(float(line.split(") in ", 1)[1].split()[0]))
+                    out.append(line)
     return out
+
+
+def fetch_times(stack: Stack) -> list[float]:
+    """Seconds each fetch took ("fetched bundle ... in 1.23 s")."""
+    return [float(line.split(") in ", 1)[1].split()[0]) for line in fetch_lines(stack)]
+
+
+def logged_at(line: str) -> float | None:
+    """The Unix time of a text log line ("2026-11-23 19:00:00,123 ..."), if it has one."""
+    try:
+        stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+    return stamp.timestamp()
+
+
+def fetch_breakdown(lines: list[str], submitted: float) -> dict[str, list[float]]:
+    """Where each fetch's time went, from its log line: when it started (seconds after the
+    submit at Unix time `submitted`), until the first chunk came, from the first chunk to
+    the last, and from the last chunk to the tree in place (what the unpack had left to
+    do). Sorted, each."""
+    out: dict[str, list[float]] = {"started_after_submit_s": [], "first_chunk_s": [],
+                                   "receiving_s": [], "unpack_after_last_chunk_s": []}
+    for line in lines:
+        if "first chunk after " not in line:
+            continue  # an older agent's line
+        ended = logged_at(line)
+        if ended is not None:
+            took = float(line.split(") in ", 1)[1].split()[0])
+            out["started_after_submit_s"].append(round(ended - took - submitted, 2))
+        out["first_chunk_s"].append(float(line.split("first chunk after ")[1].split()[0]))
+        out["receiving_s"].append(float(line.split(" in ")[2].split()[0]))
+        out["unpack_after_last_chunk_s"].append(float(line.split("unpacked ")[1].split()[0]))
+    return {key: sorted(values) for key, values in out.items()}
 
 
 def cpu_seconds(stack: Stack) -> dict[str, float]:
@@ -173,7 +215,7 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
     place_s, unpack_s = await asyncio.to_thread(place_vs_unpack, tmp / "tree", tmp)
     make_tree(tmp / "tree2", args.mib, "two")
     digest2, _, _ = await upload(nc, tmp / "tree2")
-    before = len(fetch_times(stack))
+    before = len(fetch_lines(stack))
     fan = JobSpec(name="fan", command=["sleep", "0.2"], replicas=args.tasks,
                   resources=Resources(cpu=round(args.workers * 2 / args.tasks, 3),
                                       memory_mb=16))
@@ -182,9 +224,13 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
     fan_base_cpu = cpu_since(stack, cpu)
     await asyncio.sleep(1)  # those tasks end
     cpu = cpu_seconds(stack)
+    first_running: list[float] = []
+    submitted = time.time()
     fan_out = await submit_until_running(nc, state, events,
-                                         msgspec.structs.replace(fan, bundle=digest2))
+                                         msgspec.structs.replace(fan, bundle=digest2),
+                                         first_running)
     fan_out_cpu = cpu_since(stack, cpu)
+    fan_lines = fetch_lines(stack)[before:]
     fan_fetches = fetch_times(stack)[before:]
     await events.aclose()
     await nc.close()
@@ -204,8 +250,11 @@ async def measure(stack: Stack, tmp: Path, args: argparse.Namespace) -> dict[str
         "cached_place_ms": ms(place_s), "unpack_instead_ms": ms(unpack_s),
         "fan_out_no_bundle_all_running_ms": ms(fan_base),
         "fan_out_all_running_ms": ms(fan_out),
+        "fan_out_first_running_ms": ms(first_running[0]) if first_running else None,
         "fan_out_fetches": len(fan_fetches),
         "fan_out_fetch_s": sorted(fan_fetches),
+        **{f"fan_out_fetch_{key}": values
+           for key, values in fetch_breakdown(fan_lines, submitted).items()},
         # CPU seconds the whole stack used from the submit until every task ran.
         "fan_out_no_bundle_cpu_s": fan_base_cpu,
         "fan_out_cpu_s": fan_out_cpu,

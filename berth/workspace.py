@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import dotenv
 from nats.aio.client import Client as NATS
+from nats.js.api import ObjectMeta, ObjectMetaOptions
 from nats.js.errors import NotFoundError
 
 from berth.shared import bundles, config, subjects
@@ -92,7 +93,9 @@ async def upload(nc: NATS, archive: BinaryIO, packed: bundles.Packed) -> Upload:
     except NotFoundError:
         pass
     archive.seek(0)
-    await store.put(name, archive)  # type: ignore[arg-type]
+    chunk = min(bundles.UPLOAD_CHUNK_BYTES, nc.max_payload)
+    meta = ObjectMeta(name=name, options=ObjectMetaOptions(max_chunk_size=chunk))
+    await store.put(name, archive, meta=meta)  # type: ignore[arg-type]
     return Upload(packed.digest, packed.files, packed.size, size)
 
 

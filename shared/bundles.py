@@ -25,6 +25,10 @@ DIGEST_PREFIX = "sha256:"
 IGNORE_FILES = (".gitignore", ".berthignore")
 ALWAYS_IGNORED = (".git/", ".berth/")
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# Object store chunks a bundle is uploaded in (nats-py's default is 128 KiB): a worker's
+# fetch is then fewer, larger messages. Capped by the server's max_payload (1 MiB for
+# berth's servers). Chunks of any size are read back alike, so older bundles stay readable.
+UPLOAD_CHUNK_BYTES = 1024 * 1024
 
 
 class BundleError(ValueError):
@@ -178,4 +182,20 @@ def unpack(archive: Path, dest: Path) -> None:
     """Unpacks a bundle into `dest` (files already there are overwritten, others kept)."""
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, mode="r:") as tar:
+        tar.extractall(dest, filter="data")
+
+
+# tarfile's stream mode keeps what it has read ahead in one bytes object and copies the
+# rest of it on every read: reads of this size, from a source that hands out at most this
+# much at a time, keep that copy small.
+STREAM_BLOCK = 64 * 1024
+
+
+def unpack_stream(source: BinaryIO, dest: Path) -> None:
+    """Unpacks a bundle read front to back from `source` (no seeking: bytes as they arrive
+    from the object store) into `dest`, as `unpack` does. It stops reading at the tar's end
+    marker, which may leave padding unread."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=source, mode="r|", bufsize=STREAM_BLOCK,  # type: ignore[call-overload]
+                      copybufsize=STREAM_BLOCK) as tar:
         tar.extractall(dest, filter="data")

@@ -4,8 +4,10 @@ submit` as a user runs it, a real worker building and running the task (docs/wor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -22,7 +24,7 @@ from nats.aio.client import Client as NATS
 from berth import cli_views, workspace
 from berth.client import submit_job
 from berth.services.submitter.intake import intake
-from berth.services.worker_agent import build, bundle_trees, task_dirs
+from berth.services.worker_agent import build, bundle_stream, bundle_trees, task_dirs
 from berth.services.worker_agent.bundle_cache import BundleCache
 from berth.shared import bundles, nats_io
 from berth.shared.credentials import Role
@@ -136,6 +138,42 @@ def test_task_directories_share_one_read_only_tree_and_a_write_to_it_is_noticed(
     if hard_links:
         with pytest.raises(bundle_trees.TreeChanged, match=r"^run\.sh was written"):
             bundle_trees.place(tree, tmp_path / "tasks" / "2")
+
+
+async def test_a_bundle_is_unpacked_and_hashed_as_its_chunks_arrive(tmp_path: Path) -> None:
+    """The worker's fetch path without the network: chunks of any size, a backlog smaller
+    than one chunk (feed waits for the thread), every byte hashed (the tar's end padding
+    too); a tar that would write outside its directory is refused, and still hashed."""
+    root = make_tree(tmp_path / "ws")
+    (root / "weights.bin").write_bytes(os.urandom(300_000))
+    archive = io.BytesIO()
+    packed = bundles.pack(root, archive)
+    data = archive.getvalue()
+    unpacker = bundle_stream.StreamUnpack(tmp_path / "tree", backlog=50_000)
+    for start in range(0, len(data), 77_777):
+        await unpacker.feed(data[start:start + 77_777])
+    done = await unpacker.finish()
+    assert bundles.digest_of(done.sha256) == packed.digest and done.error is None
+    assert done.held == bundle_trees.Footprint(packed.size, packed.files)
+    assert (tmp_path / "tree" / "weights.bin").read_bytes() == (root / "weights.bin"
+                                                                ).read_bytes()
+    assert (tmp_path / "tree" / "run.sh").stat().st_mode & 0o777 == 0o555  # sealed
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    unpacker = bundle_stream.StreamUnpack(tmp_path / "evil")
+    await unpacker.feed(evil.getvalue())
+    done = await unpacker.finish()
+    assert isinstance(done.error, tarfile.FilterError) and done.held is None
+    assert done.sha256 == hashlib.sha256(evil.getvalue()).hexdigest()
+    assert not (tmp_path / "outside.txt").exists()
+    # A fetch that fails half way stops the thread, which lets go of the directory.
+    unpacker = bundle_stream.StreamUnpack(tmp_path / "half")
+    await unpacker.feed(data[:20_000])
+    await unpacker.abort()
+    assert unpacker.result.done()
 
 
 def test_bad_workspaces_are_one_clear_line(tmp_path: Path) -> None:
@@ -371,7 +409,7 @@ async def reports_of(nc: NATS, job_id: str) -> list[tuple[TaskState, str]]:
 
 
 async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes(
-        make_stack, nc, tmp_path: Path) -> None:
+        make_stack, nc, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One worker, for time: the BUILDING phase's failures, and a task stopped at its timeout
     that resumes from its checkpoint in BERTH_TASK_DIR."""
     stack: Stack = make_stack(workers=1, worker_cpu=4, extra_env={"BERTH_MAX_BUILDS": "1"})
@@ -425,18 +463,32 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert "resumed from step 7 retry 1" in logs_of(stack, str(resumable.job_id))
     job = await wait_for_job(stack, str(no_budget.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "killed" and len(job["tasks"][0]["attempts"]) == 1
-    await bundle_cache_shares_fetches_repairs_and_evicts(nc, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="berth.worker.bundles"):
+        cache = await bundle_cache_shares_fetches_repairs_and_evicts(nc, tmp_path)
+    # Run as root over hard links, a worker says once what read-only does not stop.
+    warned = [r for r in caplog.records if "tasks run as root" in r.getMessage()]
+    assert len(warned) == (os.geteuid() == 0 and cache.placer.shares_files())
 
 
-async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Path) -> None:
+async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Path
+                                                        ) -> BundleCache:
     """A worker's cache, over the stack's object store (as the admin, who may read it)."""
     digests = []
-    for name in ("one", "two"):
+    store = await nc.jetstream().object_store("BERTH_BUNDLES")
+    for name, size in (("one", 300_000), ("two", 1_500_000)):
         root = make_tree(tmp_path / "trees" / name)
         (root / "which.txt").write_text(name)
+        (root / "weights.bin").write_bytes(os.urandom(size))
         with tempfile.TemporaryFile() as archive:
-            digests.append((await workspace.upload(
-                nc, archive, bundles.pack(root, archive))).digest)  # type: ignore[arg-type]
+            packed = bundles.pack(root, archive)
+            if name == "one":  # as an older berth stored it: nats-py's 128 KiB chunks
+                archive.seek(0)
+                info = await store.put(packed.digest, archive.read())
+                assert info.chunks == 3
+            else:  # 1 MiB chunks
+                assert (await workspace.upload(nc, archive, packed)).uploaded  # type: ignore[arg-type]
+                assert (await store.get_info(packed.digest)).chunks == 2
+        digests.append(packed.digest)
     one, two = digests
     cache = BundleCache(tmp_path / "cache", 1, nc.jetstream())  # a 1-byte cap
     tasks = [tmp_path / "tasks" / str(i) for i in range(4)]
@@ -454,6 +506,7 @@ async def bundle_cache_shares_fetches_repairs_and_evicts(nc: NATS, tmp_path: Pat
     await cache.place(two, tmp_path / "tasks" / "two")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [two.split(":")[1]]
     assert (tmp_path / "tasks" / "after" / "which.txt").read_text() == "one"
+    return cache
 
 
 def test_quick_bundles_benchmark_runs_and_each_worker_fetches_a_bundle_once() -> None:
@@ -465,3 +518,14 @@ def test_quick_bundles_benchmark_runs_and_each_worker_fetches_a_bundle_once() ->
     assert result["uploaded_bytes"] > 2 * 1024 * 1024
     assert result["same_tree_again_uploaded_bytes"] == 0
     assert result["fan_out_fetches"] == result["workers"] == 2
+
+
+def test_quick_fetch_profile_runs_and_every_fetcher_gets_the_same_bytes() -> None:
+    """`bench/bundle_fetch.py --quick`: the fan-out's fetches apart from the stack."""
+    done = subprocess.run([sys.executable, "bench/bundle_fetch.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["how"] for r in results] == ["ordered", "stream"]
+    for result in results:  # a 1 MiB bundle's tar: 9 chunks of 128 KiB
+        assert result["intact"] and result["chunks"] == 9 and len(result["wall_s"]) == 2

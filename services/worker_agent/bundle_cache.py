@@ -1,29 +1,29 @@
 """The worker's bundle cache: each bundle fetched from the object store once, unpacked once
-into a read-only tree kept on disk by digest (which task directories then share, see
-bundle_trees.py), and evicted least recently used first above a size cap
-(BERTH_BUNDLE_CACHE_MB). Attempts that need the same bundle at once share one fetch and one
-unpack. A fetched bundle is kept only if its bytes hash to its name: the object store is
-written by submit users."""
+as its chunks arrive (bundle_stream.py) into a read-only tree kept on disk by digest (which
+task directories then share, see bundle_trees.py), and evicted least recently used first
+above a size cap (BERTH_BUNDLE_CACHE_MB). Attempts that need the same bundle at once share
+one fetch and one unpack. A fetched bundle is kept only if its bytes hash to its name: the
+object store is written by submit users."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from berth.services.worker_agent import bundle_trees
+from berth.services.worker_agent import bundle_stream, bundle_trees
 from berth.shared import bundles, subjects
 
 log = logging.getLogger("berth.worker.bundles")
@@ -35,6 +35,32 @@ PLACE_INLINE_FILES = 256
 
 class BundleUnavailable(Exception):
     """The bundle cannot be had; the message is the attempt's FAILED reason."""
+
+
+@dataclass
+class Received:
+    """How a fetch's chunks came (its log line, and bench/bundles.py's breakdown)."""
+
+    started: float  # time.monotonic()
+    first: float = 0.0
+    last: float = 0.0
+    chunks: int = 0
+    largest: int = 0
+
+    def chunk(self, size: int) -> None:
+        self.last = time.monotonic()
+        self.first = self.first or self.last
+        self.chunks += 1
+        self.largest = max(self.largest, size)
+
+    def describe(self, now: float) -> str:
+        if not self.chunks:
+            return "no chunks"
+        receiving = max(self.last - self.first, 1e-6)
+        return (f"first chunk after {self.first - self.started:.2f} s, {self.chunks} chunks "
+                f"of up to {bundles.mib(self.largest)} in {receiving:.2f} s "
+                f"({self.chunks / receiving:.0f}/s), unpacked "
+                f"{now - self.last:.2f} s after the last")
 
 
 class BundleCache:
@@ -50,6 +76,7 @@ class BundleCache:
         self.trees: dict[str, bundle_trees.Footprint] = {}  # by the tree's directory name
         # Trees being placed in a task directory right now: never evicted meanwhile.
         self.in_use: collections.Counter[str] = collections.Counter()
+        self.warned_root = False
 
     def tidy(self) -> None:
         """At start: what a previous agent left half done (it died during a fetch or an
@@ -79,6 +106,7 @@ class BundleCache:
                     self.placer.place(tree, dest)
                 else:
                     await asyncio.to_thread(self.placer.place, tree, dest)
+                self._warn_if_root()
                 return
             except bundle_trees.TreeChanged as exc:
                 # An attempt placing from it at this moment fails ("cannot unpack it") and is
@@ -90,6 +118,15 @@ class BundleCache:
                 if not self.in_use[tree.name]:
                     del self.in_use[tree.name]
         raise BundleUnavailable(f"bundle {digest}: its cached copy keeps being written to")
+
+    def _warn_if_root(self) -> None:
+        """Once: tasks run as this agent's user, and read-only files do not stop root."""
+        if self.warned_root or not self.placer.shares_files() or os.geteuid() != 0:
+            return
+        self.warned_root = True
+        log.warning("tasks run as root here and share bundled files with the cache by hard "
+                    "link: a task that writes one in place changes it for every task of "
+                    "this worker (BERTH_BUNDLE_COPIES=1 gives each task its own copies)")
 
     async def get(self, digest: str) -> Path:
         """The bundle's unpacked, read-only tree, fetched and unpacked if it is not cached.
@@ -111,24 +148,25 @@ class BundleCache:
         missing = (f"bundle {digest} is not in the object store (bucket "
                    f"{subjects.BUNDLES_BUCKET}): submit it again")
         started = time.monotonic()
-        partial = tree.with_name(f"{tree.name}.part-{os.getpid()}")
         staging = tree.with_name(f"{tree.name}.part-{os.getpid()}.d")
+        unpacker: bundle_stream.StreamUnpack | None = None
         try:
             try:
                 store = await self.js.object_store(subjects.BUNDLES_BUCKET)
                 info = await store.get_info(bundles.object_name(digest))
             except NotFoundError:
                 raise BundleUnavailable(missing) from None
-            f = await asyncio.to_thread(partial.open, "wb")
-            try:
-                sha = await self._receive(info.nuid or "", info.size or 0, f)
-            finally:
-                f.close()
-            if bundles.digest_of(sha) != digest:
+            unpacker = bundle_stream.StreamUnpack(staging)
+            received = await self._receive(info.nuid or "", info.size or 0, unpacker.feed)
+            done = await unpacker.finish()
+            unpacker = None
+            if bundles.digest_of(done.sha256) != digest:
                 raise BundleUnavailable(f"bundle {digest}: the object store's copy does not "
                                         "match its digest")
-            fetched = time.monotonic()
-            held = await asyncio.to_thread(_unpack, partial, staging)
+            if done.error is not None:
+                raise done.error
+            assert done.held is not None
+            held = done.held
             os.replace(staging, tree)
         except BundleUnavailable:
             raise
@@ -141,39 +179,34 @@ class BundleCache:
         except Exception as exc:  # tarfile's filter errors: a bundle no packer made
             raise BundleUnavailable(f"bundle {digest}: cannot unpack it: {exc}") from None
         finally:
-            partial.unlink(missing_ok=True)
+            if unpacker is not None:
+                await unpacker.abort()
             if staging.exists():
                 await asyncio.to_thread(_remove, staging)
         self.fetches += 1
         self.trees[tree.name] = held
         now = time.monotonic()
-        log.info("fetched bundle %s (%s) in %.2f s, unpacked in %.2f s", digest,
-                 bundles.mib(info.size or 0), fetched - started, now - fetched)
+        # bench/bundles.py reads "in <seconds> s" and the fields after it.
+        log.info("fetched bundle %s (%s) in %.2f s: %s", digest, bundles.mib(info.size or 0),
+                 now - started, received.describe(now))
         await self._evict(keep=tree.name)
         return tree
 
-    async def _receive(self, nuid: str, size: int, out: BinaryIO) -> str:
-        """The object's chunks written to `out` as they arrive; their sha256 (hex).
-
-        nats-py's `ObjectStore.get` hands every chunk to a thread to write, and waits for it
-        before taking the next: 50 MiB took 1.4 s that way, 0.5 s written here as they come
-        (a 128 KiB write to the page cache does not hold the loop up)."""
-        sha = hashlib.sha256()
+    async def _receive(self, nuid: str, size: int,
+                       feed: Callable[[bytes], Awaitable[None]]) -> Received:
+        """The object's chunks handed to `feed` in order as they arrive (an ordered push
+        consumer: in the measurements of docs/workspaces.md, pulling them in batches was
+        no faster, and nats-py's pull `fetch` costs more per message)."""
+        got = Received(time.monotonic())
         if not size:
-            return sha.hexdigest()
+            return got
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        last = [time.monotonic()]
 
         async def on_chunk(msg: Msg) -> None:
             if done.done():
                 return
-            try:
-                out.write(msg.data)
-            except OSError as exc:
-                done.set_exception(exc)
-                return
-            sha.update(msg.data)
-            last[0] = time.monotonic()
+            got.chunk(len(msg.data))
+            await feed(msg.data)
             if msg.metadata.num_pending == 0:
                 done.set_result(None)
 
@@ -182,13 +215,14 @@ class BundleCache:
         try:
             while not done.done():
                 await asyncio.wait([done], timeout=1.0)
-                if not done.done() and time.monotonic() - last[0] > STALLED_AFTER:
+                last = got.last or got.started
+                if not done.done() and time.monotonic() - last > STALLED_AFTER:
                     raise TimeoutError(f"no chunk for {STALLED_AFTER:g}s")
             done.result()
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        return sha.hexdigest()
+        return got
 
     async def _evict(self, keep: str) -> None:
         """Least recently used first, until the cache fits its cap (the newest always stays,
@@ -216,12 +250,6 @@ class BundleCache:
         except OSError:
             return
         await asyncio.to_thread(_remove, gone)
-
-
-def _unpack(archive: Path, dest: Path) -> bundle_trees.Footprint:
-    """The bundle unpacked and sealed into `dest`."""
-    bundles.unpack(archive, dest)
-    return bundle_trees.seal(dest)
 
 
 def _remove(path: Path) -> None:

@@ -81,6 +81,10 @@ class Placer:
         self.link = not copies
         self.extra_mode = stat.S_IWUSR if copies else 0
 
+    def shares_files(self) -> bool:
+        """Whether placed files are hard links to the cache's (known after a placement)."""
+        return self.link and not self.reflink
+
     def place(self, tree: Path, dest: Path) -> None:
         """Gives `dest` the content of the cached `tree` (files already there with a
         bundled file's name are replaced, others kept). Raises TreeChanged if a cached file
