@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,17 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from berth import backup, cli_read, creds_cli, health, node_cli, token_cli, workspace
+from berth import (
+    backup,
+    cli_read,
+    creds_cli,
+    health,
+    limits_cli,
+    node_cli,
+    schedules_cli,
+    token_cli,
+    workspace,
+)
 from berth.cli_app import (
     Globals,
     JsonFlag,
@@ -42,8 +53,8 @@ from berth.client import (
     publish_submit,
     wait_for_outcome,
 )
-from berth.creds_cli import cli_connection, cli_credentials
-from berth.shared import config, subjects
+from berth.creds_cli import cli_connection, cli_credentials, local_user
+from berth.shared import config, schedules, subjects
 from berth.shared.config import RedisSettings, parse_sentinels
 from berth.shared.credentials import Credentials
 from berth.shared.dir_lock import DirLocked
@@ -173,6 +184,11 @@ def cmd_submit(
         print(f"rejected: {outcome.reason}", file=sys.stderr)
         return 1
     print(outcome.job_id, flush=True)
+    if outcome.note == "schedule":
+        print(f"schedule {outcome.job_id}: {_schedule_words(payload)}", file=sys.stderr)
+        return 0
+    if outcome.note:  # stdout stays the job id alone, for scripts
+        print(outcome.note, file=sys.stderr)
     waits = _waits_for(payload)
     if waits:  # stdout stays the job id alone, for scripts
         print(f"job {outcome.job_id} waits for {waits}", file=sys.stderr)
@@ -191,6 +207,15 @@ def _waits_for(payload: bytes) -> str:
     parts += [f"{', '.join(spec['after_any'])} to end"] if spec.get("after_any") else []
     return " and ".join(parts)
 
+
+
+def _schedule_words(payload: bytes) -> str:
+    spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
+    assert spec.schedule is not None
+    cron, zone = spec.schedule.cron, spec.schedule.timezone
+    first = schedules.next_fire(cron, zone, time.time())
+    return (f"{cron!r} ({zone}), first run at "
+            f"{datetime.fromtimestamp(first, UTC):%Y-%m-%d %H:%M:%S} UTC")
 
 
 def _retry_words(payload: bytes) -> str:
@@ -257,7 +282,7 @@ async def _device_health(nats_url: str, creds: Credentials, worker_id: str, inde
         await nats_io.publish_event(
             nc.jetstream(), subjects.worker_events(worker_id),
             DeviceHealthChanged(worker_id=worker_id, index=index, healthy=healthy,
-                                reason=reason, ts=time.time()),
+                                reason=reason, by=local_user() or "operator", ts=time.time()),
             msg_id=f"device:{worker_id}:{index}:{uuid.uuid4().hex}")
 
 
@@ -345,9 +370,11 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     Reads Redis and the event log and reports every violation of the placement invariants:
     over-committed hosts, a group held by two gangs, a host shared by two gangs, a port
     given twice, a device (GPU) given to two live attempts, reservations with no live
-    attempt, live attempts with no reservation. Prints double_booked_hosts=0,
-    double_booked_ports=0 and double_booked_devices=0 when all is well (ports are counted
-    per host address, devices per worker); exit status 1 when anything is wrong."""
+    attempt, live attempts with no reservation, an attempt admitted over its user's quota
+    or a token's limit, quota or token counters that disagree with the reservations.
+    Prints double_booked_hosts=0, double_booked_ports=0 and double_booked_devices=0 when
+    all is well (ports are counted per host address, devices per worker); exit status 1
+    when anything is wrong."""
     from redis.exceptions import RedisError
 
     from berth.shared import redis_auth, redis_io
@@ -377,7 +404,10 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
                     "last_refused_seq": report.last_refused_seq,
                     "double_booked_hosts": report.double_booked_hosts,
                     "double_booked_ports": report.double_booked_ports,
-                    "double_booked_devices": report.double_booked_devices})
+                    "double_booked_devices": report.double_booked_devices,
+                    "over_quota": len(report.over_quota),
+                    "over_token_limit": len(report.over_token_limit),
+                    "limit_use_miscounted": len(report.limit_use_miscounted)})
         return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
@@ -388,6 +418,9 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"double_booked_ports={report.double_booked_ports}")
     print(f"double_booked_devices={report.double_booked_devices}")
     print(f"taken_from_preemptor={len(report.taken_from_preemptor)}")
+    print(f"over_quota={len(report.over_quota)}")
+    print(f"over_token_limit={len(report.over_token_limit)}")
+    print(f"limit_use_miscounted={len(report.limit_use_miscounted)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 
@@ -634,7 +667,7 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli, schedules_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

@@ -157,7 +157,8 @@ def why_lines(job: dict[str, Any], place: dict[str, Any] | None) -> list[str]:
         lines.append(f"  waiting for: {job['waiting_for']}")
     if place is not None:
         lines.append(f"  queue: position {place['position']} of {place['of']} in band "
-                     f"{place['band']} (placed in band order, then first come first served)")
+                     f"{place['band']} (placed in band order, then users by fair share, each "
+                     "user's jobs first come first served)")
     lines += [f"  task {t['index']}: {t['pending_reason'] or 'waiting to be placed'}"
               for t in pending]
     return lines

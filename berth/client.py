@@ -15,12 +15,15 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from berth.shared import config, subjects
+from berth.shared import config, job_policy, subjects
 from berth.shared.messages import (
+    AnyEvent,
     CancelRequest,
     JobCancelRequested,
     JobSpec,
     JobSubmitted,
+    ScheduleCreated,
+    SubmitDeduplicated,
     SubmitRejected,
     decode,
     encode,
@@ -33,6 +36,9 @@ class SubmitOutcome:
     submit_seq: int
     job_id: str | None
     reason: str | None
+    # What an `existing`/`dedup` policy did, in words ("" when it made a plain new job):
+    # "deduplicated to jX", "kept existing jX", "recreated: cancelled jY".
+    note: str = ""
 
     @property
     def accepted(self) -> bool:
@@ -86,10 +92,23 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.25)
     event = decode(event_decoder, msg.data or b"")
-    if isinstance(event, JobSubmitted | JobCancelRequested):
-        return SubmitOutcome(submit_seq, event.job_id, None)
+    return outcome_of_event(event, subject)
+
+
+def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
+    """The SubmitOutcome a stored submit outcome event says."""
+    if isinstance(event, JobSubmitted):
+        return SubmitOutcome(event.submit_seq, event.job_id, None,
+                             job_policy.recreated_words(event.replaces))
+    if isinstance(event, SubmitDeduplicated):
+        return SubmitOutcome(event.submit_seq, event.job_id, None,
+                             job_policy.in_words(event.how, event.job_id))
+    if isinstance(event, ScheduleCreated):
+        return SubmitOutcome(event.submit_seq, event.schedule_id, None, "schedule")
+    if isinstance(event, JobCancelRequested):
+        return SubmitOutcome(event.submit_seq, event.job_id, None)
     if isinstance(event, SubmitRejected):
-        return SubmitOutcome(submit_seq, None, event.reason)
+        return SubmitOutcome(event.submit_seq, None, event.reason)
     raise RuntimeError(f"unexpected event on {subject}: {event!r}")
 
 

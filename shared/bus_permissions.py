@@ -53,6 +53,13 @@ def _readers(stream: str) -> list[str]:
     ]
 
 
+def _followers(stream: str) -> list[str]:
+    """An ordered consumer on a stream and nothing more: no direct gets of its subjects."""
+    return [f"{API}.CONSUMER.CREATE.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>",
+            f"{API}.CONSUMER.INFO.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*",
+            f"$JS.FC.{stream}.>"]
+
+
 def _bundle_lookup() -> list[str]:
     """Binding to the bundles bucket and reading one object's metadata (does it exist?)."""
     return [f"{API}.STREAM.INFO.{BUNDLES}", f"{API}.STREAM.MSG.GET.{BUNDLES}",
@@ -87,6 +94,8 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
         return Permissions(
             publish=(subjects.LEADER, subjects.worker_commands("*"),
                      subjects.task_events("*"), subjects.PENDING_REASONS,
+                     # A schedule's fires, each checked against the last one there.
+                     subjects.schedule_fire("*"), f"{API}.STREAM.MSG.GET.{SUBMIT}",
                      subjects.LEADER_EVENTS, subjects.worker_verdicts("*"),
                      *_streams_setup(), *_readers(EVENTS)),
             subscribe=(subjects.HEARTBEATS_ALL, replies),
@@ -103,7 +112,11 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      f"{API}.CONSUMER.MSG.NEXT.{SUBMIT}.{durable}",
                      f"$JS.ACK.{SUBMIT}.{durable}.>",
                      f"{API}.STREAM.MSG.GET.{EVENTS}",
-                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}"),
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.SUBMIT_OUTCOMES_ALL}",
+                     # Whether a token a spec asks for exists (an admin set its limit).
+                     f"{API}.DIRECT.GET.{EVENTS}.{subjects.ADMIN_TOKENS_ALL}",
+                     # Its fold of the log, for `existing` and `dedup` (index.py).
+                     *_followers(EVENTS)),
             subscribe=(replies,),
         )
     if role is Role.DASHBOARD:

@@ -5,7 +5,7 @@ violations out); `check_cluster` does the reading, and is what `berth doctor` an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
@@ -17,7 +17,8 @@ from berth.shared.reservations import GroupUsage, HostUsage, ReservationStore
 
 # Violations that must never happen, not even for a moment.
 NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
-         "devices_given_twice", "taken_from_preemptor")
+         "devices_given_twice", "taken_from_preemptor", "over_quota", "over_token_limit",
+         "limit_use_miscounted")
 # Disagreements between Redis and the log: real only when they persist.
 PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
 
@@ -31,6 +32,12 @@ class Report:
     devices_given_twice: list[str] = field(default_factory=list)
     # An attempt placed on a host held for another job's preemption (invariant 9).
     taken_from_preemptor: list[str] = field(default_factory=list)
+    # An attempt admitted over its user's quota, or over a token's limit, as they stood in
+    # the commit (docs/invariants.md, invariant 12).
+    over_quota: list[str] = field(default_factory=list)
+    over_token_limit: list[str] = field(default_factory=list)
+    # Redis's quota and token counters disagree with its reservations.
+    limit_use_miscounted: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
     attempts_without_reservation: list[str] = field(default_factory=list)
     refused_double_bookings: int = 0
@@ -69,11 +76,16 @@ class Report:
         return not self.violations()
 
 
-def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[GroupUsage]
-          ) -> Report:
+def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[GroupUsage],
+          limits_used: Mapping[str, str] | None = None) -> Report:
+    """`limits_used`: Redis's limits-use hash, read with `hosts` (None: not checked)."""
     report = Report(events_seq=state.last_seq, refused_events=state.refused_events,
                     last_refused_seq=state.last_refused_seq,
-                    taken_from_preemptor=list(state.taken_from_preemptor))
+                    taken_from_preemptor=list(state.taken_from_preemptor),
+                    over_quota=[x for x in state.over_limits if ": user " in x],
+                    over_token_limit=[x for x in state.over_limits if ": token " in x])
+    if limits_used is not None:
+        report.limit_use_miscounted = miscounted_limit_use(hosts, limits_used)
     redis_hosts = {h.worker_id: h for h in hosts}
     # 1. Capacity, as Redis committed it and as the log says it is used.
     for h in hosts:
@@ -141,6 +153,25 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
     return report
 
 
+def miscounted_limit_use(hosts: Sequence[HostUsage], limits_used: Mapping[str, str]
+                         ) -> list[str]:
+    """Where Redis's quota and token counters (redis_keys.LIMITS_USED) differ from the sums
+    of the reservations they count (reserve.lua and release.lua change both at once)."""
+    want: dict[str, int] = {}
+    for h in hosts:
+        for a in h.allocations.values():
+            if a.user is None:
+                continue  # reserved before quotas were tracked: counted nowhere
+            for dim in ("cpu", "mem", "dev"):
+                if amount := getattr(a.need, dim):
+                    want[f"{dim}:{a.user}"] = want.get(f"{dim}:{a.user}", 0) + amount
+            for name, n in a.tokens:
+                want[f"t:{name}"] = want.get(f"t:{name}", 0) + n
+    have = {k: int(v) for k, v in limits_used.items() if int(v)}
+    return [f"{k}: counter {have.get(k, 0)}, reservations {want.get(k, 0)}"
+            for k in sorted(set(want) | set(have)) if want.get(k, 0) != have.get(k, 0)]
+
+
 def _hold(holders: dict[int, str], items: Iterable[int], key: str, what: str,
           twice: list[str], suffix: str = "") -> None:
     """Records attempt `key` holding each of `items` (ports, devices); one already held by
@@ -166,11 +197,11 @@ async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: f
             if attempt:
                 await asyncio.sleep(settle)
             until = await nats_io.last_event_seq(js)
-            hosts, groups = await store.usage()
+            hosts, groups, limits_used = await store.usage_with_limits()
             while state.last_seq < until:
                 record = await anext(events)
                 state.apply(record.seq, record.event)
-            reports.append(check(state, hosts, groups))
+            reports.append(check(state, hosts, groups, limits_used))
     finally:
         await events.aclose()
     first, second = reports

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from berth.shared.bounded import MAX_MESSAGE_BYTES
 from berth.shared.node_health import QuarantinePolicy
+from berth.shared.usage import FairShare
 
 
 def _env_float(name: str, default: float) -> float:
@@ -248,6 +249,8 @@ class Settings:
     # Scheduler: when a host whose attempts keep failing for non-user causes is quarantined
     # (docs/operations.md, "Node health").
     quarantine: QuarantinePolicy = field(default_factory=QuarantinePolicy)
+    # Scheduler and dashboard: how users are interleaved within a band (docs/placement.md).
+    fair_share: FairShare = field(default_factory=FairShare)
     # The Prometheus endpoint (docs/metrics.md): off (0) unless a port is set, and on the
     # loopback unless a host is, since metrics name workers and show the cluster's load.
     metrics_host: str = "127.0.0.1"
@@ -297,9 +300,22 @@ class Settings:
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
             quarantine=_quarantine_policy(),
+            fair_share=fair_share(),
             metrics_host=os.environ.get("BERTH_METRICS_HOST") or "127.0.0.1",
             metrics_port=metrics_port(),
         )
+
+
+def fair_share() -> FairShare:
+    policy = FairShare(half_life=_env_float("BERTH_FAIR_SHARE_HALF_LIFE", 3600.0),
+                       device_weight=_env_float("BERTH_FAIR_SHARE_DEVICE_WEIGHT", 16.0))
+    if not policy.half_life > 0:
+        raise SystemExit(f"BERTH_FAIR_SHARE_HALF_LIFE={policy.half_life:g} must be above 0 "
+                         "(seconds)")
+    if not policy.device_weight >= 0:
+        raise SystemExit(f"BERTH_FAIR_SHARE_DEVICE_WEIGHT={policy.device_weight:g} must be 0 "
+                         "or more")
+    return policy
 
 
 def _quarantine_policy() -> QuarantinePolicy:

@@ -28,10 +28,14 @@ from berth.shared.messages import (
     NodeHealthChanged,
     PendingReasonsChanged,
     PreemptionReleased,
+    QuotaSet,
+    ScheduleCreated,
+    SubmitDeduplicated,
     SubmitRejected,
     TaskAssigned,
     TasksPreempted,
     TaskUnschedulable,
+    TokenLimitSet,
     WorkerDeclaredDead,
     WorkerRegistered,
     WorkerStopped,
@@ -49,7 +53,8 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
     """Why `event` may not be believed from `subject`, or None if it may."""
     kind = type(event).__name__
     match event:
-        case JobSubmitted() | SubmitRejected() | JobCancelRequested():
+        case (JobSubmitted() | SubmitRejected() | JobCancelRequested() | SubmitDeduplicated()
+              | ScheduleCreated()):
             ok = subjects.is_submit_outcome(subject)
         case LeaderElected():
             ok = subject == subjects.LEADER_EVENTS
@@ -63,6 +68,10 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.worker_events(event.worker_id)
         case AttemptReported():
             ok = subject == subjects.attempt_reports(event.worker_id)
+        case QuotaSet():
+            ok = subject == subjects.ADMIN_QUOTAS
+        case TokenLimitSet():
+            ok = subject == subjects.admin_tokens(event.name)
     if ok:
         return None
     return f"{kind} may not come from {subject}"

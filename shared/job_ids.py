@@ -7,7 +7,11 @@ import hashlib
 import re
 
 PATTERN = r"^j[0-9]+-[0-9a-f]{4}$"
-_MATCH = re.compile(PATTERN)
+# A schedule's id: the same form with an `s`, from the submit that made it.
+SCHEDULE_PATTERN = r"^s[0-9]+-[0-9a-f]{4}$"
+# What a cancel may name: a job or a schedule.
+CANCELLABLE_PATTERN = r"^[js][0-9]+-[0-9a-f]{4}$"
+_MATCH = re.compile(CANCELLABLE_PATTERN)
 
 
 def job_id_for(submit_seq: int, stored_at_ns: int) -> str:
@@ -17,8 +21,17 @@ def job_id_for(submit_seq: int, stored_at_ns: int) -> str:
     return f"j{submit_seq}-{digest}"
 
 
+def schedule_id_for(submit_seq: int, stored_at_ns: int) -> str:
+    return "s" + job_id_for(submit_seq, stored_at_ns)[1:]
+
+
+def is_schedule_id(some_id: str) -> bool:
+    return some_id.startswith("s")
+
+
 def submit_seq_of(job_id: str) -> int | None:
-    """The submit sequence a job id was derived from, or None if it is not a job id."""
+    """The submit sequence a job (or schedule) id was derived from, or None if it is not
+    one."""
     if not _MATCH.match(job_id):
         return None
     return int(job_id[1:job_id.index("-")])

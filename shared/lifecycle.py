@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import msgspec
 
+from berth.shared import limits as limit_rules
 from berth.shared import node_health, task_rules
+from berth.shared import usage as recent
 from berth.shared.capacity import Amounts
 from berth.shared.event_origin import epoch_refusal
 from berth.shared.messages import (
@@ -31,14 +33,18 @@ from berth.shared.messages import (
     NodeHealthChanged,
     PendingReasonsChanged,
     PreemptionReleased,
+    QuotaSet,
     Resources,
     ResourceUse,
     RetryEvent,
+    ScheduleCreated,
     StopCriteria,
+    SubmitDeduplicated,
     SubmitRejected,
     TaskAssigned,
     TasksPreempted,
     TaskUnschedulable,
+    TokenLimitSet,
     WorkerDeclaredDead,
     WorkerRegistered,
     WorkerStopped,
@@ -49,6 +55,13 @@ from berth.shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 MAX_REFUSALS_KEPT = 20
+# Preemption event ids remembered: a leader folds its own event at once and again when the
+# log delivers it, at most a tick's preemptions (200) and their releases later; far more
+# than that may pass in between only if the log is that far behind.
+PREEMPTION_IDS_KEPT = 4096
+# Versions of the limits kept for judging assignments committed against an older one (a
+# commit names the version it was checked against; limits change rarely).
+MAX_LIMIT_VERSIONS = 32
 
 
 class AttemptView(msgspec.Struct, kw_only=True):
@@ -137,9 +150,26 @@ class JobView(msgspec.Struct, kw_only=True):
     waiting_for: str = ""
     # How many of its tasks are in each state, kept as they change (ClusterState._set_state).
     state_counts: dict[TaskState, int] = {}
+    # The jobs its submit cancelled (`existing: recreate`), and the schedule that made it.
+    replaced: list[str] = []
+    schedule_id: str = ""
 
     def task_counts(self) -> dict[str, int]:
         return {state.display: n for state, n in self.state_counts.items()}
+
+
+class ScheduleView(msgspec.Struct, kw_only=True):
+    """A schedule (docs/lifecycle.md, "Schedules"): its spec (with `schedule`) and what it
+    fired, all from the log, so any leader knows which fire comes next."""
+
+    schedule_id: str
+    spec: JobSpec
+    submit_seq: int
+    created_at: float
+    last_fire_at: float = 0.0  # the latest fire time a job was made for (0: none yet)
+    fired: int = 0
+    last_job: str = ""
+    cancelled_at: float = 0.0
 
 
 class WorkerView(msgspec.Struct, kw_only=True):
@@ -237,12 +267,16 @@ Effect = Release | Kill
 
 
 class ClusterState:
-    def __init__(self) -> None:
+    def __init__(self, usage_half_life: float = recent.FairShare.half_life) -> None:
         self.jobs: dict[str, JobView] = {}
         self.workers: dict[str, WorkerView] = {}
         self.rejections: dict[int, str] = {}
         self.job_by_submit: dict[int, str] = {}  # submit sequence -> job id
         self.cancel_by_submit: dict[int, str] = {}  # submit sequence -> cancelled job id
+        # submit sequence -> (existing job id, "kept" or "deduplicated"): submits that made
+        # no job of their own (shared/job_policy.py)
+        self.same_by_submit: dict[int, tuple[str, str]] = {}
+        self.schedules: dict[str, ScheduleView] = {}
         self.last_seq = 0
         self.epoch = 0
         # Messages in the log the fold did not believe (undecodable, or from a subject
@@ -257,16 +291,30 @@ class ClusterState:
         self.backoff: dict[tuple[str, int], float] = {}
         self.groups: dict[str, GroupView] = {}
         self.seen_incarnations: set[tuple[str, str]] = set()
-        # Preemption holds by preemptor job id, and the ids of the preemption events folded
-        # (the leader folds its own at once, and again when the log delivers them).
+        # Preemption holds by preemptor job id, and the ids of the newest preemption events
+        # folded, oldest first (the leader folds its own at once, and again when the log
+        # delivers them; a redelivery from the log is caught by its sequence). Only a
+        # window is kept, or it would grow for as long as the cluster runs.
         self.holds: dict[str, HoldView] = {}
-        self.preemption_events: set[str] = set()
+        self.preemption_events: dict[str, None] = {}
         # Attempts assigned to a host held for another job's preemption: must never happen
         # (reserve.lua refuses them); the checker reports them.
         self.taken_from_preemptor: list[str] = []
         # Live attempts per priority rank: lets the scheduler skip preemption at once when
         # nothing running is of a band a waiting unit could evict.
         self.live_by_rank: dict[int, int] = {}
+        # Quotas and token limits (admin events), their recent versions by log sequence,
+        # what live attempts hold against them, and assignments that went over the version
+        # they were committed against: must never happen (reserve.lua refuses them); the
+        # checker reports them.
+        self.limits = limit_rules.Limits()
+        self.limit_versions: dict[int, limit_rules.Limits] = {0: limit_rules.Limits()}
+        self.usage = limit_rules.Usage()
+        self.over_limits: list[str] = []
+        # Each user's recent use (shared/usage.py), for the fair-share order within a band;
+        # decayed with this half-life, so a snapshot folded with another is not continued.
+        self.usage_half_life = usage_half_life
+        self.recent_use: dict[str, recent.UserUsage] = {}
         # Jobs to cancel (job id, reason, time, failure_reason), drained at the end of each
         # apply: a cascade through generations of children (or of dependents) is a loop,
         # never a deep recursion.
@@ -290,11 +338,23 @@ class ClusterState:
                 self._job_submitted(event)
             case SubmitRejected():
                 self.rejections[event.submit_seq] = event.reason
+            case SubmitDeduplicated():
+                self.same_by_submit[event.submit_seq] = (event.job_id, event.how)
+            case ScheduleCreated():
+                if event.schedule_id not in self.schedules:
+                    self.schedules[event.schedule_id] = ScheduleView(
+                        schedule_id=event.schedule_id, spec=event.spec,
+                        submit_seq=event.submit_seq, created_at=event.ts)
             case JobCancelRequested():
                 self.cancel_by_submit[event.submit_seq] = event.job_id
-                who = f" by {event.user}" if event.user else ""
-                why = f": {event.reason}" if event.reason else ""
-                self._cancellations.append((event.job_id, f"cancelled{who}{why}", event.ts, ""))
+                if (schedule := self.schedules.get(event.job_id)) is not None:
+                    # Its jobs run on: a schedule's cancel stops only its fires.
+                    schedule.cancelled_at = schedule.cancelled_at or event.ts
+                else:
+                    who = f" by {event.user}" if event.user else ""
+                    why = f": {event.reason}" if event.reason else ""
+                    self._cancellations.append(
+                        (event.job_id, f"cancelled{who}{why}", event.ts, ""))
             case WorkerRegistered():
                 self._worker_registered(event, effects)
             case DeviceHealthChanged():
@@ -333,10 +393,10 @@ class ClusterState:
                     event.epoch < self.epoch or event.id in self.preemption_events):
                 pass  # a deposed leader's, or folded already
             case TasksPreempted():
-                self.preemption_events.add(event.id)
+                self._seen_preemption(event.id)
                 self._tasks_preempted(event, effects)
             case PreemptionReleased():
-                self.preemption_events.add(event.id)
+                self._seen_preemption(event.id)
                 self._unhold(event.job_id, event.hosts)
             case PendingReasonsChanged():
                 for item in event.reasons:
@@ -346,10 +406,27 @@ class ClusterState:
                         task.pending_reason = item.reason
             case AttemptReported():
                 self._attempt_reported(event, effects)
+            case QuotaSet():
+                limit_rules.apply_quota(self.limits, event.user, event.quota, seq)
+                self._new_limit_version()
+            case TokenLimitSet():
+                limit_rules.apply_token_limit(self.limits, event.name, event.limit, seq)
+                self._new_limit_version()
         while self._cancellations:
             job_id, reason, ts, failure_reason = self._cancellations.popleft()
             self._cancel(job_id, reason, ts, effects, failure_reason)
         return effects
+
+    def _seen_preemption(self, event_id: str) -> None:
+        self.preemption_events[event_id] = None
+        if len(self.preemption_events) > PREEMPTION_IDS_KEPT:
+            del self.preemption_events[next(iter(self.preemption_events))]
+
+    def _new_limit_version(self) -> None:
+        self.limit_versions[self.limits.seq] = msgspec.structs.replace(
+            self.limits, quotas=dict(self.limits.quotas), tokens=dict(self.limits.tokens))
+        while len(self.limit_versions) > MAX_LIMIT_VERSIONS:
+            del self.limit_versions[min(self.limit_versions)]
 
     def task(self, job_id: str, index: int) -> TaskView | None:
         job = self.jobs.get(job_id)
@@ -362,6 +439,13 @@ class ClusterState:
     def _job_submitted(self, event: JobSubmitted) -> None:
         if event.job_id in self.jobs:
             return
+        for old in event.replaces:
+            self._cancellations.append(
+                (old, f"replaced by {event.job_id} (existing: recreate)", event.ts, ""))
+        if (schedule := self.schedules.get(event.schedule_id)) is not None:
+            schedule.last_fire_at = max(schedule.last_fire_at, event.fire_at)
+            schedule.fired += 1
+            schedule.last_job = event.job_id
         job = JobView(
             job_id=event.job_id,
             spec=event.spec,
@@ -370,6 +454,8 @@ class ClusterState:
             tasks=[TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
                    for i in range(event.spec.replicas)],
             state_counts={S.PENDING: event.spec.replicas},
+            replaced=list(event.replaces),
+            schedule_id=event.schedule_id,
         )
         self.jobs[event.job_id] = job
         self.job_by_submit[event.submit_seq] = event.job_id
@@ -470,7 +556,8 @@ class ClusterState:
         key = worker.devices_used.get(event.index)
         if key is None or key not in worker.live_attempts:
             return
-        self._stop_attempt_for_worker(worker, key, why, event.ts, effects, host_fault=True)
+        self._stop_attempt_for_worker(worker, key, why, event.ts, effects,
+                                      host_fault=not event.by)
 
     def _node_health(self, event: NodeHealthChanged, effects: list[Effect]) -> None:
         """Cordon, drain, uncordon, quarantine: whether the worker takes new work (the
@@ -560,6 +647,15 @@ class ClusterState:
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         rank = job.spec.priority.rank
         self.live_by_rank[rank] = self.live_by_rank.get(rank, 0) + 1
+        spec = job.spec
+        limit_rules.take(self.usage, spec.user, spec.resources.amounts, spec.tokens)
+        version = self.limit_versions.get(event.limits_seq, self.limits)
+        self.over_limits += [f"{key}: {why}" for why in limit_rules.over_limits(
+            version, self.usage, spec.user, spec.resources.amounts, spec.tokens)]
+        user = self.recent_use.get(spec.user)
+        if user is None:
+            user = self.recent_use[spec.user] = recent.UserUsage()
+        recent.attempt_started(user, spec.resources.amounts, event.ts, self.usage_half_life)
         for port in event.ports.values():
             worker.ports_used[port] = key
         for index in event.devices:
@@ -825,6 +921,10 @@ class ClusterState:
             spec = self.jobs[job_id].spec
             worker.used = worker.used - spec.resources.amounts
             self.live_by_rank[spec.priority.rank] -= 1
+            limit_rules.give_back(self.usage, spec.user, spec.resources.amounts, spec.tokens)
+            recent.attempt_ended(self.recent_use[spec.user], spec.resources.amounts,
+                                 attempt.assigned_at, attempt.finished_at or attempt.assigned_at,
+                                 self.usage_half_life)
             for port in attempt.ports.values():
                 if worker.ports_used.get(port) == key:
                     del worker.ports_used[port]

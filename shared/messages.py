@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from berth.shared import durations, job_ids
+from berth.shared import durations, job_ids, schedules
 from berth.shared.capacity import Amounts
 from berth.shared.states import TaskState
 
@@ -225,6 +225,29 @@ class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
                 f"waiting {waits} before each")
 
 
+class ExistingPolicy(enum.StrEnum):
+    """What a submit does when a job of the same user and name has not finished (Iris's
+    `existing_job_policy`; docs/lifecycle.md, "Existing jobs and dedup")."""
+
+    ERROR = "error"  # reject the submit
+    KEEP = "keep"  # return the existing job's id, submit nothing
+    RECREATE = "recreate"  # cancel the existing job(s), then submit this one
+
+
+class DedupPolicy(enum.StrEnum):
+    SPEC = "spec"  # an identical spec (shared/job_policy.spec_hash) is the same job
+
+
+class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Run the job each time a cron expression fires (docs/lifecycle.md, "Schedules")."""
+
+    cron: Annotated[str, Meta(min_length=1, max_length=256, description="A cron expression: "
+                              "5 fields (minute hour day month weekday), or 6 with seconds "
+                              "last.")]
+    timezone: Annotated[str, Meta(min_length=1, max_length=64, description="An IANA time "
+                                  "zone, e.g. UTC or Europe/Paris.")] = "UTC"
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The submit message: publish it as JSON to `berth.submit.job`."""
 
@@ -315,6 +338,28 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
              "(docs/lifecycle.md); without it, FAILED and WORKER_FAILED tasks are retried "
              "at once under their budgets, and a scheduling timeout is final."),
     ] = None
+    existing: Annotated[
+        ExistingPolicy | None,
+        Meta(description="If a job of yours with this name has not finished: error rejects "
+             "this submit, keep returns that job's id, recreate cancels it and submits this "
+             "one (none: both run)."),
+    ] = None
+    dedup: Annotated[
+        DedupPolicy | None,
+        Meta(description="spec: if a job of yours with an identical spec is running, "
+             "pending or succeeded, return its id instead of running it again."),
+    ] = None
+    schedule: Annotated[
+        ScheduleSpec | None,
+        Meta(description="Make a schedule that submits this job (without `schedule`) each "
+             "time the cron expression fires; `berth schedules` lists them."),
+    ] = None
+    tokens: Annotated[
+        dict[Name, Annotated[int, Meta(ge=1, le=1_000_000)]],
+        Meta(max_length=16, description="Named cluster-wide counters each task holds while "
+             "it runs (`berth tokens set NAME N`; docs/lifecycle.md, \"Tokens\"): a task "
+             "is placed only when every token it asks for is free."),
+    ] = {}
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -347,6 +392,8 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
                              f"is {self.priority.value}, which a higher band may preempt)")
         if self.retry is not None:
             check_retry(self.retry, self.max_retries_failure, self.scheduling_timeout)
+        if self.schedule is not None:
+            schedules.check(self.schedule.cron, self.schedule.timezone)
         if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:
             raise ValueError("coscheduling.shareable: a job with accelerators holds its "
                              "group exclusively")
@@ -393,9 +440,20 @@ class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """The cancel message: publish it as JSON to `berth.submit.cancel`."""
 
     v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="Schema version.")] = 1
-    job_id: JobId
+    job_id: Annotated[str, Meta(pattern=job_ids.CANCELLABLE_PATTERN,
+                                description="A job id, or a schedule id to cancel the "
+                                "schedule (its jobs run on).")]
     reason: Reason = ""
     user: User = ""
+
+
+class ScheduleFire(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The scheduler leader's request to make the job of one fire of a schedule, on the
+    submit stream's subjects.schedule_fire(schedule_id): at most one per (schedule, at)."""
+
+    v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)] = 1
+    schedule_id: Annotated[str, Meta(pattern=job_ids.SCHEDULE_PATTERN)]
+    at: Annotated[float, Meta(ge=0)]
 
 
 # --- events: the append-only log every service folds --------------------------------------
@@ -408,6 +466,30 @@ class Event(msgspec.Struct, tag_field="type", kw_only=True):
 
 class JobSubmitted(Event, tag="job_submitted"):
     job_id: SubjectToken
+    submit_seq: int
+    spec: JobSpec
+    # `existing: recreate`: the unfinished jobs of the same name this one replaces; the fold
+    # cancels them as it folds this event (one event, so no reader sees one without the other).
+    replaces: list[str] = []
+    # Made by a schedule's fire (the schedule's id, and the fire time in epoch seconds).
+    schedule_id: str = ""
+    fire_at: float = 0.0
+
+
+class SubmitDeduplicated(Event, tag="submit_deduplicated"):
+    """A submit that made no job: an existing one stands for it (`existing: keep`, or
+    `dedup: spec`); `job_id` is that job's."""
+
+    submit_seq: int
+    job_id: str
+    how: str  # "kept" or "deduplicated"
+
+
+class ScheduleCreated(Event, tag="schedule_created"):
+    """A submit whose spec has a `schedule`: a schedule, not a job. Its id is the job id
+    format with an `s` for the `j`, derived from the submit sequence in the same way."""
+
+    schedule_id: SubjectToken
     submit_seq: int
     spec: JobSpec
 
@@ -464,6 +546,10 @@ class DeviceHealthChanged(Event, tag="device_health_changed"):
     index: int
     healthy: bool
     reason: Reason = ""
+    # Set by an operator's `berth device disable` (their name, or "operator"); empty: the
+    # worker saw the device fail. An operator's choice is no fault of the host, so an
+    # attempt it kills does not count toward quarantine.
+    by: User = ""
 
 
 class NodeAction(enum.StrEnum):
@@ -515,6 +601,34 @@ class LeaderElected(Event, tag="leader_elected"):
     epoch: int
 
 
+class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Most of each resource one user's live attempts may hold at once (None: no limit of
+    its own; a user's quota falls back to the default one dimension at a time)."""
+
+    cpu: Annotated[int, Meta(ge=0, description="Millicores.")] | None = None
+    mem: Annotated[int, Meta(ge=0, description="MiB.")] | None = None
+    dev: Annotated[int, Meta(ge=0, description="Accelerator devices.")] | None = None
+
+
+class QuotaSet(Event, tag="quota_set"):
+    """An admin sets one user's quota (replacing what was set for them before), or the
+    default for every user (`user` ""). Logged on subjects.ADMIN_QUOTAS, where only an
+    admin may write (docs/placement.md, "Quotas")."""
+
+    user: Annotated[str, Meta(pattern=r"^([A-Za-z0-9_-]{1,128})?$")]
+    quota: Quota
+    by: User = ""
+
+
+class TokenLimitSet(Event, tag="token_limit_set"):
+    """An admin sets how many of token `name` may be held at once (docs/lifecycle.md,
+    "Tokens"). Logged on subjects.admin_tokens(name), where only an admin may write."""
+
+    name: Name
+    limit: NonNegInt
+    by: User = ""
+
+
 class TaskAssigned(Event, tag="task_assigned"):
     job_id: str
     task_index: int
@@ -528,6 +642,9 @@ class TaskAssigned(Event, tag="task_assigned"):
     # The indices of the worker's devices this attempt holds (reserved in the same Lua
     # commit as the host): one per device it asked for.
     devices: list[int] = []
+    # The version (log sequence) of the quotas and token limits the commit was checked
+    # against (shared/limits.py): the checker judges the assignment by those.
+    limits_seq: int = 0
 
 
 class TasksPreempted(Event, tag="tasks_preempted"):
@@ -623,6 +740,8 @@ class AttemptReported(Event, tag="attempt_reported"):
 AnyEvent = (
     JobSubmitted
     | SubmitRejected
+    | SubmitDeduplicated
+    | ScheduleCreated
     | JobCancelRequested
     | WorkerRegistered
     | DeviceHealthChanged
@@ -636,6 +755,8 @@ AnyEvent = (
     | PreemptionReleased
     | PendingReasonsChanged
     | AttemptReported
+    | QuotaSet
+    | TokenLimitSet
 )
 
 
@@ -763,6 +884,7 @@ def decode(decoder: msgspec.json.Decoder[_T] | msgspec.msgpack.Decoder[_T], data
         raise msgspec.DecodeError(f"undecodable ({exc.__class__.__name__})") from None
 job_spec_decoder = msgspec.json.Decoder(JobSpec)
 cancel_decoder = msgspec.json.Decoder(CancelRequest)
+fire_decoder = msgspec.json.Decoder(ScheduleFire)
 
 
 def encode(message: msgspec.Struct) -> bytes:

@@ -51,3 +51,12 @@ GROUPS = f"{PREFIX}:groups"  # set of the group hash keys currently held
 HOSTS = f"{PREFIX}:hosts"  # set of every worker id with a host hash
 
 METRICS = f"{PREFIX}:metrics"  # hash of counters, e.g. refused_double_bookings
+
+# Quotas and token limits (shared/limits.py), written by the leader from the log's admin
+# events (set_limits.lua): "seq" their version, "qd" the default quota and "q:<user>" each
+# user's own (JSON {cpu, mem, dev}, a dimension left out is not limited), "t:<name>" each
+# token's limit.
+LIMITS = f"{PREFIX}:limits"
+# What live reservations hold against those limits, kept by reserve.lua and release.lua:
+# "<cpu|mem|dev>:<user>" and "t:<name>" -> amount.
+LIMITS_USED = f"{PREFIX}:limits_used"

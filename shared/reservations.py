@@ -45,6 +45,9 @@ class Reservation:
     # address, which several workers may share.
     address: str = ""
     devices: tuple[int, ...] = ()  # the host's device indices it holds, one per need.dev
+    # Whose quota it counts against, and the tokens it holds (shared/limits.py).
+    user: str = ""
+    tokens: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Allocation:
     group: str  # group name, "" if none
     address: str = ""  # the address its ports are reserved on
     devices: tuple[int, ...] = ()
+    user: str | None = None  # None: reserved before quotas were tracked
+    tokens: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ class ReservationStore:
         self._lease = load_script(client, "lease")
         self._preempt = load_script(client, "preempt")
         self._unhold = load_script(client, "unhold")
+        self._set_limits = load_script(client, "set_limits")
 
     async def _fenced(self, script: AsyncScript, keys: list[str], args: list[str | int]
                       ) -> Any:
@@ -157,10 +163,24 @@ class ReservationStore:
                                  capacity.dev, device_kind, json.dumps(ids)]
         _check(await self._fenced(self._register, keys, args))
 
+    async def set_limits(self, epoch: int, fields: dict[str, str]) -> None:
+        """Replaces the quotas and token limits reserve.lua enforces (limits.redis_fields)."""
+        keys = [redis_keys.EPOCH, redis_keys.LIMITS]
+        _check(await self._fenced(self._set_limits, keys, [epoch, json.dumps(fields)]))
+
+    async def limits(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The limits hash and the limits-use hash, read together."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(redis_keys.LIMITS)
+            pipe.hgetall(redis_keys.LIMITS_USED)
+            limits, used = await pipe.execute()
+        return limits, used
+
     async def reserve(self, epoch: int, placements: Sequence[Reservation],
-                      groups: Sequence[GroupClaim] = ()) -> None:
+                      groups: Sequence[GroupClaim] = (), check_limits: bool = True) -> None:
         """Commits all placements and group claims, or none (raises StaleEpochError or
-        ReservationConflict)."""
+        ReservationConflict). Quotas and tokens are checked unless `check_limits` is false
+        (re-reserving attempts that already run: a lowered limit stops nothing)."""
         if not placements:
             return
         hosts: dict[str, int] = {}
@@ -176,11 +196,13 @@ class ReservationStore:
         for worker_id in hosts:
             keys += _host_keys(worker_id, addresses.get(worker_id, ""))
         keys += [redis_keys.group(g.name) for g in groups]
+        keys += [redis_keys.LIMITS, redis_keys.LIMITS_USED]
         request = {
+            "check": check_limits,
             "hosts": list(hosts),
             "r": [{"h": hosts[p.worker_id], "key": p.attempt_key, "job": p.job_id,
                    **p.need.as_dict(), "kind": p.device_kind, "ports": list(p.ports),
-                   "devs": list(p.devices),
+                   "devs": list(p.devices), "u": p.user, "tok": dict(p.tokens),
                    "g": group_index[p.group] if p.group else -1} for p in placements],
             "g": [{"name": g.name, "job": g.job_id, "members": [hosts[m] for m in g.members],
                    "exclusive": g.exclusive} for g in groups],
@@ -189,22 +211,37 @@ class ReservationStore:
         _check(await self._fenced(self._reserve, keys, args))
 
     async def preempt(self, epoch: int, eviction: Eviction) -> int:
-        """Evicts the victims and holds the hosts for the preemptor, in one fenced commit
-        (raises StaleEpochError or ReservationConflict, writing nothing). Returns how many
-        victims it evicted."""
-        hosts = {w: i for i, w in enumerate(dict.fromkeys(
-            [*eviction.hosts, *(w for w, _ in eviction.victims), *eviction.needs]))}
+        """One eviction (preempt_many): raises ReservationConflict if Redis refused it;
+        returns how many victims it evicted."""
+        why = (await self.preempt_many(epoch, [eviction]))[0]
+        if why:
+            raise ReservationConflict(why)
+        return len(eviction.victims)
+
+    async def preempt_many(self, epoch: int, evictions: Sequence[Eviction]) -> list[str]:
+        """Evicts each eviction's victims and holds its hosts for its preemptor, all in one
+        fenced call, each eviction all or nothing (raises StaleEpochError, writing
+        nothing). Returns, per eviction in order, "" if committed, else why Redis refused
+        it."""
+        if not evictions:
+            return []
+        hosts: dict[str, int] = {}
+        for e in evictions:
+            for w in (*e.hosts, *(w for w, _ in e.victims), *e.needs):
+                hosts.setdefault(w, len(hosts))
         keys = [redis_keys.EPOCH]
         for worker_id in hosts:
             keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
-        request = {
-            "job": eviction.job_id,
-            "hosts": list(hosts),
-            "held": [hosts[w] for w in eviction.hosts],
-            "victims": [{"h": hosts[w], "key": k} for w, k in eviction.victims],
-            "need": [{"h": hosts[w], **n.as_dict()} for w, n in eviction.needs.items()],
-        }
-        return _check(await self._fenced(self._preempt, keys, [epoch, json.dumps(request)]))
+        request = {"hosts": list(hosts), "evictions": [{
+            "job": e.job_id,
+            "held": [hosts[w] for w in e.hosts],
+            "victims": [{"h": hosts[w], "key": k} for w, k in e.victims],
+            "need": [{"h": hosts[w], **n.as_dict()} for w, n in e.needs.items()],
+        } for e in evictions]}
+        result = await self._fenced(self._preempt, keys, [epoch, json.dumps(request)])
+        if result[0] == "stale_epoch":
+            raise StaleEpochError(f"epoch is now {result[1]}")
+        return [str(why) for why in result[1:]]
 
     async def unhold(self, epoch: int, job_id: str, hosts: Sequence[str]) -> int:
         """Lets go of the hosts held for preemptor `job_id`; returns how many it held."""
@@ -220,6 +257,7 @@ class ReservationStore:
         keys = [redis_keys.EPOCH, redis_keys.GROUPS]
         for worker_id, _ in releases:
             keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
+        keys.append(redis_keys.LIMITS_USED)
         args: list[str | int] = [epoch, *(key for _, key in releases)]
         return _check(await self._fenced(self._release, keys, args))
 
@@ -227,6 +265,13 @@ class ReservationStore:
         """Every host's capacity and reservations and every group claim (for reconciliation
         and checks), read in one MULTI: a commit landing between two reads would otherwise
         look like a disagreement, e.g. between a host's counters and its reservations."""
+        hosts, groups, _ = await self.usage_with_limits()
+        return hosts, groups
+
+    async def usage_with_limits(self) -> tuple[list[HostUsage], list[GroupUsage],
+                                               dict[str, str]]:
+        """usage(), and the limits-use hash read in the same MULTI (the checker compares
+        its counters with the reservations)."""
         # The client decodes responses (redis_io.connect), so every value here is a str.
         hosts: set[str] = await self.client.smembers(redis_keys.HOSTS)  # type: ignore[assignment]
         groups: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
@@ -237,7 +282,9 @@ class ReservationStore:
                 pipe.hgetall(redis_keys.host_allocations(worker_id))
             for key in group_keys:
                 pipe.hgetall(key)
+            pipe.hgetall(redis_keys.LIMITS_USED)
             replies: list[dict[str, str]] = await pipe.execute()
+        limits_used = replies.pop()
         host_usage: list[HostUsage] = []
         for n, worker_id in enumerate(worker_ids):
             h, allocs = replies[2 * n:2 * n + 2]
@@ -260,7 +307,7 @@ class ReservationStore:
                 members=tuple(_worker_of_host_key(m) for m in members),
                 exclusive=g.get("exclusive") == "1", live=int(g.get("live", 0)),
             ))
-        return host_usage, group_usage
+        return host_usage, group_usage, limits_used
 
     async def host_usage(self) -> list[HostUsage]:
         return (await self.usage())[0]
@@ -291,4 +338,8 @@ def _allocation(raw: str) -> Allocation:
         group=_group_name_of_key(a["group"]) if a.get("group") else "",
         address=str(a.get("pk", "")).removeprefix(redis_keys.address_ports("")),
         devices=tuple(int(d) for d in devices) if isinstance(devices, list) else (),
+        user=a.get("u"),
+        # Lua's cjson encodes an empty dict as {} and an empty table read back the same.
+        tokens=tuple(sorted((str(k), int(v)) for k, v in (a.get("tok") or {}).items()))
+        if isinstance(a.get("tok"), dict) else (),
     )

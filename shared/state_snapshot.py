@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import msgspec
 
-from berth.shared.lifecycle import ClusterState, GroupView, HoldView, JobView, WorkerView
+from berth.shared.capacity import Amounts
+from berth.shared.lifecycle import (
+    ClusterState,
+    GroupView,
+    HoldView,
+    JobView,
+    ScheduleView,
+    WorkerView,
+)
+from berth.shared.limits import Limits
 from berth.shared.messages import decode
+from berth.shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 9
+FORMAT = 11
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -25,6 +35,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     workers: list[WorkerView]
     rejections: dict[int, str]
     cancel_by_submit: dict[int, str]
+    same_by_submit: dict[int, tuple[str, str]]
+    schedules: list[ScheduleView]
     pending: list[tuple[str, int]]
     groups: list[GroupView]
     seen_incarnations: list[tuple[str, str]]
@@ -34,6 +46,13 @@ class Snapshot(msgspec.Struct, kw_only=True):
     preemption_events: list[str]
     taken_from_preemptor: list[str]
     live_by_rank: dict[int, int]
+    limits: Limits
+    limit_versions: dict[int, Limits]
+    usage_users: dict[str, Amounts]
+    usage_tokens: dict[str, int]
+    over_limits: list[str]
+    usage_half_life: float
+    recent_use: dict[str, UserUsage]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -50,15 +69,24 @@ def dump(state: ClusterState, stream: str) -> bytes:
         workers=list(state.workers.values()),
         rejections=state.rejections,
         cancel_by_submit=state.cancel_by_submit,
+        same_by_submit=state.same_by_submit,
+        schedules=list(state.schedules.values()),
         pending=list(state.pending),
         groups=list(state.groups.values()),
         seen_incarnations=sorted(state.seen_incarnations),
         refused_events=state.refused_events,
         last_refused_seq=state.last_refused_seq,
         holds=state.holds,
-        preemption_events=sorted(state.preemption_events),
+        preemption_events=list(state.preemption_events),  # oldest first
         taken_from_preemptor=state.taken_from_preemptor,
         live_by_rank=state.live_by_rank,
+        limits=state.limits,
+        limit_versions=state.limit_versions,
+        usage_users=state.usage.users,
+        usage_tokens=state.usage.tokens,
+        over_limits=state.over_limits,
+        usage_half_life=state.usage_half_life,
+        recent_use=state.recent_use,
     ))
 
 
@@ -66,7 +94,8 @@ class UnusableSnapshot(Exception):
     """The bytes are not a snapshot this version can continue from."""
 
 
-def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
+def load(data: bytes, stream: str, stream_last_seq: int,
+         usage_half_life: float = FairShare.half_life) -> ClusterState:
     """The state saved in `data`, if it was folded from `stream` (whose last sequence is
     now `stream_last_seq`); else UnusableSnapshot says why."""
     try:
@@ -81,7 +110,10 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     if snap.last_seq > stream_last_seq:
         raise UnusableSnapshot(f"it reaches event {snap.last_seq}, the stream ends at "
                                f"{stream_last_seq}")
-    state = ClusterState()
+    if snap.usage_half_life != usage_half_life:
+        raise UnusableSnapshot(f"its users' usage decays with a half-life of "
+                               f"{snap.usage_half_life:g} s, this one's is {usage_half_life:g} s")
+    state = ClusterState(usage_half_life)
     state.last_seq = snap.last_seq
     state.epoch = snap.epoch
     state.jobs = {job.job_id: job for job in snap.jobs}
@@ -89,6 +121,8 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.workers = {worker.worker_id: worker for worker in snap.workers}
     state.rejections = snap.rejections
     state.cancel_by_submit = snap.cancel_by_submit
+    state.same_by_submit = snap.same_by_submit
+    state.schedules = {s.schedule_id: s for s in snap.schedules}
     state.pending = dict.fromkeys(snap.pending)
     # Held back by a backoff: exactly the pending tasks with a retry_at (kept so by the fold).
     state.backoff = {key: task.retry_at for key in state.pending
@@ -98,7 +132,13 @@ def load(data: bytes, stream: str, stream_last_seq: int) -> ClusterState:
     state.refused_events = snap.refused_events
     state.last_refused_seq = snap.last_refused_seq
     state.holds = snap.holds
-    state.preemption_events = set(snap.preemption_events)
+    state.preemption_events = dict.fromkeys(snap.preemption_events)
     state.taken_from_preemptor = snap.taken_from_preemptor
     state.live_by_rank = snap.live_by_rank
+    state.limits = snap.limits
+    state.limit_versions = snap.limit_versions
+    state.usage.users = snap.usage_users
+    state.usage.tokens = snap.usage_tokens
+    state.over_limits = snap.over_limits
+    state.recent_use = snap.recent_use
     return state

@@ -23,6 +23,8 @@ BUNDLE_META = f"$O.{BUNDLES_BUCKET}.M.>"
 SUBMIT_JOB = "berth.submit.job"
 SUBMIT_CANCEL = "berth.submit.cancel"
 SUBMIT_ALL = "berth.submit.>"
+# A schedule's fires (docs/lifecycle.md, "Schedules"): only the scheduler writes here.
+SUBMIT_FIRE = "berth.submit.fire"
 # The outcome subjects' user token for a bare (admin) submit.
 ADMIN_SUBMITTER = "_"
 
@@ -44,6 +46,16 @@ def submit_job(user: str | None = None) -> str:
 
 def submit_cancel(user: str | None = None) -> str:
     return f"{SUBMIT_CANCEL}.{user}" if user else SUBMIT_CANCEL
+
+
+def schedule_fire(schedule_id: str) -> str:
+    """Where the leader asks for the job of a schedule's fire. One subject per schedule, so
+    the leader can publish a fire only if the last one there is the one it saw."""
+    return f"{SUBMIT_FIRE}.{schedule_id}"
+
+
+def is_schedule_fire(subject: str) -> bool:
+    return subject.startswith(SUBMIT_FIRE + ".")
 
 
 def submit_user(subject: str) -> str | None:
@@ -119,3 +131,16 @@ def inbox_prefix(identity: str) -> str:
     """Each identity's replies (JetStream acks, API answers, consumer deliveries) come under
     its own inbox prefix, so no identity may read another's replies."""
     return f"_INBOX.{identity}"
+
+
+# Cluster-wide limits (docs/placement.md "Quotas", docs/lifecycle.md "Tokens"): only an
+# admin may write here (no other role's permissions reach berth.events.admin.>).
+ADMIN_ALL = "berth.events.admin.>"
+ADMIN_QUOTAS = "berth.events.admin.quota"
+ADMIN_TOKENS_ALL = "berth.events.admin.tokens.*"
+
+
+def admin_tokens(name: str) -> str:
+    """Token `name`'s limits, one subject per token: the submitter checks that a token a
+    spec asks for exists with one direct read of the newest message here."""
+    return f"berth.events.admin.tokens.{name}"

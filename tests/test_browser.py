@@ -105,6 +105,8 @@ async def test_submit_from_the_page_and_watch_it_succeed_without_reload(
             await page.click("[data-nav=workers]")
             await page.wait_for_selector(f'tr[data-worker="{victim}"] .error')  # dead
             await page.screenshot(path=str(tmp_path / "workers.png"), full_page=True)
+            await page.click("[data-nav=schedules]")
+            await page.wait_for_selector("#schedules")  # drawn from /api/schedules (none here)
             assert await page.evaluate("window.__sameDocument") is True
 
             await check_the_timeline_of_the_job(page, stack, job_id, victim, tmp_path)

@@ -94,6 +94,17 @@ PUBLISH = [
     (Role.SUBMIT, U, subjects.SUBMIT_JOB, False),
     (Role.SUBMIT, U, subjects.worker_commands(W), False),
     (Role.SUBMIT, U, subjects.attempt_reports(W), False),
+    # Cluster limits (quotas, tokens): only an admin writes them; the submitter may look a
+    # token up, nothing else.
+    (Role.ADMIN, "", subjects.ADMIN_QUOTAS, True),
+    (Role.SCHEDULER, "", subjects.ADMIN_QUOTAS, False),
+    (Role.SCHEDULER, "", subjects.admin_tokens("io"), False),
+    (Role.SUBMITTER, "", subjects.admin_tokens("io"), False),
+    (Role.SUBMITTER, "", f"$JS.API.DIRECT.GET.BERTH_EVENTS.{subjects.admin_tokens('io')}", True),
+    (Role.SUBMITTER, "", f"$JS.API.DIRECT.GET.BERTH_EVENTS.{subjects.ADMIN_QUOTAS}", False),
+    (Role.DASHBOARD, "", subjects.ADMIN_QUOTAS, False),
+    (Role.SUBMIT, U, subjects.admin_tokens("io"), False),
+    (Role.WORKER, W, subjects.ADMIN_QUOTAS, False),
     (Role.SCHEDULER, "", subjects.worker_commands(W), True),
     (Role.SCHEDULER, "", subjects.task_events("j1-aaaa"), True),
     (Role.SCHEDULER, "", subjects.worker_verdicts(W), True),

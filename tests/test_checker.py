@@ -235,3 +235,15 @@ def test_attempts_on_a_device_that_turns_unhealthy_end_as_a_worker_failure() -> 
                                     state=TaskState.KILLED, error=why))
     assert state.workers["g1"].devices_used == {} and state.workers["g1"].free_devices == [0]
     assert task.state == TaskState.PENDING
+    # The device failed under the attempt: the host's fault, counted toward quarantine.
+    assert len(state.workers["g1"].failures) == 1
+
+
+def test_an_operators_device_disable_kills_but_does_not_count_toward_quarantine() -> None:
+    state = fold(gpu_worker("g1", 2), gpu_job("j1"),
+                 TaskAssigned(job_id="j1", task_index=0, attempt_id=0, worker_id="g1",
+                              incarnation="i", epoch=1, devices=[1]))
+    effects = state.apply(10, DeviceHealthChanged(worker_id="g1", index=1, healthy=False,
+                                                  reason="swap", by="ops"))
+    assert effects == [Kill("g1", "i", "j1", 0, 0, "device 1 of g1 is unhealthy: swap")]
+    assert state.workers["g1"].failures == []

@@ -52,7 +52,7 @@ def test_help_lists_every_command() -> None:
     out = run_berth("--help").stdout
     for command in ("up", "demo", "submit", "cancel", "status", "workers", "device", "doctor",
                     "health", "creds", "backup", "restore", "token", "schema", "run", "cordon",
-                    "drain", "uncordon"):
+                    "drain", "uncordon", "schedules"):
         assert command in out
     assert "admin (everything)" in run_berth("token", "--help").stdout
     assert "--cpu" in run_berth("run", "worker", "--help").stdout

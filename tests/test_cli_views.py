@@ -27,8 +27,8 @@ def test_why_gives_each_pending_tasks_reason_and_the_jobs_place() -> None:
     place = {"band": "batch", "position": 2, "of": 5}
     assert cli_views.why_lines(JOB, place) == [
         "job j7-abcd (train): 1 of 4 tasks pending",
-        "  queue: position 2 of 5 in band batch (placed in band order, then first come "
-        "first served)",
+        "  queue: position 2 of 5 in band batch (placed in band order, then users by fair "
+        "share, each user's jobs first come first served)",
         "  task 3: no worker has 64 cpu free"]
     ended = {**JOB, "state": "succeeded", "tasks": []}
     assert cli_views.why_lines(ended, None) == [

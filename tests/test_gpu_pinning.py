@@ -2,7 +2,8 @@
 `--gpu h100:2` on a host without NVML (devices 0 and 1, unchecked). Two one-GPU tasks
 running at once see different CUDA_VISIBLE_DEVICES, a third waits with a pending reason
 naming the GPUs, a task that asked for no GPU sees "", and the doctor finds no device held
-twice. A device an operator takes out of service gets no new attempt."""
+twice. A device an operator takes out of service gets no new attempt. Quotas and tokens
+run beside it on the same stack (tests/limits_scenario.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nats.aio.client import Client as NATS
 
 from berth.shared.messages import GpuDevice, JobSpec, Resources
 from berth.stack import Stack
+from tests import limits_scenario
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import accepted
 
@@ -57,6 +59,7 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     out = tmp_path / "seen"
     out.mkdir()
     hold = [sys.executable, "-c", SEE_AND_HOLD, str(out)]
+    limited = await limits_scenario.start(stack, nc, tmp_path / "limits")
     pair = await accepted(nc, JobSpec(name="pair", command=hold, replicas=2,
                                       resources=ONE_GPU))
     await wait_until(lambda: len(seen(out)) == 2, 30, "both one-GPU tasks to start")
@@ -77,7 +80,11 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     assert held == {(0,), (1,)}
     (worker,) = get_json(stack, "/api/workers")
     assert sorted(d["held_by"] for d in worker["devices"]) == [f"{pair}/0/0", f"{pair}/1/0"]
-    assert "double_booked_devices=0" in await run_doctor(stack)
+    await limits_scenario.waiting(stack, limited)
+    doctor = (await run_doctor(stack)).splitlines()
+    for line in ("double_booked_devices=0", "violations=0", *limits_scenario.DOCTOR_ZEROS):
+        assert line in doctor, doctor
+    limits_scenario.release(limited)
     listing = await berth(stack, "workers")
     assert "device 0: unchecked  held by" in listing, listing
 
@@ -95,3 +102,4 @@ async def test_one_gpu_tasks_get_distinct_devices_and_a_no_gpu_task_none(
     assert (await wait_for_job(stack, after, {"succeeded", "failed"}))["state"] == "succeeded"
     assert seen(out)[f"{after}-0"] == "1"
     assert "returned to service" in await berth(stack, "device", "enable", "gpu0", "0")
+    await limits_scenario.finish(stack, limited)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from berth.services.scheduler.placement import Host, Unit, place
 from berth.services.scheduler.preemption import Plan, Running, may_evict, plan
 from berth.shared.capacity import Amounts
-from berth.shared.lifecycle import ClusterState, Kill
+from berth.shared.lifecycle import PREEMPTION_IDS_KEPT, ClusterState, Kill
 from berth.shared.messages import (
     Coscheduling,
     JobSpec,
@@ -279,6 +279,19 @@ def test_the_preemptor_placed_or_let_go_clears_the_hold() -> None:
                                   epoch=0))
     state.apply(6, PreemptionReleased(id="e2", job_id="p", hosts=["w"], epoch=0))
     assert state.workers["w"].held_for is None and state.holds == {}
+
+
+def test_the_preemption_ids_kept_are_a_bounded_window() -> None:
+    """The leader folds its own event at once (seq 0) and again from the log: once. The
+    ids folded are remembered only in a window, so they do not grow without bound."""
+    state = fold_with_victim()
+    event = TasksPreempted(id="e1", job_id="p", victims=["b/0/0"], hosts=["w"], epoch=0)
+    assert state.apply(0, event) and state.apply(5, event) == []
+    for n in range(PREEMPTION_IDS_KEPT + 10):
+        state.apply(6 + n, PreemptionReleased(id=f"r{n}", job_id="p", hosts=["w"], epoch=0))
+    assert len(state.preemption_events) == PREEMPTION_IDS_KEPT
+    assert "e1" not in state.preemption_events and f"r{PREEMPTION_IDS_KEPT + 9}" in (
+        state.preemption_events)
 
 
 def test_a_victim_out_of_preemption_budget_is_finished() -> None:

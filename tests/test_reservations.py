@@ -259,6 +259,31 @@ async def test_preemption_evicts_and_holds_in_one_fenced_commit(store: Reservati
     assert {u.worker_id: u for u in await store.host_usage()}["h2"].held_for is None
 
 
+async def test_a_ticks_evictions_go_in_one_call_each_all_or_nothing(
+        store: ReservationStore) -> None:
+    """preempt_many: one fenced call; an eviction that fails a check writes nothing, the
+    others are committed, and each sees the holds of those before it."""
+    epoch = await leader_with_hosts(store, "h1", "h2", "h3")
+    await store.reserve(epoch, [res("h1", "b/0/0", 2000), res("h2", "c/0/0", 2000),
+                                res("h3", "d/0/0", 2000)])
+
+    def evict(job: str, host: str, victim: str) -> Eviction:
+        return Eviction(job, (host,), ((host, victim),), {host: Amounts(2000, 100)})
+
+    refusals = await store.preempt_many(epoch, [
+        evict("p", "h1", "b/0/0"),
+        evict("q", "h2", "gone/0/0"),  # refused: writes nothing
+        evict("r", "h1", "b/0/0"),  # refused: h1 is now held for p
+        evict("s", "h3", "d/0/0")])
+    assert refusals == ["", "victim gone/0/0 is not reserved on h2",
+                        "host h1 is held for preemptor p", ""]
+    held = {u.worker_id: u.held_for for u in await store.host_usage()}
+    assert held == {"h1": "p", "h2": None, "h3": "s"}
+    with pytest.raises(StaleEpochError):
+        await store.preempt_many(epoch + 1, [evict("q", "h2", "c/0/0")])
+    assert {u.worker_id: u.held_for for u in await store.host_usage()}["h2"] is None
+
+
 async def test_a_gang_holding_a_held_host_is_evicted_whole(store: ReservationStore) -> None:
     epoch = await leader_with_hosts(store, "s0", "s1")
     claim = GroupClaim("slice=s", "g", ("s0", "s1"))

@@ -4,6 +4,7 @@ violations. The numbers themselves are not asserted (they are the benchmark's to
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -36,9 +37,22 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     w5 = by_name["W5"][0]
     assert w5["doctor_violations"] == 0 and w5["doctor_double_booked_hosts"] == 0
     assert w5["gangs_running"] == w5["gangs"] and w5["evictions"] == w5["gangs"] * 8
-    assert {"evictions_per_s", "time_to_all_running_s", "placed_after_last_victim_max_s"} \
-        <= set(w5)
+    assert {"evictions_per_s", "time_to_all_running_s", "placed_after_last_victim_max_s",
+            "exit_to_assigned_p50_s", "assigned_to_running_p50_s"} <= set(w5)
     assert "workload" in done.stderr and "placements/s" in done.stderr  # the table
+
+
+async def test_w5_tick_benchmark_commits_every_eviction_both_ways() -> None:
+    """bench/w5_tick.py, small and in-process: every preemptor's eviction is committed one
+    call each and in one call, and every production gang is placed once its victims are
+    gone."""
+    spec = importlib.util.spec_from_file_location("w5_tick", ROOT / "bench" / "w5_tick.py")
+    assert spec is not None and spec.loader is not None
+    w5_tick = importlib.util.module_from_spec(spec)
+    sys.modules["w5_tick"] = w5_tick  # dataclasses look their module up
+    spec.loader.exec_module(w5_tick)
+    result = await w5_tick.run(slices=5, gangs=3, repeat=1)
+    assert result["evictions"] == 3 and result["placed_tasks"] == 3 * 8
 
 
 @pytest.mark.slow

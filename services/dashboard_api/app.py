@@ -30,8 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from berth.services.dashboard_api import auth, live, redact, timeline, views
 from berth.services.dashboard_api import metrics as dashboard_metrics
 from berth.services.dashboard_api.projection import Projection
+from berth.shared import job_policy, nats_io, queue_order, subjects
 from berth.shared import metrics as shared_metrics
-from berth.shared import nats_io, queue_order, subjects
 from berth.shared.api_tokens import Role
 from berth.shared.lifecycle import JobView, TaskView
 from berth.shared.messages import CancelRequest, JobSpec, encode
@@ -64,7 +64,16 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             return views.SubmitOutcome(submit_seq, False, reason=s.rejections[submit_seq])
         job_id = s.job_by_submit.get(submit_seq)
         if job_id is not None:
-            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job")
+            note = job_policy.recreated_words(s.jobs[job_id].replaced)
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="job", note=note)
+        if submit_seq in s.same_by_submit:
+            job_id, how = s.same_by_submit[submit_seq]
+            return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind=how,
+                                       note=job_policy.in_words(how, job_id))
+        for schedule in s.schedules.values():
+            if schedule.submit_seq == submit_seq:
+                return views.SubmitOutcome(submit_seq, True, job_id=schedule.schedule_id,
+                                           kind="schedule")
         job_id = s.cancel_by_submit.get(submit_seq)
         if job_id is not None:
             return views.SubmitOutcome(submit_seq, True, job_id=job_id, kind="cancel")
@@ -138,10 +147,13 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     @get("/jobs/{job_id:str}/queue", sync_to_thread=False)
     def job_queue(job_id: str) -> views.QueuePlace | None:
         """Where the job stands in its priority band's queue of jobs with pending tasks
-        (placed in that order: band, then submission); null when none of its tasks is
-        pending."""
+        (placed in that order: band, then users by fair share, each user's jobs by
+        submission); null when none of its tasks is pending."""
         job = find_job(job_id)
-        place = queue_order.band_place(job, projection.state.pending, projection.state.jobs)
+        state, fair = projection.state, projection.fair_share
+        queue = queue_order.order(queue_order.pending_jobs(state.pending, state.jobs, fair),
+                                  queue_order.costs(state.recent_use, time.time(), fair))
+        place = queue_order.band_place(job, queue)
         return None if place is None else views.QueuePlace(job.spec.priority.value, *place)
 
     @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
@@ -319,6 +331,16 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
             raise NotFoundException(f"no worker {worker_id!r}")
         return worker_out(worker_id)
 
+    @get("/schedules", sync_to_thread=False)
+    def list_schedules() -> list[views.ScheduleOut]:
+        """Every schedule, oldest first, with its next run (none once cancelled)."""
+        now = time.time()
+        return [views.schedule_out(s, now) for s in projection.state.schedules.values()]
+    @get("/limits", sync_to_thread=False)
+    def limits() -> views.LimitsOut:
+        """Quotas and token limits, and what live attempts hold of them."""
+        return views.limits_out(projection.state.limits, projection.state.usage)
+
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
     def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
         """What became of submit stream message N: its job, or the reason it was rejected."""
@@ -353,7 +375,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         guards=[auth.read_guard(tokens, closed_reads)],
         route_handlers=[list_jobs, states, job_detail, job_queue, task_detail, submit, cancel,
                         task_logs, host_timeline, list_workers, worker_detail, submit_outcome,
-                        events],
+                        list_schedules, events, limits],
     )
 
     # --- open to all ------------------------------------------------------------------------
@@ -376,7 +398,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         await shared_metrics.refresh_all([metrics_refresh] if metrics_refresh else [])
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    @get(["/", "/jobs/{job_id:str}", "/workers", "/timeline"], media_type=MediaType.HTML,
+    @get(["/", "/jobs/{job_id:str}", "/workers", "/timeline", "/schedules"],
+         media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
     def page(job_id: str | None = None) -> str:
         return (STATIC / "index.html").read_text()

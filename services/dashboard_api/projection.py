@@ -25,6 +25,7 @@ from berth.shared.event_origin import RefusedEvent, read_heartbeat
 from berth.shared.lifecycle import AttemptView, ClusterState, JobView
 from berth.shared.messages import DeviceStats, JobSubmitted, TaskAssigned
 from berth.shared.nats_io import RawEvent
+from berth.shared.usage import FairShare
 
 log = logging.getLogger("berth.dashboard.projection")
 
@@ -56,10 +57,12 @@ class Projection:
         snapshot_path: Path | None = None,
         snapshot_interval: float = 30.0,
         recent_events: int = 10_000,
+        fair_share: FairShare | None = None,
     ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
-        self.state = ClusterState()
+        self.fair_share = fair_share = fair_share or FairShare()
+        self.state = ClusterState(fair_share.half_life)
         self.last_heartbeat: dict[str, float] = {}
         # Each worker's GPUs' figures from its latest heartbeat (not events: not folded).
         self.device_stats: dict[str, list[DeviceStats]] = {}
@@ -202,7 +205,7 @@ class Projection:
             return
         try:
             self.state = state_snapshot.load(self.snapshot_path.read_bytes(), self.stream,
-                                             self._catch_up_to)
+                                             self._catch_up_to, self.fair_share.half_life)
         except state_snapshot.UnusableSnapshot as exc:
             log.warning("snapshot %s not used (%s): rebuilding from the first event",
                         self.snapshot_path, exc)

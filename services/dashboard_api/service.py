@@ -26,6 +26,7 @@ async def run(settings: Settings, tokens: auth.Tokens, closed_reads: bool,
         nc, settings.worker_dead_after,
         snapshot_path=Path(settings.data_dir) / "dashboard" / "projection.snapshot",
         snapshot_interval=settings.snapshot_interval,
+        fair_share=settings.fair_share,
     )
     await projection.start()
     if not tokens.configured:

@@ -8,12 +8,15 @@ from collections.abc import Sequence
 
 import msgspec
 
-from berth.shared import task_rules
-from berth.shared.lifecycle import AttemptView, JobView, TaskView, WorkerView
+from berth.shared import schedules, task_rules
+from berth.shared.capacity import Amounts
+from berth.shared.lifecycle import AttemptView, JobView, ScheduleView, TaskView, WorkerView
+from berth.shared.limits import Limits, Usage
 from berth.shared.messages import (
     DeviceStats,
     GpuTelemetry,
     JobSpec,
+    Quota,
     Reason,
     Resources,
     ResourceUse,
@@ -156,7 +159,10 @@ class SubmitOutcome(msgspec.Struct):
     accepted: bool
     job_id: str | None = None
     reason: str | None = None
-    kind: str | None = None  # "job" or "cancel" when accepted
+    # When accepted: "job", "cancel", "schedule" (job_id is the schedule's id), or what an
+    # `existing`/`dedup` policy did: "kept" or "deduplicated" (job_id is the existing job).
+    kind: str | None = None
+    note: str = ""  # e.g. "deduplicated to j12-ab34", "recreated: cancelled j9-cd56"
 
 
 class CancelBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -252,3 +258,72 @@ def worker_out(w: WorkerView, last_heartbeat: float | None, healthy: bool,
         drain_deadline=w.drain_deadline if w.draining else None,
         recent_failures=len(w.failures),
     )
+
+
+class ScheduleOut(msgspec.Struct):
+    """A schedule (docs/lifecycle.md, "Schedules"): next_run is epoch seconds, None once
+    cancelled."""
+
+    schedule_id: str
+    name: str
+    user: str
+    cron: str
+    timezone: str
+    created_at: float
+    next_run: float | None
+    fired: int
+    last_fire_at: float | None
+    last_job: str | None
+    cancelled_at: float | None
+
+
+def schedule_out(s: ScheduleView, now: float) -> ScheduleOut:
+    spec = s.spec.schedule
+    cron, zone = (spec.cron, spec.timezone) if spec is not None else ("", "UTC")
+    since = max(now, s.created_at, s.last_fire_at)
+    next_run = None if s.cancelled_at or spec is None else schedules.next_fire(cron, zone, since)
+    return ScheduleOut(
+        schedule_id=s.schedule_id, name=s.spec.name, user=s.spec.user, cron=cron,
+        timezone=zone, created_at=s.created_at, next_run=next_run, fired=s.fired,
+        last_fire_at=s.last_fire_at or None, last_job=s.last_job or None,
+        cancelled_at=s.cancelled_at or None)
+class QuotaOut(msgspec.Struct):
+    """One user's quota (each dimension its own, else the default; None: no limit) and what
+    its live attempts hold (cpu in millicores, memory in MiB)."""
+
+    user: str
+    cpu: int | None
+    mem: int | None
+    dev: int | None
+    cpu_used: int
+    mem_used: int
+    dev_used: int
+
+
+class TokenOut(msgspec.Struct):
+    name: str
+    limit: int
+    in_use: int
+
+
+class LimitsOut(msgspec.Struct):
+    """Every quota and token limit in force (docs/placement.md "Quotas", docs/lifecycle.md
+    "Tokens"): `default` is every user's quota unless set for them; `users` lists each user
+    with a quota of its own or anything in use."""
+
+    default: QuotaOut
+    users: list[QuotaOut]
+    tokens: list[TokenOut]
+
+
+def limits_out(limits: Limits, usage: Usage) -> LimitsOut:
+    def quota(user: str, q: Quota) -> QuotaOut:
+        used = usage.users.get(user, Amounts())
+        return QuotaOut(user, q.cpu, q.mem, q.dev, used.cpu, used.mem, used.dev)
+
+    users = sorted(set(limits.quotas) | set(usage.users))
+    return LimitsOut(
+        default=quota("*", limits.default),
+        users=[quota(u, limits.quota(u)) for u in users],
+        tokens=[TokenOut(name, limits.tokens.get(name, 0), usage.tokens.get(name, 0))
+                for name in sorted(set(limits.tokens) | set(usage.tokens))])

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from berth.services.scheduler.matching import describe, matches, preference, required
+from berth.shared import limits as limit_rules
 from berth.shared.capacity import Amounts, GroupClaim
 from berth.shared.messages import Constraint, Coscheduling
 
@@ -35,6 +36,9 @@ class Unit:
     constraints: tuple[Constraint, ...] = ()
     ports: tuple[str, ...] = ()
     gang: Coscheduling | None = None
+    # Whose quota its tasks count against, and the tokens each holds (shared/limits.py).
+    user: str = ""
+    tokens: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -82,6 +86,8 @@ class Placement:
     pending_reasons: dict[tuple[str, int], str] = field(default_factory=dict)
     # Stopped at the limit with units left unexamined (they keep their pending reasons).
     truncated: bool = False
+    # Jobs with tasks held back by a quota or a token (evicting others would not help).
+    held_by_limits: set[str] = field(default_factory=set)
 
 
 def group_name(attribute: str, value: str) -> str:
@@ -244,34 +250,64 @@ def order_key(host: Host, attribute: str | None) -> tuple[float, str, str]:
         return (float("inf"), raw, host.worker_id)
 
 
-def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
+GroupOrders = dict[tuple[str, tuple[Constraint, ...]], list[tuple[str, list[Host]]]]
+
+
+def _groups_in_order(unit: Unit, hosts: Sequence[Host], cache: GroupOrders
+                     ) -> list[tuple[str, list[Host]]]:
+    """The groups of the gang's `group_by` (value, members), in the order it tries them:
+    the group its preferred constraints like best, then the smallest (best fit), then by
+    name. Fixed for a shape during a call (attributes do not change), so computed once per
+    call and shape: with 100 gangs waiting on 1,000 hosts this was most of a tick."""
     gang = unit.gang
     assert gang is not None
+    shape = (gang.group_by, unit.constraints)
+    ordered = cache.get(shape)
+    if ordered is not None:
+        return ordered
     by_value: dict[str, list[Host]] = {}
     for host in hosts:
         value = host.attributes.get(gang.group_by)
         if value is not None:
             by_value.setdefault(value, []).append(host)
-    size = max(unit.indices) + 1
-    notes: list[str] = []
 
     def liking(members: list[Host]) -> float:
         """The mean preference of a group's members (0 when the job states none)."""
         return sum(preference(h.attributes, unit.constraints) for h in members) / len(members)
 
-    # The group its preferred constraints like best, then the smallest fitting group (best
-    # fit), then by name, for a deterministic choice.
-    for value, members in sorted(by_value.items(),
-                                 key=lambda kv: (-liking(kv[1]), len(kv[1]), kv[0])):
-        name = group_name(gang.group_by, value)
-        held = {h.holder for h in members if h.holder not in (None, unit.job_id)}
-        if held:
-            notes.append(f"{name} held by {', '.join(sorted(h for h in held if h))}")
-            continue
-        held = {h.held_for for h in members if h.held_for not in (None, unit.job_id)}
-        if held:
+    ordered = cache[shape] = sorted(by_value.items(),
+                                    key=lambda kv: (-liking(kv[1]), len(kv[1]), kv[0]))
+    return ordered
+
+
+def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement,
+                cache: GroupOrders | None = None, own: Sequence[Host] = ()) -> None:
+    """`own`: the hosts held for this gang (its preemption's): their groups are tried
+    first, so it takes what its victims were evicted for, as a single task does."""
+    gang = unit.gang
+    assert gang is not None
+    groups = _groups_in_order(unit, hosts, {} if cache is None else cache)
+    if own:
+        mine = {h.attributes.get(gang.group_by) for h in own}
+        groups = ([g for g in groups if g[0] in mine]
+                  + [g for g in groups if g[0] not in mine])
+    size = max(unit.indices) + 1
+    notes: list[str] = []
+    for value, members in groups:
+        if any(h.holder not in (None, unit.job_id) or h.held_for not in (None, unit.job_id)
+               for h in members):
+            if len(notes) >= 4:
+                notes.append("")  # only counted: a reason names the first four
+                continue
+            name = group_name(gang.group_by, value)
+            held = {h.holder for h in members if h.holder not in (None, unit.job_id)}
+            if held:
+                notes.append(f"{name} held by {', '.join(sorted(h for h in held if h))}")
+                continue
+            held = {h.held_for for h in members if h.held_for not in (None, unit.job_id)}
             notes.append(f"{name} held for preemptor {', '.join(sorted(h for h in held if h))}")
             continue
+        name = group_name(gang.group_by, value)
         ordered = sorted(candidates(unit, members), key=lambda h: order_key(h, gang.order_by))
         if len(ordered) < size:
             away = _out_of_service(members)
@@ -302,7 +338,7 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement) -> None:
         out.groups.append(GroupClaim(name, unit.job_id, tuple(h.worker_id for h in members),
                                      not gang.shareable))
         return
-    if not by_value:
+    if not groups:
         reason = f"no worker has attribute {gang.group_by!r} to coschedule on"
     else:
         reason = (f"no {gang.group_by} group can take all {size} tasks: "
@@ -318,15 +354,40 @@ def free_amounts(host: Host) -> Amounts:
     return Amounts(host.free.cpu, host.free.mem, host.free.disk, len(host.free_devices))
 
 
-def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
-          ) -> Placement:
+class _Admission:
+    """Quotas and tokens during one call to `place`: each unit admitted takes its share,
+    so one call never admits more than the limits allow (reserve.lua checks the same)."""
+
+    def __init__(self, limits: limit_rules.Limits, usage: limit_rules.Usage) -> None:
+        self.limits = limits
+        self.usage = usage.copy()
+        # Without any limit set, only units asking for tokens need a look.
+        self.any_quota = bool(limits.quotas) or any(
+            getattr(limits.default, d) is not None for d in limit_rules.QUOTA_DIMENSIONS)
+
+    def refusal(self, unit: Unit, count: int) -> str | None:
+        if not self.any_quota and not unit.tokens:
+            return None
+        return limit_rules.refusal(self.limits, self.usage, unit.user, unit.need,
+                                   dict(unit.tokens), count)
+
+    def take(self, unit: Unit, count: int) -> None:
+        if count:
+            limit_rules.take(self.usage, unit.user, unit.need, dict(unit.tokens), count)
+
+
+def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None,
+          limits: tuple[limit_rules.Limits, limit_rules.Usage] | None = None) -> Placement:
     """Places units in the given order. Single tasks go to the matching host satisfying the
     most preferred constraints, then with the most free cpu (spreading replicas), ties
     broken by worker id; a gang goes whole to one group,
     task i on its i-th worker in `order_by` order, or waits with a reason. Once `limit`
     tasks are placed, the units left are not examined (a gang is never split). Ports
     are chosen per address: the union of every given host's `ports_used` at that address
-    is taken."""
+    is taken. With `limits` (the limits in force and what live attempts use), a unit that
+    would take its user over quota, or a token over its limit, waits with that reason (a
+    gang admitted whole or not at all)."""
+    admission = None if limits is None else _Admission(*limits)
     taken: dict[str, set[int]] = {}
     for h in hosts:
         taken.setdefault(h.port_domain, set()).update(h.ports_used)
@@ -340,8 +401,13 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     # A gang that found no group cannot find one later in the same call (free capacity
     # only shrinks, groups only get taken), nor can another of its shape: its reason is
     # reused, as _SingleTasks does. Not for a job with held hosts: those are its own.
-    held_jobs = {h.held_for for h in free if h.held_for is not None}
+    held_by_job: dict[str, list[Host]] = {}
+    for h in free:
+        if h.held_for is not None:
+            held_by_job.setdefault(h.held_for, []).append(h)
+    held_jobs = held_by_job.keys()
     gangs_failed: dict[tuple[object, ...], str] = {}
+    group_orders: GroupOrders = {}
     for unit in units:
         if unit.gang is not None:
             if limit is not None and len(out.assignments) >= limit:
@@ -353,8 +419,15 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
                 for i in unit.indices:
                     out.pending_reasons[(unit.job_id, i)] = reason
                 continue
+            if admission is not None and (why := admission.refusal(unit, len(unit.indices))):
+                for i in unit.indices:
+                    out.pending_reasons[(unit.job_id, i)] = why
+                out.held_by_limits.add(unit.job_id)
+                continue
             placed = len(out.assignments)
-            _place_gang(unit, free, out)
+            _place_gang(unit, free, out, group_orders, held_by_job.get(unit.job_id, ()))
+            if admission is not None:
+                admission.take(unit, len(out.assignments) - placed)
             if len(out.assignments) == placed and unit.job_id not in held_jobs:
                 gangs_failed[shape] = out.pending_reasons[(unit.job_id, unit.indices[0])]
             continue
@@ -362,5 +435,14 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
             if limit is not None and len(out.assignments) >= limit:
                 out.truncated = True
                 return out
+            if admission is None:
+                singles.place(unit, index, out)
+                continue
+            if why := admission.refusal(unit, 1):
+                out.pending_reasons[(unit.job_id, index)] = why
+                out.held_by_limits.add(unit.job_id)
+                continue
+            placed = len(out.assignments)
             singles.place(unit, index, out)
+            admission.take(unit, len(out.assignments) - placed)
     return out

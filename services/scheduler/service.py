@@ -26,7 +26,14 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from berth.services.scheduler import fencing, frameworks, heartbeats, placement, preemption
+from berth.services.scheduler import (
+    fencing,
+    frameworks,
+    heartbeats,
+    placement,
+    preemption,
+    schedule_fires,
+)
 from berth.services.scheduler import metrics as scheduler_metrics
 from berth.shared import (
     bounded,
@@ -40,6 +47,7 @@ from berth.shared import (
     task_rules,
     telemetry,
 )
+from berth.shared import limits as limit_rules
 from berth.shared.capacity import GroupClaim
 from berth.shared.config import RedisSettings, Settings
 from berth.shared.credentials import Role
@@ -67,11 +75,13 @@ from berth.shared.messages import (
     PendingReasonsChanged,
     PreemptionReleased,
     Priority,
+    QuotaSet,
     ResetWorker,
     RunAttempt,
     TaskAssigned,
     TasksPreempted,
     TaskUnschedulable,
+    TokenLimitSet,
     WorkerDeclaredDead,
     WorkerRegistered,
     attempt_key,
@@ -181,7 +191,7 @@ class Leader:
         # leader cut off from NATS renews its lease no more, so a standby takes over.
         self.bus_ok_at = time.monotonic() if bus_ok_at is None else bus_ok_at
         self.ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
-        self.state = ClusterState()
+        self.state = ClusterState(settings.fair_share.half_life)
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
         # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
@@ -191,7 +201,9 @@ class Leader:
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
         self.reasons_in_flight_seq = 0
         self.reasons_announced_at = -float("inf")
-        self.unit_templates: dict[str, tuple[tuple[int, int], placement.Unit]] = {}
+        self.unit_templates: dict[str, tuple[queue_order.Waiting, placement.Unit]] = {}
+        # Each job's place in the last tick's placement order (the preemptions follow it).
+        self.queue_rank: dict[str, int] = {}
         # Workers whose quarantine the cap refused, so the refusal is logged once each.
         self.quarantine_refused: set[str] = set()
         # Releases folded but not yet written to Redis: written together, as soon as the
@@ -208,6 +220,10 @@ class Leader:
         self.unlogged: set[str] = set()
         self.release_lock = asyncio.Lock()
         self.release_task: asyncio.Task[None] | None = None
+        # The version of the limits (shared/limits.py) written to Redis by this term (-1:
+        # none yet), and the one the current tick's placement was computed with.
+        self.limits_synced = -1
+        self.tick_limits_seq = 0
 
     # --- term ---------------------------------------------------------------------------
 
@@ -238,6 +254,8 @@ class Leader:
                 asyncio.create_task(self._follow(events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
+                asyncio.create_task(schedule_fires.run(self.js, self.state, self._check_lease),
+                                    name="schedules"),
             ]
             await self._until_first_ends(tasks)
         finally:
@@ -282,6 +300,8 @@ class Leader:
     async def _reconcile(self) -> None:
         """Makes Redis and the workers agree with the folded state."""
         await self._flush_releases()
+        self.limits_synced = -1
+        await self._sync_limits(self.state.limits.seq)
         for worker in list(self.state.workers.values()):
             if worker.alive:
                 await self._register_host(worker)
@@ -327,7 +347,9 @@ class Leader:
                 log.warning("re-reserving %d attempts on %s missing from Redis", len(keys),
                             worker_id)
                 again = [self._reservation(worker_id, k) for k in keys]
-                await self.store.reserve(self.epoch, again, self._group_claims(again))
+                # Already running: a limit lowered since stops nothing (docs/placement.md).
+                await self.store.reserve(self.epoch, again, self._group_claims(again),
+                                         check_limits=False)
         # Copies: a send may yield to the fold, which changes these dicts.
         for worker in list(self.state.workers.values()):
             for job_id, index, attempt_id in list(worker.live_attempts.values()):
@@ -351,7 +373,17 @@ class Leader:
         worker = self.state.workers.get(worker_id)
         return Reservation(worker_id, key, job_id, res.amounts, res.device_kind,
                            tuple(attempt.ports.values()), attempt.group,
-                           worker.address if worker else "", tuple(attempt.devices))
+                           worker.address if worker else "", tuple(attempt.devices),
+                           job.spec.user, tuple(sorted(job.spec.tokens.items())))
+
+    async def _sync_limits(self, version: int) -> None:
+        """Writes limits version `version` (the newest if no longer kept) to Redis, unless
+        this term wrote it already: reserve.lua enforces what Redis holds."""
+        if version == self.limits_synced:
+            return
+        limits = self.state.limit_versions.get(version, self.state.limits)
+        await self.store.set_limits(self.epoch, limit_rules.redis_fields(limits))
+        self.limits_synced = limits.seq
 
     def _group_claims(self, reservations: list[Reservation]) -> list[GroupClaim]:
         names = {r.group for r in reservations if r.group}
@@ -386,6 +418,11 @@ class Leader:
             self.wake.set()  # a device back in service may let waiting work in
         if isinstance(event, NodeHealthChanged) and event.action == NodeAction.UNCORDON:
             self.wake.set()  # so may a worker back in service
+            # Released: a later refusal to quarantine it is news again (and the set stays
+            # as small as the workers waiting for an operator).
+            self.quarantine_refused.discard(event.worker_id)
+        if isinstance(event, QuotaSet | TokenLimitSet):
+            self.wake.set()  # so may a raised limit
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
@@ -515,20 +552,29 @@ class Leader:
         return [w for w in self.state.workers.values() if w.alive]
 
     def _units(self) -> Iterator[placement.Unit]:
-        """Pending work in placement order: priority band, then FIFO by submission. A gang
+        """Pending work in placement order (shared/queue_order.py: priority band, then
+        users by fair share, each user's jobs FIFO). A gang
         is one unit, and only once none of its tasks is still live (it is placed whole).
         Lazy: a tick stops after MAX_TICK_PLACEMENTS, so with tens of thousands pending
         only the first units are ever built (sorting their keys is cheap). A task in its
         retry backoff is left out until its retry_at (and a gang while any member is)."""
         by_job: dict[str, list[int]] = {}
-        held = task_rules.held_back(self.state.backoff, time.time())
+        now = time.time()
+        held = task_rules.held_back(self.state.backoff, now)
         for key in self.state.pending:
             if key not in held:
                 by_job.setdefault(key[0], []).append(key[1])
-        ordered = sorted((self._unit_template(self.state.jobs[job_id])[0], job_id)
-                         for job_id in by_job)
+        queue = []
+        for job_id, indices in by_job.items():
+            w = self._unit_template(self.state.jobs[job_id])[0]
+            queue.append(queue_order.Waiting(w.job_id, w.band, w.user, w.seq,
+                                             w.charge * len(indices)))
+        ordered = queue_order.order(queue, queue_order.costs(
+            self.state.recent_use, now, self.settings.fair_share))
+        self.queue_rank = {w.job_id: i for i, w in enumerate(ordered)}
         held_jobs = {job_id for job_id, _ in held}
-        for _, job_id in ordered:
+        for w in ordered:
+            job_id = w.job_id
             job = self.state.jobs[job_id]
             if job.spec.coscheduling and (job_id in held_jobs or any(
                     t.state in ATTEMPT_LIVE for t in job.tasks)):
@@ -536,18 +582,21 @@ class Leader:
             t = self._unit_template(job)[1]
             # Built field by field: dataclasses.replace costs several times more.
             yield placement.Unit(t.job_id, tuple(sorted(by_job[job_id])), t.need,
-                                 t.device_kind, t.constraints, t.ports, t.gang)
+                                 t.device_kind, t.constraints, t.ports, t.gang, t.user,
+                                 t.tokens)
 
-    def _unit_template(self, job: JobView) -> tuple[tuple[int, int], placement.Unit]:
-        """A job's placement order and unit, built once: its spec never changes."""
+    def _unit_template(self, job: JobView) -> tuple[queue_order.Waiting, placement.Unit]:
+        """A job as the placement order sees it (with the charge of one task) and its unit,
+        built once: its spec never changes."""
         cached = self.unit_templates.get(job.job_id)
         if cached is None:
             spec = job.spec
-            cached = self.unit_templates[job.job_id] = (queue_order.placement_key(job),
-                                                        placement.Unit(
+            cached = self.unit_templates[job.job_id] = (queue_order.waiting(
+                job, 1, self.settings.fair_share), placement.Unit(
                 job_id=job.job_id, indices=(), need=spec.resources.amounts,
                 device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
-                ports=tuple(spec.ports), gang=spec.coscheduling,
+                ports=tuple(spec.ports), gang=spec.coscheduling, user=spec.user,
+                tokens=tuple(sorted(spec.tokens.items())),
             ))
         return cached
 
@@ -572,7 +621,9 @@ class Leader:
             # (more may stop while the tick awaits its commit: no verdict on those).
             settled = {job_id for job_id, hold in self.state.holds.items()
                        if all(self._exited(k) for k in hold.victims)}
-            result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS)
+            self.tick_limits_seq = self.state.limits.seq
+            result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS,
+                                     limits=(self.state.limits, self.state.usage))
             self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
@@ -612,7 +663,8 @@ class Leader:
         (docs/placement.md, "Preemption"): each eviction and the hold of the hosts it frees
         for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
         stopped by the fold's kills."""
-        waiting = {job_id for job_id, _ in result.pending_reasons}
+        # A unit held back by a quota or a token would gain nothing from evictions.
+        waiting = {job_id for job_id, _ in result.pending_reasons} - result.held_by_limits
         # The lowest band running: a task may evict only below its band, a gang a
         # squatter of its own band too. Nothing to evict, nothing to plan (e.g. all work
         # of one band, however much of it waits).
@@ -624,12 +676,13 @@ class Leader:
             if job_id in self.state.holds:
                 continue
             order, template = self._unit_template(self.state.jobs[job_id])
-            band = order[0]
+            band = order.band
             if band < LOWEST_BAND and (band < lowest
                                        or (band == lowest and template.gang is not None)):
-                eligible.append((order, job_id))
+                eligible.append((self.queue_rank.get(job_id, len(self.queue_rank)), band,
+                                 job_id))
         units = []
-        for (band, _), job_id in sorted(eligible):
+        for _, band, job_id in sorted(eligible):
             job = self.state.jobs[job_id]
             t = self._unit_template(job)[1]
             if t.gang is not None and any(x.state in ATTEMPT_LIVE for x in job.tasks):
@@ -651,22 +704,24 @@ class Leader:
         running = self._running()
         where = {r.key: r.worker_id for r in running}
         plans = preemption.plan(units, self._hosts(), running, limit=MAX_TICK_PREEMPTIONS)
+        if not plans:
+            return
+        evictions = [Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
+                              p.needs) for p in plans]
+        self._check_lease()  # nothing committed that this term could not log
+        # The whole tick's evictions in one call (W5: 100 gangs in one round trip instead
+        # of 100), each still all or nothing.
+        refusals = await self.store.preempt_many(self.epoch, evictions)
         committed: list[TasksPreempted] = []
-        refused = False
-        for p in plans:
-            eviction = Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
-                                p.needs)
-            self._check_lease()  # nothing committed that this term could not log
-            try:
-                await self.store.preempt(self.epoch, eviction)
-            except ReservationConflict as exc:
+        now = time.time()
+        for p, why in zip(plans, refusals, strict=True):
+            if why:
                 log.error("preemption for %s refused (%s); re-reconciling with Redis",
-                          p.job_id, exc)
-                refused = True
-                break
+                          p.job_id, why)
+                continue
             committed.append(TasksPreempted(
                 id=uuid.uuid4().hex, job_id=p.job_id, victims=list(p.victims),
-                hosts=list(p.hosts), epoch=self.epoch, ts=time.time()))
+                hosts=list(p.hosts), epoch=self.epoch, ts=now))
             log.info("%s preempts %d attempts of %s", p.job_id, len(p.victims),
                      ", ".join(p.victim_jobs))
         if committed:
@@ -678,7 +733,7 @@ class Leader:
                 nats_io.message_headers(f"preempt:{e.id}")) for e in committed])
             for event in committed:
                 await self._carry_out(self.state.apply(0, event))
-        if refused:
+        if len(committed) < len(plans):
             await self._reconcile()
 
     async def _let_go_of_holds(self, result: placement.Placement, settled: set[str]) -> None:
@@ -727,6 +782,7 @@ class Leader:
     async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
         """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
         await self._flush_releases()
+        await self._sync_limits(self.tick_limits_seq)
         with tracer.start_as_current_span("reserve") as reserve_span:
             committed = await self._reserve(result, reserve_span)
         if committed is None:
@@ -749,16 +805,18 @@ class Leader:
             assert task is not None
             attempt_id = max((x.attempt_id for x in task.attempts), default=-1) + 1
             worker = self.state.workers[a.worker_id]
-            res = self.state.jobs[a.job_id].spec.resources
+            spec = self.state.jobs[a.job_id].spec
+            res = spec.resources
             reservations.append(Reservation(
                 a.worker_id, attempt_key(a.job_id, a.task_index, attempt_id), a.job_id,
                 res.amounts, res.device_kind, tuple(a.ports.values()), a.group, worker.address,
-                a.devices,
+                a.devices, spec.user, tuple(sorted(spec.tokens.items())),
             ))
             events.append(TaskAssigned(
                 job_id=a.job_id, task_index=a.task_index, attempt_id=attempt_id,
                 worker_id=a.worker_id, incarnation=worker.incarnation, epoch=self.epoch, ts=now,
                 ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
+                limits_seq=self.limits_synced,
             ))
         span.set_attributes({
             "berth.epoch": self.epoch,

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from berth.shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
+from berth.shared.messages import (
+    JobCancelRequested,
+    JobSubmitted,
+    ScheduleCreated,
+    SubmitDeduplicated,
+    SubmitRejected,
+)
 
 SUBMITS = Counter("berth_submits", "Submits decided, by kind (job, cancel) and outcome "
-                  "(accepted, rejected)", ["kind", "outcome"])
+                  "(accepted, rejected, kept, deduplicated)", ["kind", "outcome"])
 
 
-def decided(outcome: JobSubmitted | JobCancelRequested | SubmitRejected) -> None:
+def decided(outcome: JobSubmitted | JobCancelRequested | SubmitRejected | SubmitDeduplicated
+            | ScheduleCreated) -> None:
     if isinstance(outcome, JobSubmitted):
         SUBMITS.labels("job", "accepted").inc()
+    elif isinstance(outcome, SubmitDeduplicated):
+        SUBMITS.labels("job", outcome.how).inc()
+    elif isinstance(outcome, ScheduleCreated):
+        SUBMITS.labels("schedule", "accepted").inc()
     elif isinstance(outcome, JobCancelRequested):
         SUBMITS.labels("cancel", "accepted").inc()
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import msgspec
 import nats.errors
@@ -13,19 +14,23 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from berth.services.submitter import metrics
+from berth.services.submitter.index import JobIndex
 from berth.services.submitter.intake import intake, intake_cancel, unknown_subject
 from berth.shared import metrics as shared_metrics
 from berth.shared import nats_io, service, subjects, telemetry
 from berth.shared.config import Settings
 from berth.shared.credentials import Role
-from berth.shared.job_ids import submit_seq_of
+from berth.shared.job_ids import job_id_for, schedule_id_for, submit_seq_of
 from berth.shared.messages import (
     AnyEvent,
     JobCancelRequested,
     JobSubmitted,
+    ScheduleCreated,
+    SubmitDeduplicated,
     SubmitRejected,
     decode,
     event_decoder,
+    fire_decoder,
 )
 
 log = logging.getLogger("berth.submitter")
@@ -36,8 +41,12 @@ tracer = telemetry.tracer("berth.submitter")
 SUBMIT_BATCH = 256
 
 
+Outcome = (JobSubmitted | JobCancelRequested | SubmitRejected | SubmitDeduplicated
+           | ScheduleCreated)
+
+
 async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Msg,
-                 max_bytes: int, earlier: list[asyncio.Task[None]]) -> None:
+                 max_bytes: int, earlier: list[asyncio.Task[None]], index: JobIndex) -> None:
     """Decides one submit and stores its outcome; `earlier` are the batch's submits before
     it, still being stored (a cancel or a child may name a job one of them creates)."""
     seq = msg.metadata.sequence.stream
@@ -45,11 +54,17 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
         "submit", context=telemetry.extract(msg.headers),
         attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
     ) as span:
-        outcome = await decide(js, msg, max_bytes, earlier)
+        outcome = await decide(js, msg, max_bytes, earlier, index)
         metrics.decided(outcome)
         if isinstance(outcome, JobSubmitted):
             span.set_attribute("berth.job_id", outcome.job_id)
             log.info("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name, seq)
+        elif isinstance(outcome, SubmitDeduplicated):
+            span.set_attribute("berth.job_id", outcome.job_id)
+            log.info("submit %d %s job %s", seq, outcome.how, outcome.job_id)
+        elif isinstance(outcome, ScheduleCreated):
+            log.info("schedule %s (%s) made from submit %d", outcome.schedule_id,
+                     outcome.spec.name, seq)
         elif isinstance(outcome, JobCancelRequested):
             span.set_attribute("berth.job_id", outcome.job_id)
             log.info("cancel of job %s accepted from submit %d", outcome.job_id, seq)
@@ -57,20 +72,28 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
             span.set_attribute("berth.rejected", outcome.reason)
             log.info("submit %d rejected: %s", seq, outcome.reason)
         # The dedup id is the submit sequence: a redelivered submit is the same outcome.
-        await outcomes.publish(subjects.submit_outcome(subjects.submit_user(msg.subject), seq),
+        await outcomes.publish(subjects.submit_outcome(_outcome_user(msg.subject, outcome), seq),
                                outcome,
                                msg_id=f"submit-outcome:{seq}")
 
 
+def _outcome_user(subject: str, outcome: Outcome) -> str | None:
+    """Whose outcome subject it lands on: the submitter's, or for a schedule's fire, the
+    schedule's owner (so they read their scheduled jobs' outcomes like their own)."""
+    if subjects.is_schedule_fire(subject) and isinstance(outcome, JobSubmitted):
+        return outcome.spec.user or None
+    return subjects.submit_user(subject)
+
+
 async def handle_batch(js: JetStreamContext, outcomes: nats_io.EventPublisher,
-                       batch: list[Msg], max_bytes: int) -> None:
+                       batch: list[Msg], max_bytes: int, index: JobIndex) -> None:
     """Stores the outcomes of a fetched batch with their publishes in flight together (one
     round trip per batch, not per submit), then acknowledges each submit whose outcome is
     stored. Tasks start in batch order, so outcomes reach the stream in submit order."""
     handled: list[asyncio.Task[None]] = []
     for msg in batch:
         handled.append(asyncio.create_task(
-            handle(js, outcomes, msg, max_bytes, list(handled))))
+            handle(js, outcomes, msg, max_bytes, list(handled), index)))
     for msg, task in zip(batch, handled, strict=True):
         try:
             await task
@@ -84,20 +107,23 @@ async def handle_batch(js: JetStreamContext, outcomes: nats_io.EventPublisher,
 
 
 async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
-                 earlier: list[asyncio.Task[None]]
-                 ) -> JobSubmitted | JobCancelRequested | SubmitRejected:
+                 earlier: list[asyncio.Task[None]], index: JobIndex) -> Outcome:
     """The outcome of one submit stream message: the pure intake, then a check that any job
     it names exists (so a typo in a job id is a clear rejection, not a silent no-op). The
     check waits for `earlier` outcomes to be stored first, as if handled one by one."""
     seq = msg.metadata.sequence.stream
+    if subjects.is_schedule_fire(msg.subject):
+        fired = await schedule_fire(js, msg, max_bytes)
+        if not isinstance(fired, JobSubmitted):
+            return fired
+        return await with_policy(js, fired, index, fired.spec.user or None)
     user = subjects.submit_user(msg.subject)
     # A user may name (as parent, dependency, or to cancel) only a job of their own.
     yours = f" of {user!r}" if user else ""
     if user == "":
         return unknown_subject(msg.subject, seq)
     if msg.subject == subjects.submit_job(user):
-        outcome: JobSubmitted | JobCancelRequested | SubmitRejected = intake(
-            msg.data, seq, _stored_ns(msg), max_bytes, user)
+        outcome: Outcome = intake(msg.data, seq, _stored_ns(msg), max_bytes, user)
         if not isinstance(outcome, JobSubmitted):
             return outcome
         # Dependencies must exist already, so no cycle can ever form.
@@ -108,7 +134,16 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
             if not await job_exists(js, job_id, earlier, user):
                 return SubmitRejected(submit_seq=seq, ts=outcome.ts,
                                       reason=f"{field}: no job {job_id!r}{yours}")
-        return outcome
+        for name in sorted(outcome.spec.tokens):
+            if not await token_exists(js, name):
+                return SubmitRejected(
+                    submit_seq=seq, ts=outcome.ts,
+                    reason=f"tokens.{name}: no such token (an admin creates it: "
+                    f"`berth tokens set {name} N`)")
+        if outcome.spec.schedule is not None:
+            return ScheduleCreated(schedule_id=schedule_id_for(seq, _stored_ns(msg)),
+                                   submit_seq=seq, spec=outcome.spec, ts=outcome.ts)
+        return await with_policy(js, outcome, index, user)
     if msg.subject == subjects.submit_cancel(user):
         outcome = intake_cancel(msg.data, seq, max_bytes, user)
         if isinstance(outcome, JobCancelRequested) and not await job_exists(
@@ -117,6 +152,79 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
                                   reason=f"job_id: no job {outcome.job_id!r}{yours}")
         return outcome
     return unknown_subject(msg.subject, seq)
+
+
+async def with_policy(js: JetStreamContext, outcome: JobSubmitted, index: JobIndex,
+                      user: str | None) -> Outcome:
+    """A new job, as its `existing` and `dedup` say (shared/job_policy.py). Without them,
+    the job as it is, at no cost."""
+    spec = outcome.spec
+    if spec.existing is None and spec.dedup is None:
+        return outcome
+    seq = outcome.submit_seq
+    # Redelivered after its outcome was stored: that verdict stands (deciding again could
+    # see the existing job ended meanwhile, and say otherwise).
+    if (stored := await stored_outcome(js, user, seq)) is not None:
+        return stored
+    verdict = await index.verdict(spec, seq)
+    if verdict.error:
+        return SubmitRejected(submit_seq=seq, ts=outcome.ts, reason=verdict.error)
+    if verdict.same:
+        return SubmitDeduplicated(submit_seq=seq, job_id=verdict.same, how=verdict.how,
+                                  ts=outcome.ts)
+    return msgspec.structs.replace(outcome, replaces=verdict.replaces)
+
+
+async def stored_outcome(js: JetStreamContext, user: str | None, seq: int) -> Outcome | None:
+    try:
+        stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.submit_outcome(user, seq))
+    except nats.js.errors.NotFoundError:
+        return None
+    try:
+        event: AnyEvent = decode(event_decoder, stored.data or b"")
+    except msgspec.DecodeError:
+        return None
+    return event if isinstance(event, Outcome) else None
+
+
+async def schedule_fire(js: JetStreamContext, msg: Msg, max_bytes: int
+                        ) -> JobSubmitted | SubmitRejected:
+    """The job of one fire of a schedule: the schedule's spec without `schedule`, as its
+    owner submitted it, marked with the schedule and the fire time."""
+    seq = msg.metadata.sequence.stream
+    now = time.time()
+    if len(msg.data) > max_bytes:
+        return SubmitRejected(submit_seq=seq, ts=now, reason="schedule fire: too large")
+    try:
+        fire = decode(fire_decoder, msg.data)
+    except msgspec.DecodeError as exc:
+        return SubmitRejected(submit_seq=seq, ts=now, reason=f"invalid schedule fire: {exc}")
+    created = await schedule_of(js, fire.schedule_id)
+    if created is None:
+        return SubmitRejected(submit_seq=seq, ts=now,
+                              reason=f"schedule_id: no schedule {fire.schedule_id!r}")
+    spec = msgspec.structs.replace(created.spec, schedule=None)
+    return JobSubmitted(job_id=job_id_for(seq, _stored_ns(msg)), submit_seq=seq, spec=spec,
+                        schedule_id=fire.schedule_id, fire_at=fire.at, ts=now)
+
+
+async def schedule_of(js: JetStreamContext, schedule_id: str) -> ScheduleCreated | None:
+    """The stored outcome that made the schedule `schedule_id` (anyone's), or None."""
+    submit_seq = submit_seq_of(schedule_id)
+    if submit_seq is None:
+        return None
+    try:
+        stored = await js.get_last_msg(subjects.EVENTS_STREAM,
+                                       subjects.submit_outcome("*", submit_seq))
+    except nats.js.errors.NotFoundError:
+        return None
+    try:
+        event: AnyEvent = decode(event_decoder, stored.data or b"")
+    except msgspec.DecodeError:
+        return None
+    if isinstance(event, ScheduleCreated) and event.schedule_id == schedule_id:
+        return event
+    return None
 
 
 async def job_exists(js: JetStreamContext, job_id: str,
@@ -140,7 +248,19 @@ async def job_exists(js: JetStreamContext, job_id: str,
         event: AnyEvent = decode(event_decoder, stored.data or b"")
     except msgspec.DecodeError:
         return False
+    if isinstance(event, ScheduleCreated):
+        return event.schedule_id == job_id
     return isinstance(event, JobSubmitted) and event.job_id == job_id
+
+
+async def token_exists(js: JetStreamContext, name: str) -> bool:
+    """Whether an admin has set a limit for token `name`: one direct read of the newest
+    message on its admin subject."""
+    try:
+        await js.get_last_msg(subjects.EVENTS_STREAM, subjects.admin_tokens(name))
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
 
 
 def _stored_ns(msg: Msg) -> int:
@@ -161,6 +281,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         ),
     )
     outcomes = nats_io.EventPublisher(js)
+    index = JobIndex(js)
     serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
     log.info("serving %s", subjects.SUBMIT_ALL)
     try:
@@ -174,8 +295,9 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                 log.warning("fetching submits failed (%s); retrying", exc)
                 await service.wait_or_stop(stop, 0.5)
                 continue
-            await handle_batch(js, outcomes, batch, settings.max_submit_bytes)
+            await handle_batch(js, outcomes, batch, settings.max_submit_bytes, index)
     finally:
+        await index.close()
         if serving is not None:
             await serving.stop()
         await sub.unsubscribe()

@@ -2,7 +2,9 @@
 -- was declared dead). Releasing an attempt that holds nothing changes nothing. When a
 -- group's last reservation goes, the group and its hosts are free for another gang.
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
--- KEYS[3+2k], KEYS[4+2k]: host hash, allocation hash of release k. A reservation's ports
+-- KEYS[3+2k], KEYS[4+2k]: host hash, allocation hash of release k; last, the limits-use
+-- hash (redis_keys.LIMITS_USED), where the reservation's quota use ("u") and tokens
+-- ("tok") go back. A reservation's ports
 -- are released from the address port hash it recorded (pk), its devices from the device
 -- hash it recorded (dk), as its group from its group key.
 -- ARGV[1] the caller's epoch; ARGV[k+2] the attempt key of release k (k = 0 ..)
@@ -13,6 +15,7 @@ if tonumber(ARGV[1]) ~= current then
 end
 local dims = {'cpu', 'mem', 'disk', 'dev'}
 local released = 0
+local UK = KEYS[#KEYS]
 for k = 0, #ARGV - 2 do
   local host, alloc = KEYS[3 + 2 * k], KEYS[4 + 2 * k]
   local key = ARGV[k + 2]
@@ -21,6 +24,18 @@ for k = 0, #ARGV - 2 do
     local a = cjson.decode(held)
     redis.call('HDEL', alloc, key)
     for _, d in ipairs(dims) do redis.call('HINCRBY', host, d .. '_used', -a[d]) end
+    if a.u ~= nil then
+      for _, d in ipairs({'cpu', 'mem', 'dev'}) do
+        if a[d] > 0 and redis.call('HINCRBY', UK, d .. ':' .. a.u, -a[d]) <= 0 then
+          redis.call('HDEL', UK, d .. ':' .. a.u)
+        end
+      end
+    end
+    if type(a.tok) == 'table' then
+      for t, n in pairs(a.tok) do
+        if redis.call('HINCRBY', UK, 't:' .. t, -n) <= 0 then redis.call('HDEL', UK, 't:' .. t) end
+      end
+    end
     if type(a.ports) == 'table' and a.pk then
       for _, p in ipairs(a.ports) do
         if redis.call('HGET', a.pk, p) == key then redis.call('HDEL', a.pk, p) end

@@ -11,12 +11,18 @@
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
 -- KEYS[3+4i], KEYS[4+4i], KEYS[5+4i], KEYS[6+4i]: host hash, allocation hash, the port
 --   hash of the address of host i (hosts sharing an address repeat the same key) and its
---   device hash (i = 0 .. #hosts-1); then KEYS[3+4H+j]: the group hash of group j (j = 0 ..).
+--   device hash (i = 0 .. #hosts-1); then KEYS[3+4H+j]: the group hash of group j (j = 0 ..);
+--   last, the limits hash and the limits-use hash (redis_keys.LIMITS, LIMITS_USED).
+-- Quotas and tokens (shared/limits.py) are checked and taken here too, for the commit as a
+-- whole: each user's live reservations stay within its quota (its own, else the default,
+-- one dimension at a time), each token's within its limit, so a gang is admitted whole or
+-- not at all. "check": false (re-reserving what already runs) takes without checking.
 -- ARGV[1] the caller's epoch; ARGV[2] JSON:
 --   {"hosts": [worker ids], "r": [{"h": host index, "key": attempt key, "job": job id,
 --     "cpu", "mem", "disk", "dev": amounts, "kind": device kind, "ports": [numbers],
 --     "devs": [device indices, one per dev; empty only for an attempt logged before
---     devices were pinned], "g": group index or -1}],
+--     devices were pinned], "g": group index or -1, "u": user, "tok": {token: n}}],
+--    "check": bool,
 --    "g": [{"name", "job", "members": [host indices], "exclusive": bool}]}
 -- Returns {"ok", n} or {"stale_epoch", current} or {"conflict", why}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -127,6 +133,50 @@ for h, w in pairs(want) do
   end
 end
 
+-- Quotas and tokens, for the whole commit at once.
+local LK, UK = KEYS[#KEYS - 1], KEYS[#KEYS]
+local qdims = {'cpu', 'mem', 'dev'}
+local uwant, twant = {}, {}
+for _, r in ipairs(req.r) do
+  local u = uwant[r.u] or {cpu = 0, mem = 0, dev = 0}
+  for _, d in ipairs(qdims) do u[d] = u[d] + r[d] end
+  uwant[r.u] = u
+  if type(r.tok) == 'table' then
+    for t, n in pairs(r.tok) do twant[t] = (twant[t] or 0) + n end
+  end
+end
+if req.check ~= false then
+  local dq = cjson.decode(redis.call('HGET', LK, 'qd') or '{}')
+  for user, w in pairs(uwant) do
+    local uq = cjson.decode(redis.call('HGET', LK, 'q:' .. user) or '{}')
+    for _, d in ipairs(qdims) do
+      local limit = uq[d] or dq[d]
+      if limit and w[d] > 0 then
+        local used = tonumber(redis.call('HGET', UK, d .. ':' .. user) or '0')
+        if used + w[d] > limit then
+          return {'conflict', 'user quota ' .. user .. ': ' .. d .. ' ' .. used .. ' + ' ..
+                  w[d] .. ' over ' .. limit}
+        end
+      end
+    end
+  end
+  for t, n in pairs(twant) do
+    local limit = tonumber(redis.call('HGET', LK, 't:' .. t) or '-1')
+    if limit < 0 then return {'conflict', 'no token ' .. t} end
+    local used = tonumber(redis.call('HGET', UK, 't:' .. t) or '0')
+    if used + n > limit then
+      return {'conflict', 'token ' .. t .. ': ' .. used .. ' + ' .. n .. ' over ' .. limit}
+    end
+  end
+end
+
+for user, w in pairs(uwant) do
+  for _, d in ipairs(qdims) do
+    if w[d] > 0 then redis.call('HINCRBY', UK, d .. ':' .. user, w[d]) end
+  end
+end
+for t, n in pairs(twant) do redis.call('HINCRBY', UK, 't:' .. t, n) end
+
 for _, r in ipairs(req.r) do
   local h = r.h
   local group = ''
@@ -136,7 +186,7 @@ for _, r in ipairs(req.r) do
   end
   redis.call('HSET', akey(h), r.key, cjson.encode({job = r.job, cpu = r.cpu, mem = r.mem,
     disk = r.disk, dev = r.dev, ports = r.ports, pk = pkey(h), devs = r.devs, dk = dkey(h),
-    group = group}))
+    group = group, u = r.u, tok = r.tok}))
   for _, d in ipairs(dims) do redis.call('HINCRBY', hkey(h), d .. '_used', r[d]) end
   for _, p in ipairs(r.ports) do redis.call('HSET', pkey(h), p, r.key) end
   for _, d in ipairs(r.devs) do redis.call('HSET', dkey(h), d, r.key) end

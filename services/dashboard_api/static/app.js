@@ -1,6 +1,6 @@
-// berth's web dashboard: plain JavaScript, no build step. Four pages (jobs, one job,
-// workers, the host timeline) rendered from the JSON API, re-rendered on each Server-Sent
-// Event.
+// berth's web dashboard: plain JavaScript, no build step. Five pages (jobs, one job,
+// workers, the host timeline, schedules) rendered from the JSON API, re-rendered on each
+// Server-Sent Event.
 "use strict";
 
 const EXAMPLE_SPEC = {
@@ -170,6 +170,19 @@ async function workersPage() {
       <tbody>${rows || `<tr><td colspan="10" class="muted">no workers</td></tr>`}</tbody></table>`;
 }
 
+async function schedulesPage() {
+  const schedules = await api("/api/schedules");
+  const rows = schedules.map((s) => `<tr data-schedule="${esc(s.schedule_id)}">
+      <td>${esc(s.schedule_id)}</td><td>${esc(s.name)}</td><td>${esc(s.user)}</td>
+      <td><code>${esc(s.cron)}</code> ${esc(s.timezone)}</td>
+      <td>${s.cancelled_at ? `cancelled ${when(s.cancelled_at)}` : when(s.next_run)}</td>
+      <td>${s.fired}</td><td>${s.last_job ? jobLink(s.last_job) : ""}</td></tr>`).join("");
+  return `<h1>Schedules</h1>
+    <table id="schedules"><thead><tr><th>schedule</th><th>name</th><th>user</th><th>cron</th>
+      <th>next run</th><th>fired</th><th>last job</th></tr></thead>
+      <tbody>${rows || `<tr><td colspan="7" class="muted">no schedules</td></tr>`}</tbody></table>`;
+}
+
 // --- the host timeline: one row per host, one bar per attempt, drawn as plain SVG ----------
 
 const STATE_COLOURS = { // the badges' colours (app.css)
@@ -323,6 +336,7 @@ function route() {
   const m = location.pathname.match(/^\/jobs\/([^/]+)$/);
   if (m) return ["job", () => jobPage(decodeURIComponent(m[1]))];
   if (location.pathname === "/workers") return ["workers", workersPage];
+  if (location.pathname === "/schedules") return ["schedules", schedulesPage];
   if (location.pathname === "/timeline") return ["timeline", timelinePage];
   return ["jobs", jobsPage];
 }
