@@ -4,6 +4,9 @@ events after it gives exactly the state a fold from sequence 1 gives (tested).""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import msgspec
 
 from berth.shared.capacity import Amounts
@@ -142,3 +145,14 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.over_limits = snap.over_limits
     state.recent_use = snap.recent_use
     return state
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Written beside, then renamed into place: a crash never leaves half a snapshot."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from berth.shared import subjects
+from berth.shared import nats_io, subjects
 from berth.shared.messages import JobSpec, Resources, command_decoder, decode
 from berth.stack import Stack
 from tests.conftest import get_json, wait_for_job, wait_until
@@ -35,6 +36,7 @@ async def test_a_leader_paused_past_its_lease_commands_nothing_when_it_resumes(
         commands.append((time.monotonic(), decode(command_decoder, msg.data).epoch))
 
     sub = await nc.subscribe(subjects.worker_commands("*"), cb=heard)
+    history = await nats_io.last_event_seq(nc.jetstream())
     leader = stack.children["scheduler"]
     leader.send_signal(signal.SIGSTOP)
     try:
@@ -57,6 +59,10 @@ async def test_a_leader_paused_past_its_lease_commands_nothing_when_it_resumes(
     assert stale == [], f"{len(stale)} commands of the deposed leader after it resumed"
     assert any(epoch > old_epoch for _, epoch in commands)
     assert leader.poll() is None  # it stands by; it did not die
+    # The standby kept its fold warm: its take-over folded only what came after it.
+    log = (stack.data_dir / "logs" / "scheduler-2.log").read_text()
+    took_over = re.search(r"\((\d+) events folded in the take-over\)", log)
+    assert took_over and int(took_over[1]) < history, log[-2000:]
 
 
 async def _current_epoch(nc: NATS) -> int:

@@ -8,7 +8,6 @@ import asyncio
 import bisect
 import contextlib
 import logging
-import os
 import secrets
 import time
 from collections import deque
@@ -233,7 +232,7 @@ class Projection:
             self._saved_seq = seq
             return
         try:
-            await asyncio.to_thread(_write_atomically, self.snapshot_path, data)
+            await asyncio.to_thread(state_snapshot.write_atomically, self.snapshot_path, data)
         except OSError as exc:  # kept in memory; a start without it rebuilds from the stream
             log.error("cannot save snapshot %s: %s", self.snapshot_path, exc)
             return
@@ -261,12 +260,3 @@ class Projection:
         return bool(worker and worker.alive and seen
                     and time.time() - seen < self.worker_dead_after)
 
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import nats.errors
@@ -33,10 +34,12 @@ from berth.services.scheduler import (
     placement,
     preemption,
     schedule_fires,
+    warm_fold,
 )
 from berth.services.scheduler import metrics as scheduler_metrics
 from berth.shared import (
     bounded,
+    dir_lock,
     metrics,
     nats_io,
     node_health,
@@ -172,6 +175,7 @@ class Leader:
         scheduler_id: str,
         lease: fencing.Lease,
         bus_ok_at: float | None = None,
+        state: ClusterState | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
@@ -191,7 +195,12 @@ class Leader:
         # leader cut off from NATS renews its lease no more, so a standby takes over.
         self.bus_ok_at = time.monotonic() if bus_ok_at is None else bus_ok_at
         self.ping_js = nc.jetstream(timeout=settings.lease_ttl / 2)
-        self.state = ClusterState(settings.fair_share.half_life)
+        # A standby's warm fold (warm_fold.py), trusted only as the fold of the log up to
+        # its last_seq: the rest is folded here, and Redis reconciled from the result.
+        self.state = (state if state is not None
+                      else ClusterState(settings.fair_share.half_life))
+        # Set once the take-over is done and this term leads (what bench/takeover.py times).
+        self.leading = asyncio.Event()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
         # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
@@ -234,7 +243,7 @@ class Leader:
             subjects.LEADER,
             encode(LeaderAnnouncement(epoch=self.epoch, scheduler_id=self.scheduler_id)),
         )
-        events = nats_io.follow_events(self.js)
+        events = nats_io.follow_events(self.js, self.state.last_seq + 1)
         # The lease is kept from the start: catching up on a long log can outlast its TTL,
         # and a lease lost then would be won again, and lost again, on every take-over.
         taking_over = asyncio.create_task(self._take_over(events, elected_seq))
@@ -283,9 +292,11 @@ class Leader:
         gc.freeze()
         await self._reconcile()
         log.info(
-            "leading with epoch %d: %d jobs, %d workers, %d pending tasks",
-            self.epoch, len(self.state.jobs), len(self.state.workers), len(self.state.pending),
+            "leading with epoch %d: %d jobs, %d workers, %d pending tasks (%d events folded "
+            "in the take-over)", self.epoch, len(self.state.jobs), len(self.state.workers),
+            len(self.state.pending), self.folded,
         )
+        self.leading.set()
 
     async def _replay(self, events: AsyncGenerator[nats_io.EventRecord], until: int) -> None:
         """Folds the log up to our own LeaderElected; effects are not carried out here but
@@ -1187,16 +1198,32 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                     "sooner than a leader take-over can take (about %.1f s): a take-over "
                     "will cost a retry of every running task (docs/reliability.md)",
                     settings.fence_after, take_over)
+    warm = warm_fold.WarmFold(_snapshot_path(settings), settings.snapshot_interval,
+                               settings.fair_share.half_life)
     try:
-        await _stand_for_leader(settings, nc, store, scheduler_id, stop, term)
+        await _stand_for_leader(settings, nc, store, scheduler_id, stop, term, warm)
     except NoPermissionError as exc:
         raise SystemExit(f"berth scheduler: Redis refused a command ({exc}); the user in "
                          "BERTH_REDIS_URL needs the scheduler's ACL (docs/redis.md)") from None
     finally:
+        await warm.close()
         if serving is not None:
             await serving.stop()
         await nats_io.close(nc)
         await redis.aclose()
+
+
+def _snapshot_path(settings: Settings) -> Path | None:
+    """Where this scheduler keeps its fold's snapshot: in its data dir, which one scheduler
+    at a time may use (a second one on the same dir goes without, saying so once)."""
+    data_dir = Path(settings.data_dir)
+    try:
+        # Held for the process's life; the kernel drops it when the process ends.
+        dir_lock.acquire(data_dir / "scheduler.lock", "scheduler")
+    except (dir_lock.DirLocked, OSError) as exc:
+        log.warning("no scheduler snapshot: %s", exc)
+        return None
+    return data_dir / "scheduler" / "fold.snapshot"
 
 
 def _encoded_size(reason: PendingReason) -> int:
@@ -1205,7 +1232,8 @@ def _encoded_size(reason: PendingReason) -> int:
 
 async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStore,
                             scheduler_id: str, stop: asyncio.Event,
-                            term: scheduler_metrics.Term | None = None) -> None:
+                            term: scheduler_metrics.Term | None = None,
+                            warm: warm_fold.WarmFold | None = None) -> None:
     """Leads whenever this scheduler holds the lease, stands by otherwise. Redis being
     unreachable (or a write no replica acknowledged) ends a term like a lost lease does;
     the lease is then retried with backoff until Redis, or the primary Sentinel promotes,
@@ -1216,7 +1244,10 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
     backoff = fencing.Backoff()
     outage = fencing.Outage("Redis")
     folded = 0  # the highest epoch an earlier term of this process saw in the log
+    warm = warm or warm_fold.WarmFold(None, settings.snapshot_interval,
+                                     settings.fair_share.half_life)
     while not stop.is_set():
+        warm.stand_by(js)
         # Only a scheduler NATS answers may take the lease.
         bus_ok_at = time.monotonic()
         if not await bus_answers(ping_js):
@@ -1241,10 +1272,12 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             # Standbys poll a little out of step with each other.
             await service.wait_or_stop(stop, settings.lease_ttl / 3 * random.uniform(0.8, 1.2))
             continue
-        leader = Leader(settings, nc, store, scheduler_id, lease, bus_ok_at)
+        leader = Leader(settings, nc, store, scheduler_id, lease, bus_ok_at,
+                        await warm.hand_over(js))
         term = term or scheduler_metrics.Term()
         term.leader = leader
         scheduler_metrics.TERMS.inc()
+        crashed = False
         try:
             await leader.serve(stop)
         except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict,
@@ -1266,10 +1299,18 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             log.warning("lost leadership: NATS failed (%s: %s); standing by",
                         type(exc).__name__, exc)
             await service.wait_or_stop(stop, backoff.next())
+        except BaseException:
+            crashed = True
+            raise
         finally:
             term.leader = None
             term.folded_earlier += leader.folded
             folded = max(folded, leader.state.epoch)
+            # Not after a crash: it may have stopped the fold inside an event. Else the
+            # term's fold (changed only by folding events) goes on warm.
+            if not crashed:
+                warm.take_back(leader.state)
+                await warm.save()
 
 
 def main() -> None:
