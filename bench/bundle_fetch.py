@@ -38,9 +38,9 @@ from typing import Any
 import nats.js.client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectMeta, ObjectMetaOptions
 
-from services.worker_agent import bundle_stream, bundle_trees
-from shared import bundles, nats_io, servers, subjects
-from shared.credentials import AuthDir, Credentials, Role
+from berth.services.worker_agent import bundle_stream, bundle_trees
+from berth.shared import bundles, nats_io, servers, subjects
+from berth.shared.credentials import AuthDir, Credentials, Role
 
 
 def cpu_of(pid: int) -> float:

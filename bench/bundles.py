@@ -41,12 +41,12 @@ from nats.aio.client import Client as NATS
 
 from berth import workspace
 from berth.client import publish_submit
+from berth.services.worker_agent import bundle_trees
+from berth.shared import bundles, nats_io
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import Constraint, JobSpec, Op, Resources, encode
+from berth.shared.states import TaskState
 from berth.stack import Stack, start_stack
-from services.worker_agent import bundle_trees
-from shared import bundles, nats_io
-from shared.lifecycle import ClusterState
-from shared.messages import Constraint, JobSpec, Op, Resources, encode
-from shared.states import TaskState
 
 GIVE_UP_AFTER = 120.0
 

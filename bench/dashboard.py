@@ -31,9 +31,9 @@ from pathlib import Path
 import httpx
 from procstat import status_mib  # bench/procstat.py, beside this script
 
-from shared import nats_io, servers, subjects
-from shared.credentials import AuthDir
-from shared.messages import (
+from berth.shared import nats_io, servers, subjects
+from berth.shared.credentials import AuthDir
+from berth.shared.messages import (
     AttemptReported,
     JobSpec,
     JobSubmitted,
@@ -43,7 +43,8 @@ from shared.messages import (
     WorkerRegistered,
     encode,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
+from berth.stack import service_command
 
 WORKERS = 100
 
@@ -101,7 +102,7 @@ async def fill_stream(server: servers.ServerProcess, events: list[tuple[str, byt
 
 def start_dashboard(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "services.dashboard_api"], env=env,
+        return subprocess.Popen(service_command("dashboard"), env=env,
                                 stdout=f, stderr=subprocess.STDOUT)
 
 

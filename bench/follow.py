@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dashboard import history  # bench/dashboard.py, beside this script
 
-from shared import nats_io, servers
+from berth.shared import nats_io, servers
 
 
 async def fill(server: servers.ServerProcess, events: list[tuple[str, bytes]]) -> int:

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 from berth.client import publish_submit
+from berth.shared import nats_io, redis_auth, redis_io
+from berth.shared.checker import check_cluster
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import Coscheduling, JobSpec, Resources, TpuDevice, encode
+from berth.shared.reservations import ReservationStore
+from berth.shared.states import JOB_TERMINAL, TaskState
 from berth.stack import Stack, start_stack
-from shared import nats_io, redis_auth, redis_io
-from shared.checker import check_cluster
-from shared.lifecycle import ClusterState
-from shared.messages import Coscheduling, JobSpec, Resources, TpuDevice, encode
-from shared.reservations import ReservationStore
-from shared.states import JOB_TERMINAL, TaskState
 
 HOSTS = 32
 SUB = 8

@@ -49,12 +49,12 @@ from typing import Any
 import msgspec
 
 from berth.client import ApiError, api_get, submit_job
+from berth.shared import nats_io, redis_auth, redis_io
+from berth.shared.checker import check_cluster
+from berth.shared.messages import Coscheduling, GpuDevice, JobSpec, Resources
+from berth.shared.reservations import ReservationStore
 from berth.spec_files import load_spec
 from berth.stack import Stack, start_stack
-from shared import nats_io, redis_auth, redis_io
-from shared.checker import check_cluster
-from shared.messages import Coscheduling, GpuDevice, JobSpec, Resources
-from shared.reservations import ReservationStore
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 120.0

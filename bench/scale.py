@@ -47,10 +47,9 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from procstat import cpu_by_process, cpu_seconds, cpu_used, status_mib  # bench/procstat.py
 
-from berth.stack import Stack, start_stack
-from shared import nats_io, redis_auth, redis_io, subjects
-from shared.checker import check_cluster
-from shared.messages import (
+from berth.shared import nats_io, redis_auth, redis_io, subjects
+from berth.shared.checker import check_cluster
+from berth.shared.messages import (
     AttemptReported,
     Coscheduling,
     JobSpec,
@@ -65,8 +64,9 @@ from shared.messages import (
     attempt_key,
     encode,
 )
-from shared.reservations import ReservationStore
-from shared.states import TaskState
+from berth.shared.reservations import ReservationStore
+from berth.shared.states import TaskState
+from berth.stack import Stack, start_stack
 
 TPU = TpuDevice(variant="v5p", topology="2x2x1", count=4)
 

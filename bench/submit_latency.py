@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from berth.client import publish_submit
+from berth.shared import nats_io, servers
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import JobSpec, Resources, encode
+from berth.shared.states import JobState
 from berth.stack import start_stack
-from shared import nats_io, servers
-from shared.lifecycle import ClusterState
-from shared.messages import JobSpec, Resources, encode
-from shared.states import JobState
 
 
 async def measure(server: servers.ServerProcess, jobs: int) -> list[float]:

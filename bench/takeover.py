@@ -29,11 +29,11 @@ from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
-from services.scheduler import fencing, warm_fold
-from services.scheduler.service import Leader
-from shared import nats_io, redis_auth, redis_io, servers, subjects
-from shared.config import Settings
-from shared.messages import (
+from berth.services.scheduler import fencing, warm_fold
+from berth.services.scheduler.service import Leader
+from berth.shared import nats_io, redis_auth, redis_io, servers, subjects
+from berth.shared.config import Settings
+from berth.shared.messages import (
     AttemptReported,
     JobSpec,
     JobSubmitted,
@@ -42,8 +42,8 @@ from shared.messages import (
     WorkerRegistered,
     encode,
 )
-from shared.reservations import ReservationStore
-from shared.states import TaskState
+from berth.shared.reservations import ReservationStore
+from berth.shared.states import TaskState
 
 WORKERS = 100
 PER_JOB = 100

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from services.dashboard_api import timeline
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.services.dashboard_api import timeline
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     AttemptReported,
     JobSpec,
     JobSubmitted,
@@ -28,7 +28,7 @@ from shared.messages import (
     TaskAssigned,
     WorkerRegistered,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 
 def fold_history(hosts: int, attempts: int) -> ClusterState:

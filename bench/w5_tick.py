@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.scheduler import placement, preemption
-from shared import redis_auth, redis_io, servers
-from shared.capacity import Amounts, GroupClaim
-from shared.messages import Coscheduling
-from shared.reservations import Eviction, Reservation, ReservationStore
+from berth.services.scheduler import placement, preemption
+from berth.shared import redis_auth, redis_io, servers
+from berth.shared.capacity import Amounts, GroupClaim
+from berth.shared.messages import Coscheduling
+from berth.shared.reservations import Eviction, Reservation, ReservationStore
 
 SIZE = 8
 HOST = Amounts(4000, 4096, 0, 4)

@@ -17,8 +17,8 @@ import typer
 
 from berth.cli_app import fail, globals_of
 from berth.creds_cli import cli_connection, cli_credentials
-from shared import subjects
-from shared.config import Settings
+from berth.shared import subjects
+from berth.shared.config import Settings
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -35,7 +35,7 @@ class BackupError(Exception):
 
 async def backup(js: JetStreamContext, out: IO[str]) -> int:
     """Writes every event up to the stream's last sequence now; returns how many."""
-    from shared import nats_io
+    from berth.shared import nats_io
 
     last = await nats_io.last_event_seq(js)
     out.write(json.dumps({"format": FORMAT, "stream": subjects.EVENTS_STREAM,
@@ -73,7 +73,7 @@ async def restore(js: JetStreamContext, lines: Iterator[str]) -> int:
     the sequence it had (JetStream refuses it otherwise), so nothing can interleave."""
     import nats.js.errors
 
-    from shared import nats_io
+    from berth.shared import nats_io
 
     if (last := await nats_io.last_event_seq(js)) != 0:
         raise BackupError(f"the events stream already holds {last} events; restore only "
@@ -141,7 +141,7 @@ def cmd_restore(ctx: typer.Context,
     creds = cli_credentials(where.data_dir, admin=True)
 
     async def run() -> int:
-        from shared import nats_io
+        from berth.shared import nats_io
 
         async with cli_connection(url, creds) as nc:
             js = nc.jetstream()

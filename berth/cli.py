@@ -42,14 +42,14 @@ from berth.cli_app import (
 )
 from berth.client import ApiError, api_fetch, api_get, load_spec_file
 from berth.creds_cli import cli_connection, cli_credentials, local_user
+from berth.shared import config, subjects
+from berth.shared.config import RedisSettings, parse_sentinels
+from berth.shared.states import JOB_TERMINAL_NAMES
 from berth.stack_info import read_stack_info
-from shared import config, subjects
-from shared.config import RedisSettings, parse_sentinels
-from shared.states import JOB_TERMINAL_NAMES
 
 if TYPE_CHECKING:
     from berth.client import SubmitOutcome
-    from shared.credentials import Credentials
+    from berth.shared.credentials import Credentials
 
 # Every `berth` command imports this module, `--help` and `--version` included: what only
 # some commands need (the NATS client, Redis, the messages, workspaces) is imported in them.
@@ -212,8 +212,8 @@ def _waits_for(payload: bytes) -> str:
 
 
 def _schedule_words(payload: bytes) -> str:
-    from shared import schedules
-    from shared.messages import decode, job_spec_decoder
+    from berth.shared import schedules
+    from berth.shared.messages import decode, job_spec_decoder
 
     spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
     assert spec.schedule is not None
@@ -225,7 +225,7 @@ def _schedule_words(payload: bytes) -> str:
 
 def _retry_words(payload: bytes) -> str:
     """What an accepted submit's retry policy will do, in words ("" without one)."""
-    from shared.messages import decode, job_spec_decoder
+    from berth.shared.messages import decode, job_spec_decoder
 
     spec = decode(job_spec_decoder, payload)  # the submitter accepted it: a valid spec
     return spec.retry.describe() if spec.retry is not None else ""
@@ -286,8 +286,8 @@ def cmd_cancel(
 
 async def _device_health(nats_url: str, creds: Credentials, worker_id: str, index: int,
                          healthy: bool, reason: str) -> None:
-    from shared import nats_io
-    from shared.messages import DeviceHealthChanged
+    from berth.shared import nats_io
+    from berth.shared.messages import DeviceHealthChanged
 
     async with cli_connection(nats_url, creds) as nc:
         await nats_io.publish_event(
@@ -338,9 +338,9 @@ def cmd_device(
 
 
 async def _doctor(nats_url: str, creds: Credentials, redis: RedisSettings) -> Any:
-    from shared import redis_io
-    from shared.checker import check_cluster
-    from shared.reservations import ReservationStore
+    from berth.shared import redis_io
+    from berth.shared.checker import check_cluster
+    from berth.shared.reservations import ReservationStore
 
     async with cli_connection(nats_url, creds) as nc:
         client = redis_io.open_client(redis)
@@ -353,7 +353,7 @@ def doctor_redis(data_dir: str, redis_url: str | None) -> RedisSettings:
     """Where and as whom `berth doctor` reads Redis: --redis-url, then BERTH_REDIS_URL (with
     BERTH_REDIS_SENTINELS), else beside a running `berth up`: its Redis (or Sentinels) as
     the read-only `doctor` user, whose password is in <data dir>/auth/redis.json."""
-    from shared import redis_auth
+    from berth.shared import redis_auth
 
     explicit = redis_url or RedisSettings.url_from_env()
     if explicit:
@@ -392,7 +392,7 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
 
     from redis.exceptions import RedisError
 
-    from shared import redis_auth, redis_io
+    from berth.shared import redis_auth, redis_io
 
     where = globals_of(ctx)
     try:
@@ -444,7 +444,7 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
 
 async def _leader_lease(redis: RedisSettings) -> tuple[str | None, int]:
     """The leader key and its TTL in ms (negative when absent), as `berth doctor` reads."""
-    from shared import redis_io, redis_keys
+    from berth.shared import redis_io, redis_keys
 
     client = redis_io.open_client(redis)
     try:
@@ -484,7 +484,7 @@ def cmd_health(ctx: typer.Context, redis_url: RedisUrlOption = None,
 
     from redis.exceptions import RedisError
 
-    from shared import redis_auth, redis_io
+    from berth.shared import redis_auth, redis_io
 
     where = globals_of(ctx)
     api_url = where.api_url()
@@ -530,15 +530,15 @@ def cmd_run(ctx: typer.Context, service: Annotated[Service, typer.Argument()]) -
     rest = list(ctx.args)
     sys.argv = [f"berth run {service.value}", *rest]
     if service is Service.WORKER:
-        from services.worker_agent.service import main as worker_main
+        from berth.services.worker_agent.service import main as worker_main
 
         worker_main(rest)
         return 0
     if rest:
         fail(f"run {service.value} takes no arguments (configure with BERTH_* variables)", 2)
-    from services.dashboard_api.service import main as dashboard_main
-    from services.scheduler.service import main as scheduler_main
-    from services.submitter.service import main as submitter_main
+    from berth.services.dashboard_api.service import main as dashboard_main
+    from berth.services.scheduler.service import main as scheduler_main
+    from berth.services.submitter.service import main as submitter_main
 
     mains: dict[Service, Callable[[], None]] = {
         Service.SCHEDULER: scheduler_main, Service.SUBMITTER: submitter_main,
@@ -571,9 +571,9 @@ def _start(data_dir_given: str, workers: int, worker_cpu: float, worker_memory_m
            port: int | None, nats_port: int | None, redis_port: int | None,
            redis_server: bool, nats_nodes: int, metrics: bool = False,
            metrics_port: int | None = None) -> Any:
+    from berth.shared.dir_lock import DirLocked
+    from berth.shared.servers import ServerError
     from berth.stack import start_stack
-    from shared.dir_lock import DirLocked
-    from shared.servers import ServerError
 
     data_dir = Path(data_dir_given).resolve()
     print(f"starting berth in {data_dir} ...", file=sys.stderr)
@@ -612,7 +612,7 @@ def cmd_up(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2.0
            redis_server: RedisServer = False, metrics: Metrics = False,
            metrics_port: MetricsPort = None) -> int:
     """Start NATS, Redis, all services and local workers."""
-    from shared.servers import ServerError
+    from berth.shared.servers import ServerError
 
     if metrics_port is not None and not metrics:
         fail("--metrics-port: only with --metrics")
@@ -686,7 +686,7 @@ def cmd_demo(ctx: typer.Context, workers: Workers = 2, worker_cpu: WorkerCpu = 2
 @app.command("schema")
 def cmd_schema() -> int:
     """Print the JSON Schema of the submit message."""
-    from shared.messages import job_spec_schema
+    from berth.shared.messages import job_spec_schema
 
     print(json.dumps(job_spec_schema(), indent=2))
     return 0

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
+from berth.shared import config
 from berth.stack_info import nats_url, read_stack_info
-from shared import config
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -13,8 +13,8 @@ import typer
 from berth import cli_views
 from berth.cli_app import JsonFlag, console, fail, globals_of, print_json
 from berth.client import ApiError, api_get, api_stream
-from shared.states import JOB_TERMINAL_NAMES, JobState, TaskState
-from shared.subjects import LOG_STREAMS
+from berth.shared.states import JOB_TERMINAL_NAMES, JobState, TaskState
+from berth.shared.subjects import LOG_STREAMS
 
 POLL = 0.2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

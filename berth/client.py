@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shared import config, subjects
+from berth.shared import config, subjects
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from shared.messages import AnyEvent, JobSpec
+    from berth.shared.messages import AnyEvent, JobSpec
 
 # The NATS client and the messages are imported where a submit needs them: `berth jobs` and
 # the other readers use only the API half of this module and start faster without them.
@@ -49,7 +49,7 @@ async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str | None =
                      timeout: float = 30) -> SubmitOutcome:
     """Asks berth to cancel a job as `user` (None: as an admin, on the bare subject); the
     outcome says whether the request was accepted."""
-    from shared.messages import CancelRequest, encode
+    from berth.shared.messages import CancelRequest, encode
 
     request = CancelRequest(job_id=job_id, reason=reason)
     seq = await publish_submit(nc, encode(request), subject=subjects.submit_cancel(user))
@@ -74,7 +74,7 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
 
     import nats.js.errors
 
-    from shared.messages import decode, event_decoder
+    from berth.shared.messages import decode, event_decoder
 
     ask_again: tuple[type[Exception], ...] = (nats.js.errors.NotFoundError, *unanswered())
     js = nc.jetstream()
@@ -99,8 +99,8 @@ async def wait_for_outcome(nc: NATS, submit_seq: int, user: str | None = None,
 
 def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
     """The SubmitOutcome a stored submit outcome event says."""
-    from shared import job_policy
-    from shared.messages import (
+    from berth.shared import job_policy
+    from berth.shared.messages import (
         JobCancelRequested,
         JobSubmitted,
         ScheduleCreated,
@@ -125,7 +125,7 @@ def outcome_of_event(event: AnyEvent, subject: str) -> SubmitOutcome:
 
 async def submit_job(nc: NATS, spec: JobSpec, user: str | None = None,
                      timeout: float = 30) -> SubmitOutcome:
-    from shared.messages import encode
+    from berth.shared.messages import encode
 
     seq = await publish_submit(nc, encode(spec), subject=subjects.submit_job(user))
     return await wait_for_outcome(nc, seq, user, timeout)

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from berth.cli_app import JsonFlag, globals_of, print_json
-from berth.stack_info import read_stack_info
-from shared import config
-from shared.credentials import (
+from berth.shared import config
+from berth.shared.credentials import (
     NAME_PATTERN,
     AuthDir,
     Credentials,
@@ -26,11 +25,12 @@ from shared.credentials import (
     load,
     write_private,
 )
+from berth.stack_info import read_stack_info
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-# shared.servers (and through it Redis and OpenTelemetry) is imported by the commands that
+# berth.shared.servers (and through it Redis and OpenTelemetry) is imported by the commands that
 # render or reload the servers' config, not by every `berth` command.
 
 ROLES_WITH_SCOPE = {"worker": Role.WORKER, "user": Role.SUBMIT}
@@ -73,8 +73,8 @@ async def cli_connection(nats_url: str, creds: Credentials) -> AsyncIterator[NAT
     identity is a clear exit."""
     import nats
 
-    from shared.config import Settings
-    from shared.nats_io import auth_options, server_urls, settings_tls, tls_options
+    from berth.shared.config import Settings
+    from berth.shared.nats_io import auth_options, server_urls, settings_tls, tls_options
 
     refused: list[Exception] = []
 
@@ -106,7 +106,7 @@ def _local_auth(data_dir: Path) -> AuthDir:
 def _running_nats_pids(data_dir: Path) -> list[int]:
     """The nats-servers of the `berth up` running in `data_dir` (every node of its cluster)
     that are still running."""
-    from shared import servers
+    from berth.shared import servers
 
     try:
         info = read_stack_info(data_dir)
@@ -119,7 +119,7 @@ def _running_nats_pids(data_dir: Path) -> list[int]:
 def _apply(data_dir: Path, auth: AuthDir) -> None:
     """Renders the server's users and, beside a local `berth up`, reloads its nats-servers
     (no restart: connected clients stay connected)."""
-    from shared import servers
+    from berth.shared import servers
 
     users = servers.write_nats_users(auth)
     pids = _running_nats_pids(data_dir)
@@ -141,7 +141,7 @@ def _routes(auth: AuthDir, addresses: str) -> int:
     """Renders the routes file every node of a NATS cluster on real hosts includes in its
     `cluster {}` (deploy/nats-cluster.conf): the route secret of this auth folder (made
     once) and a route to each `host:port`."""
-    from shared import servers
+    from berth.shared import servers
 
     routes = [a.strip() for a in addresses.split(",") if a.strip()]
     if not routes or any(":" not in r or "@" in r or "/" in r for r in routes):

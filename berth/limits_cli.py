@@ -16,11 +16,11 @@ import typer
 from berth.cli_app import JsonFlag, console, fail, globals_of, print_json
 from berth.client import ApiError, api_get
 from berth.creds_cli import cli_connection, cli_credentials, local_user
-from shared import subjects
+from berth.shared import subjects
 
 if TYPE_CHECKING:
-    from shared.credentials import Credentials
-    from shared.messages import Event, Quota
+    from berth.shared.credentials import Credentials
+    from berth.shared.messages import Event, Quota
 
 # asyncio and the messages are imported by the commands that publish, not by every `berth`
 # command (each imports this module to register these).
@@ -42,7 +42,7 @@ def quota_of(cpu: float | None, memory_mb: int | None, devices: int | None) -> Q
     for field, value in (("--cpu", cpu), ("--memory-mb", memory_mb), ("--devices", devices)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             fail(f"{field}: {value:g} is not a limit (a number, 0 or more)")
-    from shared.messages import Quota
+    from berth.shared.messages import Quota
 
     return Quota(cpu=None if cpu is None else round(cpu * 1000), mem=memory_mb, dev=devices)
 
@@ -66,7 +66,7 @@ def check_token_name(name: str) -> str:
 
 async def _publish(nats_url: str, creds: Credentials, subject: str, event: Event,
                    msg_id: str) -> None:
-    from shared import nats_io
+    from berth.shared import nats_io
 
     async with cli_connection(nats_url, creds) as nc:
         await nats_io.publish_event(nc.jetstream(), subject, event, msg_id=msg_id)
@@ -108,7 +108,7 @@ def cmd_quota_set(
     user over a lowered quota runs nothing new until back under it."""
     q = quota_of(cpu, memory_mb, devices)
     who = check_user(user)
-    from shared.messages import QuotaSet
+    from berth.shared.messages import QuotaSet
 
     event = QuotaSet(user=who, quota=q, by=local_user() or "", ts=time.time())
     _admin_publish(ctx, subjects.ADMIN_QUOTAS, event, f"quota:{who}:{time.time_ns()}")
@@ -145,7 +145,7 @@ def cmd_tokens_set(
     check_token_name(name)
     if limit < 0:
         fail(f"LIMIT: {limit} is not a limit (0 or more)")
-    from shared.messages import TokenLimitSet
+    from berth.shared.messages import TokenLimitSet
 
     event = TokenLimitSet(name=name, limit=limit, by=local_user() or "", ts=time.time())
     _admin_publish(ctx, subjects.admin_tokens(name), event, f"token:{name}:{time.time_ns()}")

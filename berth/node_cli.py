@@ -17,11 +17,11 @@ import typer
 from berth.cli_app import globals_of
 from berth.client import ApiError, api_get
 from berth.creds_cli import cli_connection, cli_credentials, local_user
-from shared import subjects
+from berth.shared import subjects
 
 if TYPE_CHECKING:
-    from shared.credentials import Credentials
-    from shared.messages import NodeAction, NodeHealthChanged
+    from berth.shared.credentials import Credentials
+    from berth.shared.messages import NodeAction, NodeHealthChanged
 
 # The messages and asyncio are imported by these commands themselves, not by every `berth`
 # command (each imports this module to register them).
@@ -31,7 +31,7 @@ DEFAULT_DRAIN_DEADLINE = 3600.0
 
 
 async def _publish(nats_url: str, creds: Credentials, event: NodeHealthChanged) -> None:
-    from shared import nats_io
+    from berth.shared import nats_io
 
     async with cli_connection(nats_url, creds) as nc:
         await nats_io.publish_event(
@@ -45,7 +45,7 @@ def node_health(nats_url: str, api_url: str, data_dir: str, worker_id: str,
     (seconds from now) is a drain's."""
     import asyncio
 
-    from shared.messages import NodeAction, NodeHealthChanged
+    from berth.shared.messages import NodeAction, NodeHealthChanged
 
     if deadline is not None and not (math.isfinite(deadline) and deadline >= 0):
         print(f"berth: deadline: {deadline:g} is not a number of seconds, 0 or more",
@@ -78,7 +78,7 @@ ReasonOption = Annotated[str, typer.Option(help="recorded in the event log")]
 
 def cordon(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "") -> int:
     """The worker takes no new work; what runs there runs on (docs/operations.md)."""
-    from shared.messages import NodeAction
+    from berth.shared.messages import NodeAction
 
     where = globals_of(ctx)
     return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
@@ -90,7 +90,7 @@ def drain(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "",
               help="seconds to wait for running work")] = DEFAULT_DRAIN_DEADLINE) -> int:
     """The worker takes no new work; what still runs there at the deadline is preempted
     (retried elsewhere; docs/operations.md)."""
-    from shared.messages import NodeAction
+    from berth.shared.messages import NodeAction
 
     where = globals_of(ctx)
     return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,
@@ -99,7 +99,7 @@ def drain(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "",
 
 def uncordon(ctx: typer.Context, worker: WorkerArg, reason: ReasonOption = "") -> int:
     """Return a cordoned, drained or quarantined worker to service (docs/operations.md)."""
-    from shared.messages import NodeAction
+    from berth.shared.messages import NodeAction
 
     where = globals_of(ctx)
     return node_health(where.nats_url(), where.api_url(), where.data_dir, worker,

@@ -18,16 +18,25 @@ from pathlib import Path
 
 from berth.creds_cli import local_user
 from berth.restarts import ChildHistory, RestartPolicy, after_exit, restarted
+from berth.shared import config, dir_lock, redis_auth, servers
+from berth.shared.credentials import AuthDir, Role, identity_name
 from berth.stack_info import STACK_INFO
-from shared import config, dir_lock, redis_auth, servers
-from shared.credentials import AuthDir, Role, identity_name
 
 SERVICE_MODULES = {
-    "submitter": "services.submitter",
-    "scheduler": "services.scheduler",
-    "dashboard": "services.dashboard_api",
-    "worker": "services.worker_agent",
+    "submitter": "berth.services.submitter",
+    "scheduler": "berth.services.scheduler",
+    "dashboard": "berth.services.dashboard_api",
+    "worker": "berth.services.worker_agent",
 }
+
+
+def service_command(name: str, *args: str) -> list[str]:
+    """The command line that starts one service as a process. `-P`: `python -m` would put
+    the working directory first on sys.path, so a `berth/` folder where the user stands
+    would be imported instead of berth's own (issue 17 item 6)."""
+    return [sys.executable, "-P", "-m", SERVICE_MODULES[name], *args]
+
+
 SERVICE_ROLES = {"submitter": Role.SUBMITTER, "scheduler": Role.SCHEDULER,
                  "dashboard": Role.DASHBOARD, "worker": Role.WORKER}
 
@@ -120,7 +129,7 @@ class Stack:
             creds.update(self.redis.client_env(redis_auth.SCHEDULER))
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", SERVICE_MODULES[name], *args],
+                service_command(name, *args),
                 env={**self.env, **creds, **(env or {})}, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 pass_fds=dir_lock.inherited_fds(),

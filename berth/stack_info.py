@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared import config
+from berth.shared import config
 
 STACK_INFO = "stack.json"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"

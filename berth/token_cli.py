@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 
 from berth.cli_app import JsonFlag, fail, globals_of, print_json
-from shared import api_tokens
-from shared.config import api_tokens_file
+from berth.shared import api_tokens
+from berth.shared.config import api_tokens_file
 
 tokens = typer.Typer(
     name="token", no_args_is_help=True,

@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import ObjectMeta, ObjectMetaOptions
 from nats.js.errors import NotFoundError
 
-from shared import bundles, config, subjects
+from berth.shared import bundles, config, subjects
 
 
 @dataclass(frozen=True)

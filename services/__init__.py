@@ -1,1 +1,2 @@
-"""berth's four services, each runnable as `python -m services.<name>` or `berth run <name>`."""
+"""berth's four services, each runnable as `berth run <name>` or
+`python -P -m berth.services.<name>` (installed as `berth.services`: docs/decisions.md)."""

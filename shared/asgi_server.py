@@ -12,7 +12,7 @@ import uvicorn
 
 
 class Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: shared.service owns SIGTERM/SIGINT."""
+    """uvicorn without its own signal handlers: berth.shared.service owns SIGTERM/SIGINT."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared import subjects
-from shared.credentials import Identity, Role
+from berth.shared import subjects
+from berth.shared.credentials import Identity, Role
 
 EVENTS = subjects.EVENTS_STREAM
 SUBMIT = subjects.SUBMIT_STREAM

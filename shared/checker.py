@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
 
-from shared import nats_io
-from shared.capacity import Amounts
-from shared.lifecycle import ClusterState
-from shared.reservations import GroupUsage, HostUsage, ReservationStore
+from berth.shared import nats_io
+from berth.shared.capacity import Amounts
+from berth.shared.lifecycle import ClusterState
+from berth.shared.reservations import GroupUsage, HostUsage, ReservationStore
 
 # Violations that must never happen, not even for a moment.
 NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",

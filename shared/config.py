@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.bounded import MAX_MESSAGE_BYTES
-from shared.node_health import QuarantinePolicy
-from shared.usage import FairShare
+from berth.shared.bounded import MAX_MESSAGE_BYTES
+from berth.shared.node_health import QuarantinePolicy
+from berth.shared.usage import FairShare
 
 
 def _env_float(name: str, default: float) -> float:

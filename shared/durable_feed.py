@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from shared import subjects
-from shared.nats_io import RawEvent, raw_event
+from berth.shared import subjects
+from berth.shared.nats_io import RawEvent, raw_event
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 
 import msgspec
 
-from shared import subjects
-from shared.messages import (
+from berth.shared import subjects
+from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     DeviceHealthChanged,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.messages import DedupPolicy, ExistingPolicy, JobSpec
-from shared.states import JOB_TERMINAL, JobState
+from berth.shared.messages import DedupPolicy, ExistingPolicy, JobSpec
+from berth.shared.states import JOB_TERMINAL, JobState
 
 _canonical = msgspec.json.Encoder(order="sorted")
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared import limits as limit_rules
-from shared import node_health, task_rules
-from shared import usage as recent
-from shared.capacity import Amounts
-from shared.event_origin import epoch_refusal
-from shared.messages import (
+from berth.shared import limits as limit_rules
+from berth.shared import node_health, task_rules
+from berth.shared import usage as recent
+from berth.shared.capacity import Amounts
+from berth.shared.event_origin import epoch_refusal
+from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     DeviceHealthChanged,
@@ -51,7 +51,7 @@ from shared.messages import (
     attempt_key,
     parse_attempt_key,
 )
-from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
+from berth.shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 MAX_REFUSALS_KEPT = 20

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.capacity import Amounts
-from shared.messages import Quota
+from berth.shared.capacity import Amounts
+from berth.shared.messages import Quota
 
 # The quota dimensions: (Amounts field, label in reasons, formatter).
 QUOTA_DIMENSIONS = ("cpu", "mem", "dev")

@@ -12,9 +12,9 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from shared import durations, job_ids, schedules
-from shared.capacity import Amounts
-from shared.states import TaskState
+from berth.shared import durations, job_ids, schedules
+from berth.shared.capacity import Amounts
+from berth.shared.states import TaskState
 
 SCHEMA_VERSION = 1
 

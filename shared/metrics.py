@@ -17,11 +17,11 @@ from prometheus_client import REGISTRY, Counter, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared.lifecycle import ClusterState
-from shared.messages import DeviceStats, Priority
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import DeviceStats, Priority
 
 if TYPE_CHECKING:
-    from shared.asgi_server import Serving
+    from berth.shared.asgi_server import Serving
 
 log = logging.getLogger("berth.metrics")
 
@@ -162,7 +162,7 @@ async def serve(host: str, port: int, refreshes: Iterable[Refresh] = ()
         return None
     # Imported here: the `berth` command imports this module (through nats_io) and has no
     # server to run.
-    from shared import asgi_server
+    from berth.shared import asgi_server
 
     serving = await asgi_server.start(asgi_app(refreshes), host, port, lifespan="off")
     log.info("metrics on http://%s:%d/metrics", host, port)

@@ -32,11 +32,11 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from shared import credentials, metrics, subjects, telemetry
-from shared.config import Settings
-from shared.credentials import Credentials, Role
-from shared.event_origin import RefusedEvent, read_event
-from shared.messages import AnyEvent, encode
+from berth.shared import credentials, metrics, subjects, telemetry
+from berth.shared.config import Settings
+from berth.shared.credentials import Credentials, Role
+from berth.shared.event_origin import RefusedEvent, read_event
+from berth.shared.messages import AnyEvent, encode
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shared import usage
-from shared.lifecycle import JobView
+from berth.shared import usage
+from berth.shared.lifecycle import JobView
 
 
 @dataclass(frozen=True)

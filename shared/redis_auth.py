@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from shared.credentials import AUTH_DIR, write_private
+from berth.shared.credentials import AUTH_DIR, write_private
 
 REDIS_AUTH_FILE = "redis.json"
 

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.config import RedisSettings
+from berth.shared.config import RedisSettings
 
 # Every error a call can end in when Redis (or the primary) is away, or a failover has made
 # the server a replica (READONLY): callers that must survive an outage catch these.
@@ -94,5 +94,5 @@ def connect(url: str) -> aioredis.Redis:
 
 
 def load_script(client: aioredis.Redis, name: str) -> AsyncScript:
-    source = resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
+    source = resources.files("berth.shared").joinpath("lua", f"{name}.lua").read_text()
     return client.register_script(source)

@@ -14,9 +14,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from shared import redis_keys
-from shared.capacity import Amounts, GroupClaim
-from shared.redis_io import load_script
+from berth.shared import redis_keys
+from berth.shared.capacity import Amounts, GroupClaim
+from berth.shared.redis_io import load_script
 
 
 class StaleEpochError(Exception):

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import redis as sync_redis
 
-from shared import bus_permissions, dir_lock
-from shared.config import RedisSettings
-from shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
-from shared.redis_auth import ADMIN, REPLICA, SENTINEL, RedisUsers
+from berth.shared import bus_permissions, dir_lock
+from berth.shared.config import RedisSettings
+from berth.shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
+from berth.shared.redis_auth import ADMIN, REPLICA, SENTINEL, RedisUsers
 
 NATS_USERS_FILE = "nats-users.conf"
 # The user and password the nodes of a NATS cluster present to each other on their routes

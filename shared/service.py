@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shared import config, telemetry
-from shared.log_format import JsonFormatter
+from berth.shared import config, telemetry
+from berth.shared.log_format import JsonFormatter
 
 
 def setup_logging(service: str) -> None:

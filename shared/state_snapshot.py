@@ -9,8 +9,8 @@ from pathlib import Path
 
 import msgspec
 
-from shared.capacity import Amounts
-from shared.lifecycle import (
+from berth.shared.capacity import Amounts
+from berth.shared.lifecycle import (
     ClusterState,
     GroupView,
     HoldView,
@@ -18,9 +18,9 @@ from shared.lifecycle import (
     ScheduleView,
     WorkerView,
 )
-from shared.limits import Limits
-from shared.messages import decode
-from shared.usage import FairShare, UserUsage
+from berth.shared.limits import Limits
+from berth.shared.messages import decode
+from berth.shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.

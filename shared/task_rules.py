@@ -1,6 +1,6 @@
 """The task state machine of the Iris task-state reference, as plain functions over plain data.
 
-The scheduler and the dashboard both fold the event log through `shared.lifecycle`, which
+The scheduler and the dashboard both fold the event log through `berth.shared.lifecycle`, which
 asks these functions every question about what a state change means.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from shared.messages import RetryEvent, RetryPolicy
-from shared.states import JOB_TERMINAL, JobState, TaskState
+from berth.shared.messages import RetryEvent, RetryPolicy
+from berth.shared.states import JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared.capacity import Amounts
+from berth.shared.capacity import Amounts
 
 
 @dataclass(frozen=True)

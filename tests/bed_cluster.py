@@ -26,7 +26,6 @@ connections start inside the server's own host, so no partition cuts the test's 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,11 +36,12 @@ import redis as sync_redis
 import trustme
 from nats.aio.client import Client as NATS
 
-from shared import nats_io, servers
-from shared.credentials import AuthDir, Role, identity_name, write_private
-from shared.nats_io import tls_context
-from shared.redis_auth import ADMIN, DOCTOR, SCHEDULER, RedisUsers
-from shared.reservations import ReservationStore
+from berth.shared import nats_io, servers
+from berth.shared.credentials import AuthDir, Role, identity_name, write_private
+from berth.shared.nats_io import tls_context
+from berth.shared.redis_auth import ADMIN, DOCTOR, SCHEDULER, RedisUsers
+from berth.shared.reservations import ReservationStore
+from berth.stack import service_command
 from tests.netbed import Bed, BedError
 
 NATS_PORT = 4222
@@ -57,8 +57,6 @@ API_PORT = 8080
 # the admin (BERTH_API_TOKEN).
 API_TOKEN = "bed-admin-token"
 HEADERS = {"Authorization": f"Bearer {API_TOKEN}"}
-MODULES = {"scheduler": "services.scheduler", "submitter": "services.submitter",
-           "dashboard": "services.dashboard_api", "worker": "services.worker_agent"}
 ROLES = {"scheduler": Role.SCHEDULER, "submitter": Role.SUBMITTER,
          "dashboard": Role.DASHBOARD, "worker": Role.WORKER}
 
@@ -170,7 +168,7 @@ class BedCluster:
         if not creds.exists():
             raise BedError(f"no identity for {kind} {scope!r}: make it before NATS starts")
         env = {**self.env, "BERTH_NATS_CREDS": str(creds), **self.env_overrides.get(label, {})}
-        proc = self.bed.spawn(host, [sys.executable, "-m", MODULES[kind], *args],
+        proc = self.bed.spawn(host, service_command(kind, *args),
                               self.data_dir / "logs" / f"{label}.log", env)
         self.services[label] = (host, proc)
         return proc
@@ -203,7 +201,7 @@ class BedCluster:
     def store(self, user: str = DOCTOR, host: str | None = None) -> ReservationStore:
         """The reservations on the primary (or on `host`), read as `berth doctor` reads them
         (the read-only user) unless told."""
-        from shared import redis_io
+        from berth.shared import redis_io
         return ReservationStore(redis_io.connect(
             self.redis_url_via(host or self.primary_host(), user)))
 

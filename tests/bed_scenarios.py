@@ -38,8 +38,8 @@ import nats.js.errors
 import redis as sync_redis
 
 from berth.client import publish_submit, wait_for_outcome
-from shared import redis_keys, subjects
-from shared.messages import Constraint, Coscheduling, JobSpec, Op, Resources, encode
+from berth.shared import redis_keys, subjects
+from berth.shared.messages import Constraint, Coscheduling, JobSpec, Op, Resources, encode
 from tests.bed_cluster import NATS_CLUSTER_PORT, BedCluster, Layout, start_cluster
 from tests.netbed import Bed
 from tests.partitions import ENV, TERMINAL, Result, Run

@@ -20,8 +20,8 @@ import pytest
 import redis as sync_redis
 from nats.aio.client import Client as NATS
 
+from berth.shared import nats_io, redis_auth, servers
 from berth.stack import Stack, start_services
-from shared import nats_io, redis_auth, servers
 
 
 def _docker_servers(stack: Any) -> tuple[servers.ServerProcess, servers.ServerProcess] | None:
@@ -171,7 +171,7 @@ async def wait_for_job(stack: Stack, job_id: str, states: set[str], timeout: flo
 async def run_doctor(stack: Stack) -> str:
     """`berth doctor` beside the stack, as a user runs it (the read-only Redis user): its
     output, once it has exited 0."""
-    from shared import redis_auth
+    from berth.shared import redis_auth
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), "doctor",

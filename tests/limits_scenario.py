@@ -13,8 +13,8 @@ from pathlib import Path
 from nats.aio.client import Client as NATS
 
 from berth.client import submit_job
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
-from shared.messages import JobSpec, Resources
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import job_now
 

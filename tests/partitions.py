@@ -27,10 +27,10 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from berth.client import submit_job
-from shared import subjects
-from shared.checker import Report as CheckReport
-from shared.checker import check_cluster
-from shared.messages import (
+from berth.shared import subjects
+from berth.shared.checker import Report as CheckReport
+from berth.shared.checker import check_cluster
+from berth.shared.messages import (
     AttemptReported,
     JobSpec,
     Resources,

@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,9 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from berth.stack import Stack, wait_for_api
-from services.dashboard_api.redact import REDACTED
-from shared import nats_io
+from berth.services.dashboard_api.redact import REDACTED
+from berth.shared import nats_io
+from berth.stack import Stack, service_command, wait_for_api
 from tests.conftest import wait_for_job, wait_until
 from tests.test_cli import run_berth
 from tests.test_dashboard_api import read_sse
@@ -214,7 +213,7 @@ def start_dashboard(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[s
     # binding anywhere.
     base = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
     return subprocess.run(
-        [sys.executable, "-m", "services.dashboard_api"], capture_output=True, text=True,
+        service_command("dashboard"), capture_output=True, text=True,
         timeout=30, env={**base, "BERTH_DATA_DIR": str(tmp_path), "BERTH_API_PORT": "1",
                          "BERTH_NATS_URL": "nats://127.0.0.1:1", **env})
 

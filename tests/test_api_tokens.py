@@ -9,12 +9,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.dashboard_api import auth, redact
-from services.dashboard_api.auth import Caller
-from shared import api_tokens
-from shared.api_tokens import Role
-from shared.messages import AttemptReported, JobSpec, JobSubmitted, encode
-from shared.states import TaskState
+from berth.services.dashboard_api import auth, redact
+from berth.services.dashboard_api.auth import Caller
+from berth.shared import api_tokens
+from berth.shared.api_tokens import Role
+from berth.shared.messages import AttemptReported, JobSpec, JobSubmitted, encode
+from berth.shared.states import TaskState
 
 
 @pytest.mark.parametrize(("host", "loopback"), [

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler import attempt_ids
-from shared.checker import check
-from shared.messages import AnyEvent, LeaderElected, TaskAssigned
-from shared.reservations import Allocation
-from shared.state_snapshot import dump, load
-from shared.states import TaskState
+from berth.services.scheduler import attempt_ids
+from berth.shared.checker import check
+from berth.shared.messages import AnyEvent, LeaderElected, TaskAssigned
+from berth.shared.reservations import Allocation
+from berth.shared.state_snapshot import dump, load
+from berth.shared.states import TaskState
 from tests.test_checker import NEED, host
 from tests.test_lifecycle import fold, registered, report, submitted
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 from nats.aio.client import Client as NATS
 
+from berth.shared import servers
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import start_services
-from shared import servers
-from shared.messages import JobSpec, Resources
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_projection import accepted
 

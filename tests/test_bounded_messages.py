@@ -12,9 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
-from berth.stack import Stack
-from shared import bounded, nats_io, subjects
-from shared.messages import (
+from berth.shared import bounded, nats_io, subjects
+from berth.shared.messages import (
     Constraint,
     JobSpec,
     Op,
@@ -23,6 +22,7 @@ from shared.messages import (
     Resources,
     encode,
 )
+from berth.stack import Stack
 from tests.conftest import wait_for_job, wait_until
 from tests.test_projection import accepted
 
@@ -43,7 +43,7 @@ def test_clip_bounds_text_and_says_how_much_was_cut() -> None:
 
 
 def test_100000_distinct_pending_reasons_go_out_in_messages_under_the_bound() -> None:
-    from services.scheduler.service import _encoded_size
+    from berth.services.scheduler.service import _encoded_size
 
     reasons = [PendingReason(f"j{i}-abcd", i % 10_000, f"no worker matches constraints: "
                              f"zone EQ nowhere-{i}") for i in range(100_000)]
@@ -63,7 +63,7 @@ async def test_a_message_over_the_payload_limit_is_dropped_not_raised(
                                  nats_io.message_headers("too-big")),
                 nats_io.Outgoing(subjects.PENDING_REASONS, b"{}",
                                  nats_io.message_headers("fine"))]
-    with caplog.at_level(logging.ERROR, logger="shared.nats_io"):
+    with caplog.at_level(logging.ERROR, logger="berth.shared.nats_io"):
         seqs = await nats_io.publish_events(js, outgoing)
     assert seqs[0] == 0 and seqs[1] > 0
     assert "dropped a message to berth.events.pending (2097152 bytes)" in caplog.text

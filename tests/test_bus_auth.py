@@ -15,10 +15,9 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import cancel_job, submit_job
-from berth.stack import Stack
-from shared import nats_io, subjects
-from shared.credentials import Credentials, Role, generate, load
-from shared.messages import (
+from berth.shared import nats_io, subjects
+from berth.shared.credentials import Credentials, Role, generate, load
+from berth.shared.messages import (
     AttemptReported,
     JobSpec,
     Resources,
@@ -26,7 +25,8 @@ from shared.messages import (
     TaskAssigned,
     encode,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
+from berth.stack import Stack
 from tests.conftest import get_json, wait_for_job, wait_until
 
 

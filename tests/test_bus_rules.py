@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared import subjects
-from shared.bus_permissions import authorization_config, permissions
-from shared.credentials import CredentialsError, Role, generate
-from shared.event_origin import RefusedEvent, read_event, refusal
-from shared.messages import (
+from berth.shared import subjects
+from berth.shared.bus_permissions import authorization_config, permissions
+from berth.shared.credentials import CredentialsError, Role, generate
+from berth.shared.event_origin import RefusedEvent, read_event, refusal
+from berth.shared.messages import (
     AttemptReported,
     JobSpec,
     JobSubmitted,
@@ -22,7 +22,7 @@ from shared.messages import (
     WorkerRegistered,
     encode,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -221,8 +221,8 @@ def test_no_bytes_make_reading_an_event_raise_anything_but_a_refusal(data: bytes
 
 
 def test_a_heartbeat_is_believed_only_from_its_own_workers_subject() -> None:
-    from shared.event_origin import read_heartbeat
-    from shared.messages import Heartbeat
+    from berth.shared.event_origin import read_heartbeat
+    from berth.shared.messages import Heartbeat
 
     hb = encode(Heartbeat(worker_id="w2", incarnation="i", ts=1.0))
     assert read_heartbeat(subjects.heartbeat("w2"), hb).worker_id == "w2"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.placement import Host, Unit, place
-from shared.capacity import Amounts
-from shared.checker import check
-from shared.lifecycle import ClusterState, Kill
-from shared.messages import (
+from berth.services.scheduler.placement import Host, Unit, place
+from berth.shared.capacity import Amounts
+from berth.shared.checker import check
+from berth.shared.lifecycle import ClusterState, Kill
+from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     Coscheduling,
@@ -23,8 +23,8 @@ from shared.messages import (
     WorkerRegistered,
     parse_attempt_key,
 )
-from shared.reservations import Allocation, GroupUsage, HostUsage
-from shared.states import TaskState
+from berth.shared.reservations import Allocation, GroupUsage, HostUsage
+from berth.shared.states import TaskState
 
 CAP = Amounts(4000, 1000, 0, 0)
 NEED = Amounts(1000, 100, 0, 0)

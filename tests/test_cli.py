@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from berth import cli
+from berth.shared import redis_auth
+from berth.shared.credentials import Role
 from berth.stack import Stack
-from shared import redis_auth
-from shared.credentials import Role
 from tests.conftest import wait_until
 
-BERTH = [sys.executable, "-m", "berth.cli"]
+# -P as the installed `berth` script has it: its sys.path starts at its bin/, not the cwd.
+BERTH = [sys.executable, "-P", "-m", "berth.cli"]
 
 
 def run_berth(*args: str, env: dict[str, str] | None = None, timeout: float = 120

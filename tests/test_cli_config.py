@@ -9,7 +9,7 @@ import pytest
 
 from berth import cli
 from berth.cli_app import hoist_global_options
-from shared import config
+from berth.shared import config
 
 
 @pytest.mark.parametrize(("argv", "parsed"), [

@@ -12,7 +12,7 @@ import sys
 # OpenTelemetry's SDK (`berth doctor`, `berth health`, the servers), metrics, Rich (tables),
 # nkeys (making or reading a key), croniter (schedules).
 HEAVY = ("asyncio", "nats", "redis", "opentelemetry.sdk", "prometheus_client", "rich",
-         "shared.servers", "shared.messages", "pydantic", "nkeys", "croniter")
+         "berth.shared.servers", "berth.shared.messages", "pydantic", "nkeys", "croniter")
 
 _PROBE = """
 import json, sys

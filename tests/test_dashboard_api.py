@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 from nats.aio.client import Client as NATS
 
+from berth.shared import nats_io
+from berth.shared.messages import JobSpec
 from berth.stack import Stack
-from shared import nats_io
-from shared.messages import JobSpec
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import SMALL, accepted
 

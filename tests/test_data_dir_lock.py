@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from berth.shared import dir_lock
 from berth.stack import Stack
-from shared import dir_lock
 from tests.conftest import wait_until
 
 
@@ -34,7 +34,7 @@ def test_a_lock_is_exclusive_names_its_holder_and_is_free_once_released(
 def test_a_lock_of_a_killed_process_is_free(tmp_path: Path) -> None:
     """The kernel drops a dead process's flock: a crash leaves nothing to clean up."""
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from shared import dir_lock; "
+        "import sys, time; from pathlib import Path; from berth.shared import dir_lock; "
         f"dir_lock.acquire(Path({str(tmp_path / 'w.lock')!r}), 'worker w'); "
         "print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE)
     assert holder.stdout is not None and holder.stdout.readline() == b"held\n"

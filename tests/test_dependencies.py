@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.cli import _waits_for
-from services.submitter.intake import intake
-from shared import task_rules
-from shared.lifecycle import ClusterState, Kill
-from shared.messages import AnyEvent, StopCriteria, SubmitRejected
-from shared.state_snapshot import dump, load
-from shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
+from berth.services.submitter.intake import intake
+from berth.shared import task_rules
+from berth.shared.lifecycle import ClusterState, Kill
+from berth.shared.messages import AnyEvent, StopCriteria, SubmitRejected
+from berth.shared.state_snapshot import dump, load
+from berth.shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
 from tests.test_lifecycle import (
     REPORTABLE,
     assigned,

@@ -13,8 +13,8 @@ from nats.aio.client import Client as NATS
 
 from berth import cli
 from berth.client import submit_job
+from berth.shared.messages import Backoff, JobSpec, Resources, RetryEvent, RetryPolicy, StopCriteria
 from berth.stack import Stack
-from shared.messages import Backoff, JobSpec, Resources, RetryEvent, RetryPolicy, StopCriteria
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import accepted, alive, job_now
 

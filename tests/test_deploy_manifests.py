@@ -21,9 +21,9 @@ import redis
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from shared.credentials import AuthDir, Role
-from shared.redis_auth import DATA_NODE_RULES
-from shared.servers import (
+from berth.shared.credentials import AuthDir, Role
+from berth.shared.redis_auth import DATA_NODE_RULES
+from berth.shared.servers import (
     RouteAuth,
     free_port,
     nats_server_binary,

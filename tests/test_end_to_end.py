@@ -13,8 +13,8 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, submit_job, wait_for_outcome
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
-from shared.messages import JobSpec, Resources
 from tests.conftest import get_json, wait_for_job, wait_until
 
 

@@ -11,12 +11,12 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import submit_job
+from berth.services.scheduler import fencing
+from berth.shared import nats_io, redis_auth, redis_io, redis_keys, servers, subjects
+from berth.shared.capacity import Amounts
+from berth.shared.messages import JobSpec, LeaderElected, Resources
+from berth.shared.reservations import NotDurable, ReservationStore
 from berth.stack import Stack
-from services.scheduler import fencing
-from shared import nats_io, redis_auth, redis_io, redis_keys, servers, subjects
-from shared.capacity import Amounts
-from shared.messages import JobSpec, LeaderElected, Resources
-from shared.reservations import NotDurable, ReservationStore
 from tests.conftest import wait_for_job, wait_until
 
 

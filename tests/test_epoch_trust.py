@@ -16,16 +16,15 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from berth.stack import Stack
-from services.scheduler import fencing
-from services.scheduler.heartbeats import judge
-from services.scheduler.service import Leader
-from services.worker_agent.epochs import EpochView
-from services.worker_agent.service import heartbeat_of
-from shared import bounded, nats_io, subjects
-from shared.config import Settings
-from shared.event_origin import MAX_EPOCH_STEP, believed_epoch
-from shared.messages import (
+from berth.services.scheduler import fencing
+from berth.services.scheduler.heartbeats import judge
+from berth.services.scheduler.service import Leader
+from berth.services.worker_agent.epochs import EpochView
+from berth.services.worker_agent.service import heartbeat_of
+from berth.shared import bounded, nats_io, subjects
+from berth.shared.config import Settings
+from berth.shared.event_origin import MAX_EPOCH_STEP, believed_epoch
+from berth.shared.messages import (
     Constraint,
     Heartbeat,
     JobSpec,
@@ -39,7 +38,8 @@ from shared.messages import (
     attempt_key,
     encode,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
+from berth.stack import Stack
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_heartbeats import GRACE, state_with
 from tests.test_lifecycle import assigned, fold, registered, submitted

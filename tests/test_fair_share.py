@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import queue_order, state_snapshot, usage
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.shared import queue_order, state_snapshot, usage
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     AttemptReported,
     GpuDevice,
     JobSpec,
@@ -22,7 +22,7 @@ from shared.messages import (
     TaskAssigned,
     WorkerRegistered,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 W = queue_order.Waiting
 HOUR = 3600.0

@@ -12,9 +12,9 @@ import time
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from berth.shared import nats_io, subjects
+from berth.shared.messages import JobSpec, Resources, command_decoder, decode
 from berth.stack import Stack
-from shared import nats_io, subjects
-from shared.messages import JobSpec, Resources, command_decoder, decode
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_projection import accepted
 

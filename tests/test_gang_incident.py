@@ -14,10 +14,9 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, submit_job, wait_for_outcome
-from berth.stack import Stack
-from shared import nats_io, redis_auth, redis_io
-from shared.checker import check_cluster
-from shared.messages import (
+from berth.shared import nats_io, redis_auth, redis_io
+from berth.shared.checker import check_cluster
+from berth.shared.messages import (
     Constraint,
     Coscheduling,
     JobSpec,
@@ -26,7 +25,8 @@ from shared.messages import (
     TpuDevice,
     encode,
 )
-from shared.reservations import ReservationStore
+from berth.shared.reservations import ReservationStore
+from berth.stack import Stack
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 
 # Records what the task saw, then runs until $DIR/<job>.done exists (exit 0) or, for the

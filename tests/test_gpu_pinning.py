@@ -14,8 +14,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
+from berth.shared.messages import GpuDevice, JobSpec, Resources
 from berth.stack import Stack
-from shared.messages import GpuDevice, JobSpec, Resources
 from tests import limits_scenario
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import accepted

@@ -14,12 +14,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from berth.spec_files import load_spec
-from services.scheduler import frameworks
-from services.worker_agent import gpu_health, gpu_telemetry, gpus
-from services.worker_agent.service import parse_args
-from services.worker_agent.task_env import gpu_devices, task_environment
-from shared.messages import (
+from berth.services.scheduler import frameworks
+from berth.services.worker_agent import gpu_health, gpu_telemetry, gpus
+from berth.services.worker_agent.service import parse_args
+from berth.services.worker_agent.task_env import gpu_devices, task_environment
+from berth.shared.messages import (
     Coscheduling,
     DeviceInfo,
     GpuDevice,
@@ -28,6 +27,7 @@ from shared.messages import (
     Resources,
     TpuDevice,
 )
+from berth.spec_files import load_spec
 
 GIB = 1024 ** 3
 ROOT = Path(__file__).resolve().parent.parent
@@ -370,9 +370,9 @@ def test_an_attempts_gpu_memory_peak_and_utilisation_come_from_its_own_processes
 
 
 def test_each_devices_figures_go_with_the_heartbeat_and_show_on_the_worker() -> None:
-    from services.dashboard_api.views import worker_out
-    from shared.lifecycle import ClusterState
-    from shared.messages import DeviceStats, WorkerRegistered
+    from berth.services.dashboard_api.views import worker_out
+    from berth.shared.lifecycle import ClusterState
+    from berth.shared.messages import DeviceStats, WorkerRegistered
 
     nvml = h100s(3)
     nvml.lost = ("GPU-00000001",)
@@ -404,7 +404,7 @@ def test_card_xid_errors_make_a_device_unhealthy_but_a_programs_own_do_not() -> 
 
 
 async def test_the_watch_reports_an_unhealthy_device_once_and_keeps_the_figures() -> None:
-    from services.worker_agent.gpu_watch import GpuWatch
+    from berth.services.worker_agent.gpu_watch import GpuWatch
 
     nvml = h100s(2)
     watch = GpuWatch(nvml, gpus.discover(nvml).devices)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.scheduler.heartbeats import judge
-from shared.lifecycle import ClusterState
-from shared.messages import Heartbeat
-from shared.states import TaskState
+from berth.services.scheduler.heartbeats import judge
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import Heartbeat
+from berth.shared.states import TaskState
 from tests.test_lifecycle import assigned, cancel, fold, registered, report, submitted
 
 S = TaskState

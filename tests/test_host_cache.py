@@ -11,11 +11,11 @@ from dataclasses import astuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler import placement
-from services.scheduler.service import Leader
-from shared.config import Settings
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.services.scheduler import placement
+from berth.services.scheduler.service import Leader
+from berth.shared.config import Settings
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     DeviceHealthChanged,
@@ -29,7 +29,7 @@ from shared.messages import (
     TaskAssigned,
     WorkerRegistered,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 WORKERS = ["w0", "w1", "w2"]
 GPU = GpuDevice(variant="h100", count=2)

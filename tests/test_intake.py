@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from services.submitter.intake import intake, intake_cancel, unknown_subject
-from shared.job_ids import job_id_for, submit_seq_of
-from shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
+from berth.services.submitter.intake import intake, intake_cancel, unknown_subject
+from berth.shared.job_ids import job_id_for, submit_seq_of
+from berth.shared.messages import JobCancelRequested, JobSubmitted, SubmitRejected
 
 
 def test_valid_submit_becomes_a_job_with_a_stable_id() -> None:

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.submitter.intake import intake
-from shared import state_snapshot
-from shared.job_policy import Known, Verdict, resolve, reusable, spec_hash
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.services.submitter.intake import intake
+from berth.shared import state_snapshot
+from berth.shared.job_policy import Known, Verdict, resolve, reusable, spec_hash
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     DedupPolicy,
     ExistingPolicy,
     JobCancelRequested,
@@ -21,7 +21,7 @@ from shared.messages import (
     SubmitDeduplicated,
     SubmitRejected,
 )
-from shared.states import JOB_TERMINAL, JobState
+from berth.shared.states import JOB_TERMINAL, JobState
 
 P, R, S, F, K = (JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED,
                  JobState.KILLED)

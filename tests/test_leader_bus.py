@@ -13,9 +13,9 @@ import time
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from berth.shared import subjects
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
-from shared import subjects
-from shared.messages import JobSpec, Resources
 from tests import netbed
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_projection import accepted

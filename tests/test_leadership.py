@@ -7,9 +7,9 @@ import asyncio
 from nats.aio.client import Client as NATS
 
 from berth.client import submit_job
+from berth.shared import nats_io, subjects
+from berth.shared.messages import JobSpec, PendingReasonsChanged, Resources, encode
 from berth.stack import Stack
-from shared import nats_io, subjects
-from shared.messages import JobSpec, PendingReasonsChanged, Resources, encode
 from tests.conftest import wait_for_job, wait_until
 
 FILLER = 40_000

@@ -6,9 +6,9 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import task_rules
-from shared.lifecycle import ClusterState, Kill, Release
-from shared.messages import (
+from berth.shared import task_rules
+from berth.shared.lifecycle import ClusterState, Kill, Release
+from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     Coscheduling,
@@ -29,7 +29,7 @@ from shared.messages import (
     WorkerDeclaredDead,
     WorkerRegistered,
 )
-from shared.states import JOB_TERMINAL, JobState, TaskState
+from berth.shared.states import JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 
@@ -582,7 +582,7 @@ def test_a_snapshot_taken_anywhere_continues_to_the_same_state(
         events: list[AnyEvent], data: st.DataObject) -> None:
     """Save mid-stream, load, fold the rest (with a redelivered stretch): exactly the state
     of one fold from sequence 1, compared through a second snapshot."""
-    from shared import state_snapshot
+    from berth.shared import state_snapshot
 
     straight, _ = fold(events)
     cut = data.draw(st.integers(0, len(events)))

@@ -15,9 +15,9 @@ from nats.aio.client import Client as NATS
 
 from berth import cli
 from berth.client import cancel_job, publish_submit, submit_job, wait_for_outcome
+from berth.shared import subjects
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
-from shared import subjects
-from shared.messages import JobSpec, Resources
 from tests.conftest import get_json, wait_for_job, wait_until
 
 SMALL = Resources(cpu=0.5, memory_mb=64)

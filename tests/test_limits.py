@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler import placement
-from shared import limits as rules
-from shared import redis_auth, redis_io, subjects
-from shared.capacity import Amounts
-from shared.checker import miscounted_limit_use
-from shared.event_origin import RefusedEvent, read_event
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.services.scheduler import placement
+from berth.shared import limits as rules
+from berth.shared import redis_auth, redis_io, subjects
+from berth.shared.capacity import Amounts
+from berth.shared.checker import miscounted_limit_use
+from berth.shared.event_origin import RefusedEvent, read_event
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     Coscheduling,
     JobCancelRequested,
     JobSpec,
@@ -35,7 +35,7 @@ from shared.messages import (
     encode,
     job_spec_decoder,
 )
-from shared.reservations import Reservation, ReservationConflict, ReservationStore
+from berth.shared.reservations import Reservation, ReservationConflict, ReservationStore
 
 CPU2 = Amounts(cpu=2000, mem=100)
 NO_QUOTA = Quota()
@@ -237,7 +237,7 @@ def test_bad_limits_and_token_names_are_refused_naming_the_field() -> None:
 
 
 def test_snapshot_keeps_limits_and_use() -> None:
-    from shared import state_snapshot
+    from berth.shared import state_snapshot
 
     state = _fold(4, 2)
     loaded = state_snapshot.load(state_snapshot.dump(state, "s@1"), "s@1", state.last_seq)

@@ -9,8 +9,8 @@ import logging
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared import config
-from shared.log_format import JsonFormatter
+from berth.shared import config
+from berth.shared.log_format import JsonFormatter
 
 
 def test_a_line_logged_in_a_span_names_its_trace_and_span() -> None:

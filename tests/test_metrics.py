@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared import metrics, servers
-from shared.config import Settings
-from shared.messages import DeviceStats, Priority
+from berth.shared import metrics, servers
+from berth.shared.config import Settings
+from berth.shared.messages import DeviceStats, Priority
 from tests.test_lifecycle import fold, registered, submitted
 
 

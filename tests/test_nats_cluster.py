@@ -18,13 +18,13 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, wait_for_outcome
+from berth.services.dashboard_api import views
+from berth.shared import nats_io, servers, subjects
+from berth.shared.credentials import AuthDir, Role, load
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import JobSpec, Resources, encode
+from berth.shared.states import JobState
 from berth.stack import Stack, start_services
-from services.dashboard_api import views
-from shared import nats_io, servers, subjects
-from shared.credentials import AuthDir, Role, load
-from shared.lifecycle import ClusterState
-from shared.messages import JobSpec, Resources, encode
-from shared.states import JobState
 from tests.conftest import get_json, wait_until
 from tests.test_projection import as_json
 
@@ -386,7 +386,7 @@ def test_berth_creds_routes_renders_the_routes_file_of_a_cluster_on_hosts(
 
 def test_a_nats_url_setting_names_one_server_or_several(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from shared.config import Settings
+    from berth.shared.config import Settings
 
     assert nats_io.server_urls("nats://a:4222") == ["nats://a:4222"]
     assert nats_io.server_urls(" nats://a:4222, nats://b:4222,,tls://c:4222 ") == [

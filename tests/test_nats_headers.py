@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NatsPyClient
 
-from shared import nats_io
+from berth.shared import nats_io
 
 # Header blocks built from the bytes that matter: separators, whitespace of every kind
 # (str.isspace counts \x1c-\x1f, bytes.strip does not), non-ASCII and ordinary letters.

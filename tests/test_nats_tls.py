@@ -17,9 +17,9 @@ import nats.errors
 import pytest
 import trustme
 
-from shared import nats_io, servers, subjects
-from shared.config import Settings
-from shared.credentials import AuthDir, Role
+from berth.shared import nats_io, servers, subjects
+from berth.shared.config import Settings
+from berth.shared.credentials import AuthDir, Role
 from tests.netbed import relay
 
 

@@ -8,17 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import node_health
-from shared.lifecycle import Kill
-from shared.messages import (
+from berth.shared import node_health
+from berth.shared.lifecycle import Kill
+from berth.shared.messages import (
     AnyEvent,
     NodeAction,
     NodeHealthChanged,
     WorkerDeclaredDead,
     WorkerStopped,
 )
-from shared.node_health import Failure, QuarantinePolicy, quarantine_reason
-from shared.states import JobState, TaskState
+from berth.shared.node_health import Failure, QuarantinePolicy, quarantine_reason
+from berth.shared.states import JobState, TaskState
 from tests.test_lifecycle import assigned, fold, registered, report, submitted
 
 S = TaskState
@@ -85,7 +85,7 @@ def test_cordon_drain_quarantine_and_uncordon_survive_a_restart() -> None:
 
 
 def test_a_deposed_leaders_quarantine_is_void() -> None:
-    from shared.messages import LeaderElected
+    from berth.shared.messages import LeaderElected
 
     state, _ = fold([LeaderElected(scheduler_id="s", epoch=1),
                      LeaderElected(scheduler_id="s", epoch=2), registered(),

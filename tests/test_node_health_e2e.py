@@ -16,8 +16,8 @@ from nats.aio.client import Client as NATS
 
 from berth import cli
 from berth.client import cancel_job, submit_job
+from berth.shared.messages import Constraint, ConstraintMode, JobSpec, Op, Resources
 from berth.stack import Stack
-from shared.messages import Constraint, ConstraintMode, JobSpec, Op, Resources
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_gpu_pinning import berth
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.matching import holds, matches, preference
-from services.scheduler.placement import Host, Unit, place
-from shared.capacity import Amounts
-from shared.messages import Constraint, ConstraintMode, Coscheduling, Op
+from berth.services.scheduler.matching import holds, matches, preference
+from berth.services.scheduler.placement import Host, Unit, place
+from berth.shared.capacity import Amounts
+from berth.shared.messages import Constraint, ConstraintMode, Coscheduling, Op
 
 
 def cpu(milli: int, mem: int = 100) -> Amounts:

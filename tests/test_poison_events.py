@@ -10,9 +10,9 @@ from pathlib import Path
 from nats.aio.client import Client as NATS
 
 from berth.client import submit_job
+from berth.shared import subjects
+from berth.shared.messages import JobSpec, LeaderElected, Resources, TaskAssigned, encode
 from berth.stack import Stack, wait_for_api
-from shared import subjects
-from shared.messages import JobSpec, LeaderElected, Resources, TaskAssigned, encode
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_projection import accepted
 

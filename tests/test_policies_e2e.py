@@ -17,16 +17,16 @@ from nats.js.api import DeliverPolicy
 
 from berth import cli
 from berth.client import cancel_job, submit_job
-from berth.stack import Stack
-from services.scheduler import schedule_fires
-from shared import subjects
-from shared.messages import (
+from berth.services.scheduler import schedule_fires
+from berth.shared import subjects
+from berth.shared.messages import (
     DedupPolicy,
     ExistingPolicy,
     JobSpec,
     JobSubmitted,
     Resources,
 )
+from berth.stack import Stack
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_cli import berth_in_process
 

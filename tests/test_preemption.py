@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.placement import Host, Unit, place
-from services.scheduler.preemption import Plan, Running, may_evict, plan
-from shared.capacity import Amounts
-from shared.lifecycle import PREEMPTION_IDS_KEPT, ClusterState, Kill
-from shared.messages import (
+from berth.services.scheduler.placement import Host, Unit, place
+from berth.services.scheduler.preemption import Plan, Running, may_evict, plan
+from berth.shared.capacity import Amounts
+from berth.shared.lifecycle import PREEMPTION_IDS_KEPT, ClusterState, Kill
+from berth.shared.messages import (
     Coscheduling,
     JobSpec,
     JobSubmitted,
@@ -22,7 +22,7 @@ from shared.messages import (
     TasksPreempted,
     WorkerRegistered,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 PROD, INTER, BATCH = (p.rank for p in (Priority.PRODUCTION, Priority.INTERACTIVE,
                                        Priority.BATCH))

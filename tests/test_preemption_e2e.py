@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from berth.stack import Stack
-from shared.messages import (
+from berth.shared.messages import (
     Constraint,
     Coscheduling,
     JobSpec,
@@ -28,6 +27,7 @@ from shared.messages import (
     Resources,
     TpuDevice,
 )
+from berth.stack import Stack
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_gang_incident import assert_no_violations, job_now, submit_at_once
 

@@ -20,13 +20,13 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.client import cancel_job, publish_submit, wait_for_outcome
+from berth.services.dashboard_api import timeline, views
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import nats_io, servers, state_snapshot, subjects
+from berth.shared.durable_feed import DurableEventFeed
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import JobSpec, JobSubmitted, LeaderElected, encode
 from berth.stack import Stack, wait_for_api
-from services.dashboard_api import timeline, views
-from services.dashboard_api.projection import Projection
-from shared import nats_io, servers, state_snapshot, subjects
-from shared.durable_feed import DurableEventFeed
-from shared.lifecycle import ClusterState
-from shared.messages import JobSpec, JobSubmitted, LeaderElected, encode
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import SMALL, accepted, long_task, pids_of, task
 

@@ -8,13 +8,13 @@ import time
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.scheduler import fencing
-from services.scheduler.service import Leader
-from shared import redis_auth, redis_io, servers
-from shared.config import Settings
-from shared.messages import attempt_key
-from shared.reservations import HostUsage, ReservationStore
-from shared.states import TaskState
+from berth.services.scheduler import fencing
+from berth.services.scheduler.service import Leader
+from berth.shared import redis_auth, redis_io, servers
+from berth.shared.config import Settings
+from berth.shared.messages import attempt_key
+from berth.shared.reservations import HostUsage, ReservationStore
+from berth.shared.states import TaskState
 from tests.test_lifecycle import assigned, registered, report, submitted
 
 

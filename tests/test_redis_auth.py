@@ -14,10 +14,10 @@ import redis as sync_redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from berth.cli import doctor_redis
-from shared import redis_auth, redis_io, redis_keys, servers
-from shared.capacity import Amounts
-from shared.config import RedisSettings, parse_sentinels
-from shared.reservations import ReservationStore
+from berth.shared import redis_auth, redis_io, redis_keys, servers
+from berth.shared.capacity import Amounts
+from berth.shared.config import RedisSettings, parse_sentinels
+from berth.shared.reservations import ReservationStore
 
 # valkey's WRONGPASS (redis-py keeps the text, not the code).
 WRONGPASS = "invalid username-password pair or user is disabled"

@@ -14,11 +14,11 @@ import redis as sync_redis
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, submit_job, wait_for_outcome
+from berth.shared import nats_io, redis_auth, redis_io, servers, subjects
+from berth.shared.checker import check_cluster
+from berth.shared.messages import JobSpec, LeaderElected, Resources, encode
+from berth.shared.reservations import ReservationStore
 from berth.stack import Stack
-from shared import nats_io, redis_auth, redis_io, servers, subjects
-from shared.checker import check_cluster
-from shared.messages import JobSpec, LeaderElected, Resources, encode
-from shared.reservations import ReservationStore
 from tests.conftest import get_json, wait_for_job, wait_until
 
 TINY = Resources(cpu=0.1, memory_mb=16)

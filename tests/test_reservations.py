@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from shared import redis_auth, redis_io
-from shared.capacity import Amounts, GroupClaim
-from shared.reservations import (
+from berth.shared import redis_auth, redis_io
+from berth.shared.capacity import Amounts, GroupClaim
+from berth.shared.reservations import (
     Eviction,
     Reservation,
     ReservationConflict,

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.cli import _retry_words
-from services.dashboard_api.views import task_out
-from services.submitter.intake import intake
-from shared import durations, task_rules
-from shared.lifecycle import ClusterState, Kill
-from shared.messages import (
+from berth.services.dashboard_api.views import task_out
+from berth.services.submitter.intake import intake
+from berth.shared import durations, task_rules
+from berth.shared.lifecycle import ClusterState, Kill
+from berth.shared.messages import (
     AnyEvent,
     Backoff,
     Coscheduling,
@@ -26,8 +26,8 @@ from shared.messages import (
     TaskUnschedulable,
     WorkerDeclaredDead,
 )
-from shared.state_snapshot import dump, load
-from shared.states import ATTEMPT_LIVE, JobState, TaskState
+from berth.shared.state_snapshot import dump, load
+from berth.shared.states import ATTEMPT_LIVE, JobState, TaskState
 from tests.test_lifecycle import REPORTABLE, assigned, fold, registered, report, submitted
 
 S = TaskState

@@ -11,10 +11,16 @@ from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.schedule_fires import due
-from shared import schedules, state_snapshot
-from shared.lifecycle import ClusterState
-from shared.messages import JobCancelRequested, JobSpec, JobSubmitted, ScheduleCreated, ScheduleSpec
+from berth.services.scheduler.schedule_fires import due
+from berth.shared import schedules, state_snapshot
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
+    JobCancelRequested,
+    JobSpec,
+    JobSubmitted,
+    ScheduleCreated,
+    ScheduleSpec,
+)
 
 
 def at(text: str) -> float:

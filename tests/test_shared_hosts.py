@@ -8,8 +8,8 @@ import sys
 
 from nats.aio.client import Client as NATS
 
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
-from shared.messages import JobSpec, Resources
 from tests.conftest import run_doctor, wait_for_job
 from tests.test_projection import accepted
 

@@ -6,8 +6,8 @@ import signal
 import time
 from pathlib import Path
 
+from berth.shared.service import STOP_DEADLINE
 from berth.stack import start_stack
-from shared.service import STOP_DEADLINE
 
 
 def test_every_service_stops_cleanly_after_nats_went_away(tmp_path: Path) -> None:

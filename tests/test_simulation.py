@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 
+from berth.services.worker_agent.service import parse_args
+from berth.services.worker_agent.simulation import RunTime, simulated_hosts
+from berth.shared import redis_auth, redis_io
+from berth.shared.checker import check_cluster
+from berth.shared.messages import Coscheduling, JobSpec, Resources, TpuDevice
+from berth.shared.reservations import ReservationStore
 from berth.stack import Stack
-from services.worker_agent.service import parse_args
-from services.worker_agent.simulation import RunTime, simulated_hosts
-from shared import redis_auth, redis_io
-from shared.checker import check_cluster
-from shared.messages import Coscheduling, JobSpec, Resources, TpuDevice
-from shared.reservations import ReservationStore
 from tests.conftest import get_json, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import accepted
 

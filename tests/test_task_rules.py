@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared import task_rules
-from shared.states import ATTEMPT_TERMINAL, JobState, TaskState
+from berth.shared import task_rules
+from berth.shared.states import ATTEMPT_TERMINAL, JobState, TaskState
 
 S = TaskState
 

@@ -9,10 +9,10 @@ from collections import deque
 
 import msgspec
 
-from services.dashboard_api import timeline
-from shared.lifecycle import ClusterState
-from shared.messages import AnyEvent, Coscheduling
-from shared.states import TaskState
+from berth.services.dashboard_api import timeline
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import AnyEvent, Coscheduling
+from berth.shared.states import TaskState
 from tests.test_lifecycle import assigned, fold, registered, report, submitted
 
 S = TaskState
@@ -103,7 +103,7 @@ def test_a_busy_host_is_bounded_and_says_so() -> None:
     job = state.jobs["j1"]
     # Many short attempts, more than the index keeps: the newest are kept, and one answer
     # shows at most MAX_BARS of them.
-    from shared.lifecycle import AttemptView
+    from berth.shared.lifecycle import AttemptView
     index: dict[str, deque[timeline.HostAttempt]] = {}
     for i in range(timeline.HOST_HISTORY + 50):
         attempt = AttemptView(attempt_id=i, worker_id="w1", incarnation="i1",

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
+from berth.shared.messages import JobSpec, Resources, TpuDevice
 from berth.stack import Stack
-from shared.messages import JobSpec, Resources, TpuDevice
 from tests.conftest import run_doctor, wait_for_job, wait_until
 from tests.test_gpu_pinning import tasks_of
 from tests.test_lifecycle_e2e import accepted

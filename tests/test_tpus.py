@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from services.worker_agent import tpus
-from services.worker_agent.service import parse_args
-from services.worker_agent.task_env import task_environment
-from shared.messages import DeviceInfo, GpuDevice, TpuDevice
+from berth.services.worker_agent import tpus
+from berth.services.worker_agent.service import parse_args
+from berth.services.worker_agent.task_env import task_environment
+from berth.shared.messages import DeviceInfo, GpuDevice, TpuDevice
 
 V5E_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-16", "TPU_TOPOLOGY": "4x4",
            "TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "t-w-0,t-w-1,t-w-2,t-w-3"}

@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from berth.client import submit_job
+from berth.shared import servers
+from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
-from shared import servers
-from shared.messages import JobSpec, Resources
 from tests.conftest import wait_for_job, wait_until
 
 

@@ -19,12 +19,13 @@ import httpx
 from litestar.testing import AsyncTestClient
 from nats.aio.client import Client as NATS
 
+from berth.services.dashboard_api import auth
+from berth.services.dashboard_api.app import create_app
+from berth.services.dashboard_api.projection import Projection
 from berth.stack_info import read_stack_info
-from services.dashboard_api import auth
-from services.dashboard_api.app import create_app
-from services.dashboard_api.projection import Projection
 from tests.conftest import wait_until
 from tests.test_cli import BERTH, run_berth
+from tests.test_packaging import in_a_poisoned_project  # noqa: F401  (autouse: issue 17 item 6)
 
 
 def _alive(pid: int) -> bool:

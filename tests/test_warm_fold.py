@@ -18,10 +18,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.scheduler.warm_fold import WarmFold
-from shared import nats_io, state_snapshot, subjects
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.services.scheduler.warm_fold import WarmFold
+from berth.shared import nats_io, state_snapshot, subjects
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     AttemptReported,
     JobCancelRequested,
     JobSpec,
@@ -33,7 +33,7 @@ from shared.messages import (
     WorkerRegistered,
     encode,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 ROOT = Path(__file__).resolve().parent.parent
 

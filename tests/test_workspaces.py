@@ -23,14 +23,14 @@ from nats.aio.client import Client as NATS
 
 from berth import cli_views, workspace
 from berth.client import submit_job
+from berth.services.submitter.intake import intake
+from berth.services.worker_agent import build, bundle_stream, bundle_trees, task_dirs
+from berth.services.worker_agent.bundle_cache import BundleCache
+from berth.shared import bundles, nats_io
+from berth.shared.credentials import Role
+from berth.shared.messages import AttemptReported, JobSpec, Resources, SubmitRejected
+from berth.shared.states import TaskState
 from berth.stack import Stack
-from services.submitter.intake import intake
-from services.worker_agent import build, bundle_stream, bundle_trees, task_dirs
-from services.worker_agent.bundle_cache import BundleCache
-from shared import bundles, nats_io
-from shared.credentials import Role
-from shared.messages import AttemptReported, JobSpec, Resources, SubmitRejected
-from shared.states import TaskState
 from tests.conftest import wait_for_job, wait_until
 from tests.test_cli import run_berth
 

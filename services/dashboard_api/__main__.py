@@ -1,3 +1,3 @@
-from services.dashboard_api.service import main
+from berth.services.dashboard_api.service import main
 
 main()

@@ -27,15 +27,15 @@ from litestar.static_files import create_static_files_router
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from services.dashboard_api import auth, live, redact, timeline, views
-from services.dashboard_api import metrics as dashboard_metrics
-from services.dashboard_api.projection import Projection
-from shared import job_policy, nats_io, queue_order, subjects
-from shared import metrics as shared_metrics
-from shared.api_tokens import Role
-from shared.lifecycle import JobView, TaskView
-from shared.messages import CancelRequest, JobSpec, encode
-from shared.states import JOB_TERMINAL, job_state_names
+from berth.services.dashboard_api import auth, live, redact, timeline, views
+from berth.services.dashboard_api import metrics as dashboard_metrics
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import job_policy, nats_io, queue_order, subjects
+from berth.shared import metrics as shared_metrics
+from berth.shared.api_tokens import Role
+from berth.shared.lifecycle import JobView, TaskView
+from berth.shared.messages import CancelRequest, JobSpec, encode
+from berth.shared.states import JOB_TERMINAL, job_state_names
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000

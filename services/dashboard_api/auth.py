@@ -17,8 +17,8 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
-from shared import api_tokens
-from shared.api_tokens import Role, TokenRecord
+from berth.shared import api_tokens
+from berth.shared.api_tokens import Role, TokenRecord
 
 log = logging.getLogger("berth.dashboard.auth")
 

@@ -13,8 +13,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.dashboard_api.projection import Projection
-from shared import nats_io, subjects
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import nats_io, subjects
 
 RETRY_MS = 2000
 

@@ -10,8 +10,8 @@ from litestar.middleware.base import DefineMiddleware
 from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from services.dashboard_api.projection import Projection
-from shared import metrics, nats_io
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import metrics, nats_io
 
 # Paths grouped by route (`/api/jobs/{job_id}`), not one series per job.
 REQUESTS = PrometheusConfig(app_name="berth-dashboard", prefix="berth_dashboard",

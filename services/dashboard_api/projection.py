@@ -17,14 +17,14 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.dashboard_api import timeline
-from shared import nats_io, state_snapshot, subjects
-from shared.durable_feed import DurableEventFeed
-from shared.event_origin import RefusedEvent, read_heartbeat
-from shared.lifecycle import AttemptView, ClusterState, JobView
-from shared.messages import DeviceStats, JobSubmitted, TaskAssigned
-from shared.nats_io import RawEvent
-from shared.usage import FairShare
+from berth.services.dashboard_api import timeline
+from berth.shared import nats_io, state_snapshot, subjects
+from berth.shared.durable_feed import DurableEventFeed
+from berth.shared.event_origin import RefusedEvent, read_heartbeat
+from berth.shared.lifecycle import AttemptView, ClusterState, JobView
+from berth.shared.messages import DeviceStats, JobSubmitted, TaskAssigned
+from berth.shared.nats_io import RawEvent
+from berth.shared.usage import FairShare
 
 log = logging.getLogger("berth.dashboard.projection")
 

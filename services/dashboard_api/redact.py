@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.dashboard_api.auth import Caller
-from shared.messages import JobSpec, JobSubmitted, encode, event_decoder
+from berth.services.dashboard_api.auth import Caller
+from berth.shared.messages import JobSpec, JobSubmitted, encode, event_decoder
 
 REDACTED = "<redacted>"
 

@@ -6,13 +6,13 @@ import asyncio
 import logging
 from pathlib import Path
 
-from services.dashboard_api import auth, metrics
-from services.dashboard_api.app import create_app
-from services.dashboard_api.projection import Projection
-from shared import api_tokens, asgi_server, dir_lock, nats_io, service
-from shared import metrics as shared_metrics
-from shared.config import Settings
-from shared.credentials import Role
+from berth.services.dashboard_api import auth, metrics
+from berth.services.dashboard_api.app import create_app
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import api_tokens, asgi_server, dir_lock, nats_io, service
+from berth.shared import metrics as shared_metrics
+from berth.shared.config import Settings
+from berth.shared.credentials import Role
 
 log = logging.getLogger("berth.dashboard")
 

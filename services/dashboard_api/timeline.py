@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from shared.lifecycle import AttemptView, ClusterState, JobView, WorkerView
-from shared.states import TaskState
+from berth.shared.lifecycle import AttemptView, ClusterState, JobView, WorkerView
+from berth.shared.states import TaskState
 
 HOST_HISTORY = 500  # attempts per host the index keeps (the newest)
 MAX_HOSTS = 500  # hosts per page

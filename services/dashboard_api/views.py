@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared import schedules, task_rules
-from shared.capacity import Amounts
-from shared.lifecycle import AttemptView, JobView, ScheduleView, TaskView, WorkerView
-from shared.limits import Limits, Usage
-from shared.messages import (
+from berth.shared import schedules, task_rules
+from berth.shared.capacity import Amounts
+from berth.shared.lifecycle import AttemptView, JobView, ScheduleView, TaskView, WorkerView
+from berth.shared.limits import Limits, Usage
+from berth.shared.messages import (
     DeviceStats,
     GpuTelemetry,
     JobSpec,
@@ -22,7 +22,7 @@ from shared.messages import (
     ResourceUse,
     User,
 )
-from shared.states import JOB_TERMINAL, JobState, TaskState, job_state_names
+from berth.shared.states import JOB_TERMINAL, JobState, TaskState, job_state_names
 
 
 class AttemptOut(msgspec.Struct):

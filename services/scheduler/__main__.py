@@ -1,3 +1,3 @@
-from services.scheduler.service import main
+from berth.services.scheduler.service import main
 
 main()

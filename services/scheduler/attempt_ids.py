@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.lifecycle import ClusterState, TaskView
-from shared.messages import parse_attempt_key
+from berth.shared.lifecycle import ClusterState, TaskView
+from berth.shared.messages import parse_attempt_key
 
 # Per task, the highest attempt id seen in Redis beyond what the fold would hand out.
 TakenIds = dict[tuple[str, int], int]

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from shared import nats_io, subjects
-from shared.event_origin import MAX_EPOCH_STEP, believed_epoch
-from shared.messages import LeaderElected, encode
-from shared.reservations import ReservationStore
+from berth.shared import nats_io, subjects
+from berth.shared.event_origin import MAX_EPOCH_STEP, believed_epoch
+from berth.shared.messages import LeaderElected, encode
+from berth.shared.reservations import ReservationStore
 
 log = logging.getLogger("berth.scheduler")
 

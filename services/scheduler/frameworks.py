@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.messages import JobSpec
+from berth.shared.messages import JobSpec
 
 
 def variables(spec: JobSpec, task_index: int, address: str, ports: Mapping[str, int],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.lifecycle import ClusterState, WorkerView
-from shared.messages import Heartbeat, parse_attempt_key
-from shared.states import TaskState
+from berth.shared.lifecycle import ClusterState, WorkerView
+from berth.shared.messages import Heartbeat, parse_attempt_key
+from berth.shared.states import TaskState
 
 AttemptRef = tuple[str, int, int]  # job id, task index, attempt id
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.messages import Constraint, ConstraintMode, Op, parse_number
+from berth.shared.messages import Constraint, ConstraintMode, Op, parse_number
 
 
 def holds(attributes: Mapping[str, str], c: Constraint) -> bool:

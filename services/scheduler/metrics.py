@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from shared import metrics, nats_io
-from shared.reservations import ReservationStore
+from berth.shared import metrics, nats_io
+from berth.shared.reservations import ReservationStore
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from services.scheduler.service import Leader
+    from berth.services.scheduler.service import Leader
 
 PLACEMENTS = Counter("berth_scheduler_placements",
                      "Tasks placed: reserved in Redis by a tick's commit")

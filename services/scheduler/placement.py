@@ -19,10 +19,10 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.scheduler.matching import describe, matches, preference, required
-from shared import limits as limit_rules
-from shared.capacity import Amounts, GroupClaim
-from shared.messages import Constraint, Coscheduling
+from berth.services.scheduler.matching import describe, matches, preference, required
+from berth.shared import limits as limit_rules
+from berth.shared.capacity import Amounts, GroupClaim
+from berth.shared.messages import Constraint, Coscheduling
 
 PORT_RANGE = range(30000, 40000)
 

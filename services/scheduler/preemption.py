@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.scheduler.placement import Host, Unit, candidates, free_amounts, order_key
-from shared.capacity import Amounts
+from berth.services.scheduler.placement import Host, Unit, candidates, free_amounts, order_key
+from berth.shared.capacity import Amounts
 
 
 @dataclass(frozen=True)

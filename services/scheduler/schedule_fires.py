@@ -19,9 +19,9 @@ import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from shared import schedules, subjects
-from shared.lifecycle import ClusterState, ScheduleView
-from shared.messages import ScheduleFire, decode, encode, fire_decoder
+from berth.shared import schedules, subjects
+from berth.shared.lifecycle import ClusterState, ScheduleView
+from berth.shared.messages import ScheduleFire, decode, encode, fire_decoder
 
 log = logging.getLogger("berth.scheduler")
 

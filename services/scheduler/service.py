@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from redis.exceptions import NoPermissionError
 
-from services.scheduler import (
+from berth.services.scheduler import (
     attempt_ids,
     fencing,
     frameworks,
@@ -37,8 +37,8 @@ from services.scheduler import (
     schedule_fires,
     warm_fold,
 )
-from services.scheduler import metrics as scheduler_metrics
-from shared import (
+from berth.services.scheduler import metrics as scheduler_metrics
+from berth.shared import (
     bounded,
     dir_lock,
     metrics,
@@ -51,13 +51,21 @@ from shared import (
     task_rules,
     telemetry,
 )
-from shared import limits as limit_rules
-from shared.capacity import Amounts, GroupClaim
-from shared.config import RedisSettings, Settings
-from shared.credentials import Role
-from shared.event_origin import RefusedEvent, read_heartbeat
-from shared.lifecycle import ClusterState, Effect, JobView, Kill, Release, TaskView, WorkerView
-from shared.messages import (
+from berth.shared import limits as limit_rules
+from berth.shared.capacity import Amounts, GroupClaim
+from berth.shared.config import RedisSettings, Settings
+from berth.shared.credentials import Role
+from berth.shared.event_origin import RefusedEvent, read_heartbeat
+from berth.shared.lifecycle import (
+    ClusterState,
+    Effect,
+    JobView,
+    Kill,
+    Release,
+    TaskView,
+    WorkerView,
+)
+from berth.shared.messages import (
     AnyEvent,
     Command,
     DeviceHealthChanged,
@@ -84,7 +92,7 @@ from shared.messages import (
     encode,
     parse_attempt_key,
 )
-from shared.reservations import (
+from berth.shared.reservations import (
     Eviction,
     NotDurable,
     Reservation,
@@ -92,7 +100,7 @@ from shared.reservations import (
     ReservationStore,
     StaleEpochError,
 )
-from shared.states import ATTEMPT_LIVE, TaskState
+from berth.shared.states import ATTEMPT_LIVE, TaskState
 
 log = logging.getLogger("berth.scheduler")
 tracer = telemetry.tracer("berth.scheduler")

@@ -21,9 +21,9 @@ from pathlib import Path
 import nats.errors
 from nats.js import JetStreamContext
 
-from shared import nats_io, state_snapshot
-from shared.lifecycle import ClusterState
-from shared.usage import FairShare
+from berth.shared import nats_io, state_snapshot
+from berth.shared.lifecycle import ClusterState
+from berth.shared.usage import FairShare
 
 log = logging.getLogger("berth.scheduler")
 

@@ -1,3 +1,3 @@
-from services.submitter.service import main
+from berth.services.submitter.service import main
 
 main()

@@ -13,9 +13,9 @@ import time
 
 from nats.js import JetStreamContext
 
-from shared import job_policy, nats_io, subjects
-from shared.lifecycle import ClusterState
-from shared.messages import JobSpec, JobSubmitted
+from berth.shared import job_policy, nats_io, subjects
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import JobSpec, JobSubmitted
 
 log = logging.getLogger("berth.submitter")
 

@@ -8,8 +8,8 @@ from typing import TypeVar
 
 import msgspec
 
-from shared.job_ids import job_id_for
-from shared.messages import (
+from berth.shared.job_ids import job_id_for
+from berth.shared.messages import (
     JobCancelRequested,
     JobSubmitted,
     SubmitRejected,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from shared.messages import (
+from berth.shared.messages import (
     JobCancelRequested,
     JobSubmitted,
     ScheduleCreated,

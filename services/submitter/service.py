@@ -13,15 +13,15 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services.submitter import metrics
-from services.submitter.index import JobIndex
-from services.submitter.intake import intake, intake_cancel, unknown_subject
-from shared import metrics as shared_metrics
-from shared import nats_io, service, subjects, telemetry
-from shared.config import Settings
-from shared.credentials import Role
-from shared.job_ids import job_id_for, schedule_id_for, submit_seq_of
-from shared.messages import (
+from berth.services.submitter import metrics
+from berth.services.submitter.index import JobIndex
+from berth.services.submitter.intake import intake, intake_cancel, unknown_subject
+from berth.shared import metrics as shared_metrics
+from berth.shared import nats_io, service, subjects, telemetry
+from berth.shared.config import Settings
+from berth.shared.credentials import Role
+from berth.shared.job_ids import job_id_for, schedule_id_for, submit_seq_of
+from berth.shared.messages import (
     AnyEvent,
     JobCancelRequested,
     JobSubmitted,

@@ -1,3 +1,3 @@
-from services.worker_agent.service import main
+from berth.services.worker_agent.service import main
 
 main()

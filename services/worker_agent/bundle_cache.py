@@ -23,8 +23,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from services.worker_agent import bundle_stream, bundle_trees
-from shared import bundles, subjects
+from berth.services.worker_agent import bundle_stream, bundle_trees
+from berth.shared import bundles, subjects
 
 log = logging.getLogger("berth.worker.bundles")
 # A fetch that has received nothing for this long has failed.

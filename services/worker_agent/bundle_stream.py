@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.worker_agent import bundle_trees
-from shared import bundles
+from berth.services.worker_agent import bundle_trees
+from berth.shared import bundles
 
 # Chunks received but not yet unpacked, above which `feed` waits (the disk is slower than
 # the network for a while): nats-py then holds the rest, and the consumer's flow control

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from shared.messages import DeviceInfo
+from berth.shared.messages import DeviceInfo
 
 log = logging.getLogger("berth.worker")
 

@@ -9,8 +9,8 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from services.worker_agent.gpus import Nvml, text
-from shared.messages import DeviceInfo
+from berth.services.worker_agent.gpus import Nvml, text
+from berth.shared.messages import DeviceInfo
 
 log = logging.getLogger("berth.worker")
 

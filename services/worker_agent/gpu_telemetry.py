@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.worker_agent.gpus import Nvml
-from shared.messages import DeviceInfo, DeviceStats, GpuTelemetry
+from berth.services.worker_agent.gpus import Nvml
+from berth.shared.messages import DeviceInfo, DeviceStats, GpuTelemetry
 
 
 def parent_of(pid: int) -> int | None:

@@ -11,9 +11,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from services.worker_agent import gpu_health, gpu_telemetry
-from services.worker_agent.gpus import Nvml
-from shared.messages import DeviceInfo, DeviceStats, GpuTelemetry
+from berth.services.worker_agent import gpu_health, gpu_telemetry
+from berth.services.worker_agent.gpus import Nvml
+from berth.shared.messages import DeviceInfo, DeviceStats, GpuTelemetry
 
 log = logging.getLogger("berth.worker")
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.worker_agent.device_offer import GPU, offered_devices
-from shared.messages import DeviceInfo
+from berth.services.worker_agent.device_offer import GPU, offered_devices
+from berth.shared.messages import DeviceInfo
 
 log = logging.getLogger("berth.worker")
 

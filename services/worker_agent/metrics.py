@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter
 from prometheus_client.core import Metric
 
-from shared import metrics
+from berth.shared import metrics
 
 if TYPE_CHECKING:
-    from services.worker_agent.service import WorkerAgent
+    from berth.services.worker_agent.service import WorkerAgent
 
 HEARTBEATS = Counter("berth_worker_heartbeats",
                      "Heartbeats sent for an answer, by outcome (acknowledged, unanswered)",

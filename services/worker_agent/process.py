@@ -17,7 +17,7 @@ from typing import Protocol
 
 import msgspec
 
-from shared.messages import ResourceUse
+from berth.shared.messages import ResourceUse
 
 OutputSink = Callable[[str, bytes], Awaitable[None]]
 

@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.worker_agent import (
+from berth.services.worker_agent import (
     build,
     device_offer,
     gpus,
@@ -31,17 +31,22 @@ from services.worker_agent import (
     task_dirs,
     tpus,
 )
-from services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
-from services.worker_agent.epochs import EpochView
-from services.worker_agent.gpu_watch import GpuWatch
-from services.worker_agent.process import AttemptProcess, Runnable, describe_exit, signal_group
-from services.worker_agent.task_dirs import TaskDirs
-from services.worker_agent.task_env import gpu_devices, task_environment
-from shared import bounded, dir_lock, nats_io, service, subjects, telemetry
-from shared import metrics as shared_metrics
-from shared.config import Settings
-from shared.credentials import Role
-from shared.messages import (
+from berth.services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
+from berth.services.worker_agent.epochs import EpochView
+from berth.services.worker_agent.gpu_watch import GpuWatch
+from berth.services.worker_agent.process import (
+    AttemptProcess,
+    Runnable,
+    describe_exit,
+    signal_group,
+)
+from berth.services.worker_agent.task_dirs import TaskDirs
+from berth.services.worker_agent.task_env import gpu_devices, task_environment
+from berth.shared import bounded, dir_lock, nats_io, service, subjects, telemetry
+from berth.shared import metrics as shared_metrics
+from berth.shared.config import Settings
+from berth.shared.credentials import Role
+from berth.shared.messages import (
     AttemptReported,
     DeviceHealthChanged,
     DeviceInfo,
@@ -64,7 +69,7 @@ from shared.messages import (
     heartbeat_ack_decoder,
     leader_decoder,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 log = logging.getLogger("berth.worker")
 tracer = telemetry.tracer("berth.worker")

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.messages import Resources, ResourceUse
+from berth.shared.messages import Resources, ResourceUse
 
 SIGNAL_KILLED = -15
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.messages import GpuDevice, Resources
+from berth.shared.messages import GpuDevice, Resources
 
 # From the worker's environment, only these reach a task (docs/configuration.md).
 INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from services.worker_agent.device_offer import TPU, offered_devices
-from shared.messages import DeviceInfo
+from berth.services.worker_agent.device_offer import TPU, offered_devices
+from berth.shared.messages import DeviceInfo
 
 log = logging.getLogger("berth.worker")
 

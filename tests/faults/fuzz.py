@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 from nats.aio.client import Client as NATS
 
-from shared import subjects
-from shared.messages import (
+from berth.shared import subjects
+from berth.shared.messages import (
     AttemptReported,
     CancelRequest,
     Heartbeat,
@@ -37,7 +37,7 @@ from shared.messages import (
     WorkerRegistered,
     encode,
 )
-from shared.states import TaskState
+from berth.shared.states import TaskState
 
 HUGE = [b"1" + b"0" * 30, b"-1" + b"0" * 30, b"1e308", b"1e999", b"-1e999",
         b"18446744073709551616", b"-9223372036854775809", b"0.0000000000000000000001"]

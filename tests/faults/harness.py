@@ -42,12 +42,11 @@ import nats
 from nats.aio.client import Client as NATS
 
 from berth.client import publish_submit, wait_for_outcome
-from berth.stack import Stack, start_stack, wait_for_api
-from services.dashboard_api import views
-from shared import nats_io, redis_auth, redis_io, servers, subjects
-from shared.checker import Report, check_cluster
-from shared.lifecycle import ClusterState
-from shared.messages import (
+from berth.services.dashboard_api import views
+from berth.shared import nats_io, redis_auth, redis_io, servers, subjects
+from berth.shared.checker import Report, check_cluster
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
     AttemptReported,
     Coscheduling,
     JobSpec,
@@ -56,8 +55,9 @@ from shared.messages import (
     attempt_key,
     encode,
 )
-from shared.reservations import ReservationStore
-from shared.states import TaskState
+from berth.shared.reservations import ReservationStore
+from berth.shared.states import TaskState
+from berth.stack import Stack, start_stack, wait_for_api
 from tests.faults import fuzz
 from tests.faults.procs import Sampler, tagged
 from tests.test_projection import as_json

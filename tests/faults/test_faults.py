@@ -16,12 +16,12 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.dashboard_api.projection import Projection
-from shared import subjects
-from shared.event_origin import RefusedEvent, read_event
-from shared.lifecycle import AttemptView, ClusterState, JobView, TaskView
-from shared.messages import JobSpec, JobSubmitted, LeaderAnnouncement, Resources, encode
-from shared.states import TaskState
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import subjects
+from berth.shared.event_origin import RefusedEvent, read_event
+from berth.shared.lifecycle import AttemptView, ClusterState, JobView, TaskView
+from berth.shared.messages import JobSpec, JobSubmitted, LeaderAnnouncement, Resources, encode
+from berth.shared.states import TaskState
 from tests.faults import fuzz, harness
 from tests.faults.procs import Sampler, tagged
 
