@@ -35,9 +35,8 @@ async def test_a_leader_cut_off_from_nats_gives_up_its_lease(make_stack, nc: NAT
             env={"BERTH_NATS_URL": f"nats://127.0.0.1:{relay.port}"})
         first = await accepted(nc, JobSpec(name="first", command=["true"], resources=SMALL))
         await wait_for_job(stack, first, {"succeeded"})
-        # It started from the snapshot the stack's scheduler saved as it stopped.
-        log_a = (stack.data_dir / "logs" / "scheduler-a.log").read_text()
-        assert "scheduler snapshot loaded" in log_a, log_a[-2000:]
+        # (The stack's scheduler only ever led, so it saved no snapshot: a term's fold may be
+        # ahead of the log, warm_fold.end_term. Snapshots are tested in test_warm_fold.)
         stack.start_service("scheduler", label="scheduler-b")
         old_epoch = await _current_epoch(nc)
 

@@ -144,10 +144,11 @@ async def test_a_snapshot_at_any_point_plus_the_tail_equals_a_fold_from_one(
         handed = await warm_up_to(nc, warm, last)
         assert handed.last_seq == last, cut
         assert same(handed, fresh, stream), f"snapshot at {cut} of {last}"
-        # A term gives its fold back; what is saved then is the fold too.
-        warm.take_back(handed)
+        # A term's fold is not taken back (it may be ahead of the log), and nothing empty
+        # is saved over the snapshot file.
+        warm.end_term()
         await warm.close()
-        assert same(state_snapshot.load(path.read_bytes(), stream, last), fresh, stream)
+        assert path.exists() == bool(cut)
 
 
 @pytest.mark.parametrize("spoil", ["unreadable", "another stream"])

@@ -1324,7 +1324,6 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
         term = term or scheduler_metrics.Term()
         term.leader = leader
         scheduler_metrics.TERMS.inc()
-        crashed = False
         try:
             await leader.serve(stop)
         except (LostLeadership, StaleEpochError, NotDurable, ReservationConflict,
@@ -1346,20 +1345,15 @@ async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStor
             log.warning("lost leadership: NATS failed (%s: %s); standing by",
                         type(exc).__name__, exc)
             await service.wait_or_stop(stop, backoff.next())
-        except BaseException:
-            crashed = True
-            raise
         finally:
             term.leader = None
             term.folded_earlier += leader.folded
             folded = max(folded, leader.state.epoch)
-            # Not after a crash: it may have stopped the fold inside an event. Else the
-            # term's fold (changed only by folding events) goes on warm; unless the term
+            # The term's fold is not kept (warm_fold.end_term says why); unless the term
             # ended before the warm fold was handed to it, which then is still the
             # standby's own (or, handed over halfway, empty: folded again from the snapshot).
-            if not crashed and leader.state_from is None:
-                warm.take_back(leader.state)
-                await warm.save()
+            if leader.state_from is None:
+                warm.end_term()
 
 
 def main() -> None:
