@@ -32,9 +32,11 @@ SIGHUP: those are for the task (the agent signals the whole group), and the supe
 to collect the task's exit. Standard library only, started with -I -S, so nothing needs
 installing.
 
-Started by exec, a supervisor costs an attempt about 45 ms of CPU (a Python start and its
-imports). So the agent keeps one **zygote** (`--zygote`): a supervisor with everything
-imported that forks a supervisor per attempt, about 2 ms (docs/performance.md). The agent
+Started by exec, a supervisor costs an attempt 45-65 ms of CPU (a Python start, and its
+imports: ctypes and json alone are ~25 ms). So the agent keeps one **zygote** (`--zygote`):
+a supervisor with everything imported that forks a supervisor per attempt: about 8 ms of
+CPU with a `true` task included, on a loaded 2-core machine (bench/supervisor.py,
+docs/performance.md). The agent
 sends it one datagram per attempt, a JSON request (ZygoteRequest's fields) with four file
 descriptors: the read end of the supervisor's stdin (the agent keeps the only write end, so
 its death is still seen), the write ends of its stdout and stderr, and a *status* pipe, on
