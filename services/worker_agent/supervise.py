@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -257,10 +258,17 @@ class Agent:
             self.read()
 
 
-def become_subreaper() -> None:
+def libc_prctl() -> object:
     # Not on Linux: the process group is all there is.
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+def become_subreaper(prctl: object = None) -> None:
+    prctl = prctl or libc_prctl()
+    if callable(prctl):
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def fence(fence_file: str, agent: Agent) -> None:
@@ -287,11 +295,12 @@ def report(status_fd: int, code: int) -> None:
 
 
 def supervise(fence_file: str, deadline: float, usage_path: str, command: list[str],
-              env: dict[str, str] | None = None, status_fd: int = -1) -> None:
+              env: dict[str, str] | None = None, status_fd: int = -1,
+              prctl: object = None) -> None:
     """Runs `command` under this process's supervision until the end (never returns)."""
     me = os.getpid()
     usage = Usage(usage_path)
-    become_subreaper()
+    become_subreaper(prctl)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     asked = []
@@ -366,6 +375,10 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: forget_children())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    prctl = libc_prctl()
+    # What is here now stays as it is: no collection in a forked child walks (and so
+    # copies) the pages it shares with us.
+    gc.freeze()
     while True:
         message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, ZYGOTE_FDS)
         if not message and not fds:
@@ -374,12 +387,12 @@ def serve(sock: socket.socket) -> None:
             # A failed fork closes the fds below: the agent sees no pid and execs instead.
             with contextlib.suppress(OSError):
                 if os.fork() == 0:
-                    start_forked(sock, message, fds)
+                    start_forked(sock, message, fds, prctl)
         for fd in fds:
             os.close(fd)
 
 
-def start_forked(sock: socket.socket, message: bytes, fds: list[int]) -> None:
+def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: object) -> None:
     """In the zygote's child: becomes the attempt's supervisor (never returns)."""
     stdin, stdout, stderr, status = fds
     try:
@@ -395,7 +408,7 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int]) -> None:
         request = json.loads(message)
         os.chdir(request["cwd"])
         supervise(request["fence_file"], float(request["deadline"]), request["usage_file"],
-                  list(request["argv"]), dict(request["env"]), status)
+                  list(request["argv"]), dict(request["env"]), status, prctl)
     except BaseException as exc:  # whatever it was, the agent must hear of it
         with contextlib.suppress(OSError):
             os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
