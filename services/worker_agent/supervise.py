@@ -316,8 +316,10 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
     agent = Agent(0, deadline)
     agent.poll()
     if agent.gone or time.monotonic() > agent.deadline:
-        # Never started: e.g. a request the agent gave up on, forked late.
-        fence(fence_file, agent)
+        # Never started: e.g. a request the agent gave up on, forked late (which has no
+        # fence file to write: the same name may be an exec'd supervisor's by now).
+        if not agent.gone:
+            fence(fence_file, agent)
         report(status_fd, 137)
         os._exit(137)
 
@@ -373,7 +375,8 @@ def serve(sock: socket.socket) -> None:
     # through their status pipes: so what they used counts in ours. A supervisor sets its
     # own SIGCHLD handler.
     signal.signal(signal.SIGCHLD, lambda *_: forget_children())
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # SIGUSR1 too: a forked supervisor may be asked before it has set its handler.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     prctl = libc_prctl()
     # What is here now stays as it is: no collection in a forked child walks (and so
