@@ -13,12 +13,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from berth.services.worker_agent import zygote as zygote_module
 from berth.services.worker_agent.process import AttemptProcess
 from berth.services.worker_agent.supervise import descendants
-from berth.services.worker_agent.zygote import Forked, Zygote
+from berth.services.worker_agent.zygote import Forked, Zygote, ZygoteRequest
 
 
 def alive(pid: int) -> bool:
@@ -143,3 +144,27 @@ async def test_a_sigkilled_agent_takes_its_forked_tasks_with_it(tmp_path: Path) 
         if agent.returncode is None:
             agent.kill()
         await agent.wait()
+
+
+async def test_a_supervisor_forked_after_the_agent_gave_up_never_starts_its_task(
+        tmp_path: Path) -> None:
+    zygote = Zygote()
+    try:
+        marker = tmp_path / "ran"
+        request = ZygoteRequest(argv=["sh", "-c", f"echo > {marker}"], env=dict(os.environ),
+                                cwd=str(tmp_path), fence_file=str(tmp_path / "fenced"),
+                                deadline=time.monotonic() + 60, usage_file="")
+        stdin_r, stdin_w = os.pipe()
+        os.close(stdin_w)  # the agent gave up on this start
+        status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe()
+        assert zygote._send(msgspec.json.encode(request), [stdin_r, out_w, out_w, status_w])
+        for fd in (stdin_r, out_w, status_w):
+            os.close(fd)
+        with os.fdopen(status_r, "rb") as status:
+            lines = await asyncio.to_thread(status.read)
+        os.close(out_r)
+        assert lines.split()[1:] == [b"137"]
+        assert not marker.exists() and not (tmp_path / "fenced").exists()
+    finally:
+        zygote.close()
