@@ -19,6 +19,8 @@ SIGKILL, when:
 - the task's main process has exited (nothing of an attempt outlives it).
 
 A task is not started at all when the deadline has passed or the agent is gone already.
+It starts with every signal at its default disposition (SIGPIPE included, which Python
+ignores) and /dev/null as its stdin.
 
 It measures what the tree used, and before it exits writes it to USAGE_FILE as JSON
 (`cpu_seconds`, `peak_rss_mb`, `samples`): the CPU time of every descendant (all of them are
