@@ -61,6 +61,11 @@ async def test_a_forked_supervisor_reports_exits_output_and_usage(tmp_path: Path
         p = attempt(tmp_path, ["sh", "-c", "kill -TERM $$"], zygote)
         await p.start()
         assert await p.wait() == -signal.SIGTERM
+        # SIGPIPE is the task's default again (Python ignores it, and an ignored signal
+        # stays ignored in a shell).
+        p = attempt(tmp_path, ["sh", "-c", "kill -PIPE $$"], zygote)
+        await p.start()
+        assert await p.wait() == -signal.SIGPIPE
         # A task that ignores SIGTERM: SIGUSR1 to its supervisor at the grace's end.
         p = attempt(tmp_path, ["sh", "-c", "trap '' TERM; sleep 30"], zygote)
         await p.start()
