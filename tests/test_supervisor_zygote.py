@@ -5,6 +5,7 @@ stops new starts only (they fall back to exec); the agent dying still kills the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -173,3 +174,14 @@ async def test_a_supervisor_forked_after_the_agent_gave_up_never_starts_its_task
         assert not marker.exists() and not (tmp_path / "fenced").exists()
     finally:
         zygote.close()
+
+
+def test_the_supervisor_benchmark_runs_and_forking_costs_less_than_exec() -> None:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/supervisor.py", "--attempts", "8",
+                           "--concurrency", "4"], cwd=root, capture_output=True, text=True,
+                          timeout=60, check=True)
+    rows = {r["mode"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert rows["exec"]["attempts"] == rows["zygote"]["attempts"] == 8
+    assert (rows["zygote"]["supervisor_cpu_ms_per_attempt"]
+            < rows["exec"]["supervisor_cpu_ms_per_attempt"])
