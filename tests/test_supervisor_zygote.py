@@ -73,6 +73,15 @@ async def test_a_forked_supervisor_reports_exits_output_and_usage(tmp_path: Path
         await asyncio.sleep(0.2)
         await p.stop(0.3)
         assert p.proc is not None and p.proc.returncode == -signal.SIGKILL
+        # The program is looked for on the task's PATH, not the agent's.
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "only-here").write_text("#!/bin/sh\nexit 7\n")
+        (bin_dir / "only-here").chmod(0o755)
+        p = attempt(tmp_path, ["only-here"], zygote)
+        p.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+        await p.start()
+        assert isinstance(p.proc, Forked) and await p.wait() == 7
         with pytest.raises(FileNotFoundError):
             await attempt(tmp_path, ["no-such-program-here"], zygote).start()
     finally:

@@ -412,8 +412,12 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
                 os.close(fd)
         request = json.loads(message)
         os.chdir(request["cwd"])
+        # The task's environment becomes ours, as an exec'd supervisor's is: posix_spawnp
+        # looks for the program on our PATH.
+        os.environ.clear()
+        os.environ.update(request["env"])
         supervise(request["fence_file"], float(request["deadline"]), request["usage_file"],
-                  list(request["argv"]), dict(request["env"]), status, prctl)
+                  list(request["argv"]), None, status, prctl)
     except BaseException as exc:  # whatever it was, the agent must hear of it
         with contextlib.suppress(OSError):
             os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
