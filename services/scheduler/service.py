@@ -29,6 +29,7 @@ from redis.exceptions import NoPermissionError
 
 from berth.services.scheduler import (
     attempt_ids,
+    compaction,
     fencing,
     frameworks,
     heartbeats,
@@ -247,6 +248,8 @@ class Leader:
         # none yet), and the one the current tick's placement was computed with.
         self.limits_synced = -1
         self.tick_limits_seq = 0
+        self.compactor = compaction.Compactor(self.js, lambda: self.state, self.epoch,
+                                              self._renew_lease, self._apply_own)
 
     # --- term ---------------------------------------------------------------------------
 
@@ -266,14 +269,18 @@ class Leader:
             asyncio.create_task(stop.wait(), name="stop"),
             taking_over,
         ]
-        hb_sub = None
+        hb_sub = compact_sub = None
         try:
             if await self._until_first_ends(tasks) != taking_over:
                 return  # stopped while taking over
             tasks.remove(taking_over)
             assert self.events is not None  # set by the take-over
             hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
+            compact_sub = await self.nc.subscribe(subjects.ADMIN_COMPACT,
+                                                  cb=self.compactor.on_request)
             tasks += [
+                asyncio.create_task(self.compactor.run(self.settings.job_retention),
+                                    name="compaction"),
                 asyncio.create_task(self._follow(self.events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
@@ -287,6 +294,8 @@ class Leader:
             await asyncio.gather(*tasks, return_exceptions=True)
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
+            if compact_sub is not None:
+                await compact_sub.unsubscribe()
             if self.events is not None:
                 await self.events.aclose()
             gc.unfreeze()  # this term's state may be collected once the Leader is dropped
@@ -460,6 +469,11 @@ class Leader:
             if worker.incarnation == event.incarnation:
                 await self._register_host(worker)
                 self.wake.set()
+
+    async def _apply_own(self, event: AnyEvent) -> None:
+        """Folds an event this leader has just logged, at once (folding it again from the
+        stream changes nothing)."""
+        await self._carry_out(self.state.apply(0, event))
 
     async def _register_host(self, worker: WorkerView) -> None:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new
