@@ -296,6 +296,10 @@ class ClusterState:
         # Finished jobs dropped by JobsCompacted events (docs/retention.md), a count only:
         # remembering their ids would grow as the log no longer does.
         self.compacted_jobs = 0
+        # Jobs a JobsCompacted named while an attempt of theirs was live in this fold: must
+        # never happen (shared/retention.py compacts only confirmed exits); the checker
+        # reports them.
+        self.compacted_live: list[str] = []
         self.last_seq = 0
         self.epoch = 0
         # Messages in the log the fold did not believe (undecodable, or from a subject
@@ -476,8 +480,14 @@ class ClusterState:
             for task in job.tasks:
                 self._unqueue(task)
                 for attempt in task.attempts:
-                    if not attempt.exited:
-                        self._attempt_exited(attempt, job_id, task.index, effects)
+                    if attempt.exited:
+                        continue
+                    key = attempt_key(job_id, task.index, attempt.attempt_id)
+                    worker = self.workers.get(attempt.worker_id)
+                    if (worker is not None and key in worker.live_attempts
+                            and len(self.compacted_live) < MAX_REUSES_KEPT):
+                        self.compacted_live.append(f"{key} on {attempt.worker_id}")
+                    self._attempt_exited(attempt, job_id, task.index, effects)
             del self.jobs[job_id]
             self.compacted_jobs += 1
             if self.job_by_submit.get(job.submit_seq) == job_id:

@@ -58,6 +58,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     usage_half_life: float
     recent_use: dict[str, UserUsage]
     compacted_jobs: int
+    compacted_live: list[str]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -94,6 +95,7 @@ def dump(state: ClusterState, stream: str) -> bytes:
         usage_half_life=state.usage_half_life,
         recent_use=state.recent_use,
         compacted_jobs=state.compacted_jobs,
+        compacted_live=state.compacted_live,
     ))
 
 
@@ -150,6 +152,7 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.over_limits = snap.over_limits
     state.recent_use = snap.recent_use
     state.compacted_jobs = snap.compacted_jobs
+    state.compacted_live = snap.compacted_live
     return state
 
 
