@@ -293,8 +293,8 @@ class ClusterState:
         # no job of their own (shared/job_policy.py)
         self.same_by_submit: dict[int, tuple[str, str]] = {}
         self.schedules: dict[str, ScheduleView] = {}
-        # Finished jobs dropped by JobsCompacted events (docs/retention.md), a count only:
-        # remembering their ids would grow as the log no longer does.
+        # Finished jobs the log's JobsCompacted events name (docs/retention.md), a count
+        # only: remembering their ids would grow as the log no longer does.
         self.compacted_jobs = 0
         # Jobs a JobsCompacted named while an attempt of theirs was live in this fold: must
         # never happen (shared/retention.py compacts only confirmed exits); the checker
@@ -444,6 +444,8 @@ class ClusterState:
                 # fact of the log, whoever wrote it; and a reader that misses it could keep
                 # a job whose later events were purged as pending.
                 self._jobs_compacted(event.job_ids, effects)
+                if seq:  # counted as the log has it (a leader applies its own at seq 0 first)
+                    self.compacted_jobs += len(event.job_ids)
         while self._cancellations:
             job_id, reason, ts, failure_reason = self._cancellations.popleft()
             self._cancel(job_id, reason, ts, effects, failure_reason)
@@ -489,7 +491,6 @@ class ClusterState:
                         self.compacted_live.append(f"{key} on {attempt.worker_id}")
                     self._attempt_exited(attempt, job_id, task.index, effects)
             del self.jobs[job_id]
-            self.compacted_jobs += 1
             if self.job_by_submit.get(job.submit_seq) == job_id:
                 del self.job_by_submit[job.submit_seq]
             for dep_id in {*job.spec.after, *job.spec.after_any}:

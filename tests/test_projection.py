@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import JobSpec, JobSubmitted, LeaderElected, encode
 from berth.stack import Stack, wait_for_api
-from tests.conftest import get_json, wait_for_job, wait_until
+from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
 from tests.test_lifecycle_e2e import SMALL, accepted, long_task, pids_of, task
 
 
@@ -161,6 +162,58 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
     assert state_snapshot.load(saved, stream, last).last_seq == last
     assert msgspec.msgpack.decode(saved) == msgspec.msgpack.decode(
         state_snapshot.dump(fresh, stream))
+
+    await compacted_out_of_the_stream(stack, nc, {flaky, survivor, doomed})
+
+
+async def compacted_out_of_the_stream(stack: Stack, nc: NATS, job_ids: set[str]) -> None:
+    """Every job has finished: `berth admin compact --older-than 0s` takes them out of the
+    stream (docs/retention.md); a dashboard and a scheduler folding it from sequence 1 never
+    see them, and the checker reads no violation."""
+    js = nc.jetstream()
+    before = (await js.stream_info(subjects.EVENTS_STREAM)).state
+    out = await berth_cli(stack, "admin", "compact", "--older-than", "0s")
+    assert out.startswith(f"compacted {len(job_ids)} jobs finished more than 0s ago"), out
+    after = (await js.stream_info(subjects.EVENTS_STREAM)).state
+    assert after.messages < before.messages / 2 and after.bytes < before.bytes / 2, (
+        before, after)
+    last = await nats_io.last_event_seq(js)
+    fresh = await folded_stream(nc, last)
+    assert fresh.jobs == {} and fresh.pending == {} and fresh.compacted_jobs == len(job_ids)
+    assert all(w.live_attempts == {} for w in fresh.workers.values())
+
+    # The dashboard, its snapshot gone, folds the stream from sequence 1.
+    (stack.data_dir / "dashboard" / "projection.snapshot").unlink()
+    restart_dashboard(stack)
+    await wait_until(lambda: get_json(stack, "/healthz")["events_seq"] >= last,
+                     what="the dashboard to catch up")
+    assert get_json(stack, "/api/jobs")["jobs"] == []
+    gone = httpx.get(f"{stack.api_url}/api/jobs/{min(job_ids)}", timeout=10)
+    assert gone.status_code == 404 and "compacted" in gone.text
+
+    # So does a scheduler without its snapshot: it leads with none of them.
+    stack.stop_child("scheduler")
+    (stack.data_dir / "scheduler" / "fold.snapshot").unlink(missing_ok=True)
+    log_path = stack.data_dir / "logs" / "scheduler.log"
+    lines_before = len(log_path.read_text().splitlines())
+    stack.start_service("scheduler")
+    leading = await wait_until(
+        lambda: [line for line in log_path.read_text().splitlines()[lines_before:]
+                 if "leading with epoch" in line], what="the new scheduler to lead")
+    assert ": 0 jobs," in leading[0] and " 0 pending tasks" in leading[0], leading
+    doctor = await run_doctor(stack)
+    assert "violations=0" in doctor, doctor
+
+
+async def berth_cli(stack: Stack, *args: str) -> str:
+    """The `berth` command beside the stack, as an operator runs it: its output once it
+    has exited 0."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
 
 
 async def test_a_snapshot_of_another_events_stream_is_thrown_away(

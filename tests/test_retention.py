@@ -59,9 +59,11 @@ def test_jobs_compacted_drops_the_job_and_everything_it_built() -> None:
     # j2's attempt still holds its share of the host; j1's held nothing any more.
     assert state.workers["w1"].used == state.jobs["j2-0002"].spec.resources.amounts
     assert list(state.workers["w1"].live_attempts) == ["j2-0002/0/0"]
-    # Folding it again (the leader applies its own at once, the log delivers it later).
-    assert state.apply(len(events) + 2, compacted("j1-0001")) == []
-    assert state.compacted_jobs == 1
+    # The leader applies its own at once (seq 0), and the log delivers it later: counted once.
+    leader = fold_from(events)
+    assert leader.apply(0, compacted("j1-0001")) == []
+    assert leader.apply(len(events) + 1, compacted("j1-0001")) == []
+    assert set(leader.jobs) == {"j2-0002"} and leader.compacted_jobs == 1
 
 
 def test_only_jobs_finished_for_the_retention_with_every_exit_confirmed_go() -> None:
