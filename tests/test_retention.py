@@ -3,6 +3,11 @@ which jobs may go, and what a reader replaying a partly purged log sees."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import msgspec
 
 from berth.shared import retention, state_snapshot
@@ -20,6 +25,7 @@ from berth.shared.states import JobState, TaskState
 from tests.test_lifecycle import assigned, registered, report, submitted
 
 S = TaskState
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def at(ts: float, event: AttemptReported) -> AttemptReported:
@@ -158,3 +164,21 @@ def test_check_interval_is_a_tenth_of_the_retention_within_bounds() -> None:
     assert retention.check_interval(7 * 86400) == retention.MAX_CHECK_INTERVAL
     assert retention.check_interval(600) == 60
     assert retention.check_interval(0) == retention.MIN_CHECK_INTERVAL
+
+
+def test_the_retention_bench_runs_and_compaction_bounds_the_stream() -> None:
+    """bench/retention.py --quick: the figures are the benchmark's to report; what is
+    checked is that compaction took every earlier round's jobs, and the stream stopped
+    growing with them while the uncompacted one did not."""
+    done = subprocess.run([sys.executable, "bench/retention.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    kept, compacted = report["kept"], report["compacted"]
+    per_round = report["jobs"] // report["rounds"]
+    assert [r["compacted"] for r in compacted] == [0] + [per_round] * (report["rounds"] - 1)
+    assert [r["folded_jobs"] for r in compacted] == [per_round] * report["rounds"]
+    assert kept[-1]["messages"] > report["rounds"] * per_round * 5
+    # What is left per round past the first: the compaction record (a few bytes a job).
+    growth = compacted[-1]["bytes"] - compacted[0]["bytes"]
+    assert growth < (kept[-1]["bytes"] - kept[0]["bytes"]) / 20, report

@@ -76,12 +76,13 @@ class Compactor:
                             msg_id=f"compact:{self.epoch}:{batch[0]}:{batch[-1]}")
         await self.apply(event)
         # The submits first: a reader replaying from here on never meets the job at all.
-        for seq in outcomes:
-            await self.js.purge_stream(subjects.EVENTS_STREAM,
-                                       subject=subjects.submit_outcome_any_user(seq))
-        for job_id in batch:
-            await self.js.purge_stream(subjects.EVENTS_STREAM,
-                                       subject=subjects.task_events(job_id))
+        # Each step's purges go out together: one wait per batch, not a round trip each.
+        await self._purge([subjects.submit_outcome_any_user(seq) for seq in outcomes])
+        await self._purge([subjects.task_events(job_id) for job_id in batch])
+
+    async def _purge(self, filters: list[str]) -> None:
+        await asyncio.gather(*(self.js.purge_stream(subjects.EVENTS_STREAM, subject=f)
+                               for f in filters))
 
     async def _purge_shared(self, below: int) -> None:
         if below <= 1:

@@ -1,0 +1,175 @@
+"""Events stream size after N finished one-task jobs, with and without compaction
+(docs/retention.md).
+
+Writes the history of N finished jobs into a real nats-server's events stream in rounds
+(each job: its submit's outcome, its assignment, three reports, and a pending-reasons
+message every ten jobs, each on the subject the fold believes it from), as a cluster that
+has run for `--rounds` retention periods. After each round, the scheduler's own Compactor
+(services/scheduler/compaction.py; its lease renewal a no-op here, as nothing else leads)
+compacts the jobs of every earlier round, from a fold that follows the stream as a
+leader's does. The stream's messages and bytes are printed per round, compacted or not.
+
+    .venv/bin/python bench/retention.py [--jobs 100000] [--rounds 10] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from berth.services.scheduler.compaction import Compactor
+from berth.shared import nats_io, servers, subjects
+from berth.shared.lifecycle import ClusterState
+from berth.shared.messages import (
+    AttemptReported,
+    JobsCompacted,
+    JobSpec,
+    JobSubmitted,
+    PendingReason,
+    PendingReasonsChanged,
+    Resources,
+    TaskAssigned,
+    WorkerRegistered,
+    encode,
+)
+from berth.shared.states import TaskState
+
+WORKERS = 10
+ROUND_SECONDS = 1000.0  # a round's jobs finish at its start; the retention is half of it
+
+
+def history(first: int, jobs: int, ts: float) -> Iterator[tuple[str, bytes]]:
+    for seq in range(first, first + jobs):
+        job_id = f"j{seq}-{seq % 65536:04x}"
+        worker = f"w{seq % WORKERS}"
+        yield subjects.submit_outcome(f"user{seq % 7}", seq), encode(JobSubmitted(
+            job_id=job_id, submit_seq=seq, ts=ts, spec=JobSpec(
+                name=f"job-{seq}", user=f"user{seq % 7}", command=["python3", "train.py"],
+                resources=Resources(cpu=1, memory_mb=100))))
+        yield subjects.task_events(job_id), encode(TaskAssigned(
+            job_id=job_id, task_index=0, attempt_id=0, worker_id=worker, incarnation="i1",
+            epoch=1, ts=ts))
+        for state in (TaskState.BUILDING, TaskState.RUNNING, TaskState.SUCCEEDED):
+            yield subjects.attempt_reports(worker), encode(AttemptReported(
+                job_id=job_id, task_index=0, attempt_id=0, worker_id=worker, state=state,
+                exit_code=0 if state == TaskState.SUCCEEDED else None, ts=ts))
+        if seq % 10 == 0:
+            yield subjects.PENDING_REASONS, encode(PendingReasonsChanged(
+                reasons=[PendingReason(job_id=job_id, task_index=0, reason="waiting")],
+                epoch=1, ts=ts))
+
+
+async def fill(nc: NATS, events: Iterator[tuple[str, bytes]]) -> int:
+    """Publishes `events`; returns the stream's last sequence once it holds them all."""
+    js = nc.jetstream()
+    before = await nats_io.last_event_seq(js)
+    n = 0
+    for subject, data in events:
+        await nc.publish(subject, data)
+        n += 1
+        if n % 5000 == 0:
+            await nc.flush()
+    await nc.flush()
+    deadline = time.monotonic() + 300
+    while (last := await nats_io.last_event_seq(js)) < before + n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the stream holds {last - before} of {n} events")
+        await asyncio.sleep(0.01)
+    return last
+
+
+async def fold_to_tail(js: JetStreamContext, state: ClusterState,
+                       follower: AsyncGenerator[nats_io.EventRecord]) -> None:
+    last = await nats_io.last_event_seq(js)
+    while state.last_seq < last:
+        record = await anext(follower)
+        state.apply(record.seq, record.event)
+
+
+async def stream_size(js: JetStreamContext) -> tuple[int, int]:
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    return info.state.messages, info.state.bytes
+
+
+async def run(args: argparse.Namespace, data: Path, compact: bool) -> list[dict[str, object]]:
+    nats_server = servers.start_nats(data)
+    nc = await nats_io.connect(nats_server.url, "berth-bench", nats_server.admin_creds())
+    try:
+        js = nc.jetstream()
+        await nats_io.ensure_streams(js)
+        await fill(nc, ((subjects.worker_events(f"w{w}"), encode(WorkerRegistered(
+            worker_id=f"w{w}", incarnation="i1", resources=Resources(cpu=1000, memory_mb=10**6))))
+            for w in range(WORKERS)))
+        state = ClusterState()
+        follower = nats_io.follow_events(js, 1)
+
+        async def renew() -> None:
+            pass  # nothing else leads here
+
+        async def apply(event: JobsCompacted) -> None:
+            state.apply(0, event)
+
+        compactor = Compactor(js, lambda: state, 1, renew, apply)
+        per_round = args.jobs // args.rounds
+        rows: list[dict[str, object]] = []
+        seconds = 0.0
+        for r in range(args.rounds):
+            await fill(nc, history(1 + r * per_round, per_round, r * ROUND_SECONDS))
+            await fold_to_tail(js, state, follower)
+            compacted = 0
+            if compact:
+                t0 = time.monotonic()
+                reply = await compactor.compact(ROUND_SECONDS / 2, now=r * ROUND_SECONDS)
+                seconds += time.monotonic() - t0
+                compacted = reply.jobs
+            await fold_to_tail(js, state, follower)
+            messages, size = await stream_size(js)
+            rows.append({"finished_jobs": (r + 1) * per_round, "compacted": compacted,
+                         "messages": messages, "bytes": size, "folded_jobs": len(state.jobs)})
+        if compact:
+            rows[-1]["compaction_s"] = round(seconds, 2)
+        await follower.aclose()
+        return rows
+    finally:
+        await nc.close()
+        nats_server.stop()
+
+
+async def bench(args: argparse.Namespace, data: Path) -> dict[str, object]:
+    kept = await run(args, data / "kept", compact=False)
+    compacted = await run(args, data / "compacted", compact=True)
+    for a, b in zip(kept, compacted, strict=True):
+        print(f"{a['finished_jobs']:>9} finished jobs: kept {a['messages']:>9} msgs "
+              f"{a['bytes']:>11} B | compacted {b['messages']:>8} msgs {b['bytes']:>10} B",
+              file=sys.stderr)
+    return {"bench": "retention", "jobs": args.jobs, "rounds": args.rounds,
+            "kept": kept, "compacted": compacted, "cpus": os.cpu_count()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="400 jobs in 4 rounds (CI)")
+    args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.rounds = 400, 4
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
+        report = asyncio.run(bench(args, Path(tmp)))
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
