@@ -99,7 +99,6 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      subjects.LEADER_EVENTS, subjects.worker_verdicts("*"),
                      # Compaction (docs/retention.md): the record, then the purges.
                      subjects.JOBS_COMPACTED, f"{API}.STREAM.PURGE.{EVENTS}",
-                     f"{API}.STREAM.MSG.DELETE.{EVENTS}",
                      *_streams_setup(), *_readers(EVENTS)),
             subscribe=(subjects.HEARTBEATS_ALL, subjects.ADMIN_COMPACT, replies),
             allow_responses=True,
