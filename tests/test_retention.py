@@ -174,11 +174,11 @@ def test_the_retention_bench_runs_and_compaction_bounds_the_stream() -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    kept, compacted = report["kept"], report["compacted"]
+    rows = report["rows"]
     per_round = report["jobs"] // report["rounds"]
-    assert [r["compacted"] for r in compacted] == [0] + [per_round] * (report["rounds"] - 1)
-    assert [r["folded_jobs"] for r in compacted] == [per_round] * report["rounds"]
-    assert kept[-1]["messages"] > report["rounds"] * per_round * 5
+    assert [r["compacted_jobs"] for r in rows] == [0] + [per_round] * (report["rounds"] - 1)
+    assert [r["folded_jobs"] for r in rows] == [per_round] * report["rounds"]
+    assert rows[-1]["kept_messages"] > report["jobs"] * 5
     # What is left per round past the first: the compaction record (a few bytes a job).
-    growth = compacted[-1]["bytes"] - compacted[0]["bytes"]
-    assert growth < (kept[-1]["bytes"] - kept[0]["bytes"]) / 20, report
+    growth = rows[-1]["bytes"] - rows[0]["bytes"]
+    assert growth < (rows[-1]["kept_bytes"] - rows[0]["kept_bytes"]) / 20, report
