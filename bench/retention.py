@@ -27,6 +27,7 @@ from pathlib import Path
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from procstat import cpu_seconds  # bench/procstat.py, beside this script
 
 from berth.services.scheduler.compaction import Compactor
 from berth.shared import nats_io, servers, subjects
@@ -127,7 +128,8 @@ async def bench(args: argparse.Namespace, data: Path) -> dict[str, object]:
         per_round = args.jobs // args.rounds
         rows: list[dict[str, object]] = []
         kept_messages, kept_bytes = await stream_size(js)
-        seconds = 0.0
+        seconds = cpu = 0.0
+        server_pid = nats_server.proc.pid
         for r in range(args.rounds):
             messages, size = await stream_size(js)
             await fill(nc, history(1 + r * per_round, per_round, r * ROUND_SECONDS))
@@ -135,9 +137,10 @@ async def bench(args: argparse.Namespace, data: Path) -> dict[str, object]:
             added_messages, added_bytes = await stream_size(js)
             kept_messages += added_messages - messages
             kept_bytes += added_bytes - size
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), time.process_time() + cpu_seconds(server_pid)
             reply = await compactor.compact(ROUND_SECONDS / 2, now=r * ROUND_SECONDS)
             seconds += time.monotonic() - t0
+            cpu += time.process_time() + cpu_seconds(server_pid) - cpu0
             await fold_to_tail(js, state, follower)
             messages, size = await stream_size(js)
             rows.append({"finished_jobs": (r + 1) * per_round, "compacted_jobs": reply.jobs,
@@ -151,6 +154,8 @@ async def bench(args: argparse.Namespace, data: Path) -> dict[str, object]:
         return {"bench": "retention", "jobs": args.jobs, "rounds": args.rounds, "rows": rows,
                 "compaction_s": round(seconds, 2),
                 "compaction_ms_per_job": round(1000 * seconds / max(compacted, 1), 3),
+                # CPU of the compacting process (the leader's part) and of nats-server.
+                "compaction_cpu_ms_per_job": round(1000 * cpu / max(compacted, 1), 3),
                 "cpus": os.cpu_count()}
     finally:
         await nc.close()
