@@ -72,6 +72,7 @@ from berth.shared.messages import (
     DeviceHealthChanged,
     Heartbeat,
     HeartbeatAck,
+    JobsCompacted,
     KillAttempt,
     LeaderAnnouncement,
     NodeAction,
@@ -464,6 +465,11 @@ class Leader:
             self.quarantine_refused.discard(event.worker_id)
         if isinstance(event, QuotaSet | TokenLimitSet):
             self.wake.set()  # so may a raised limit
+        if isinstance(event, JobsCompacted):
+            # What this term keeps per job goes with the job (docs/retention.md).
+            for job_id in event.job_ids:
+                self.trace_headers.pop(job_id, None)
+                self.unit_templates.pop(job_id, None)
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
