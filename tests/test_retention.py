@@ -7,9 +7,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import msgspec
+import pytest
+from nats.js import JetStreamContext
 
+from berth import cli
+from berth.services.submitter.index import JobIndex
 from berth.shared import retention, state_snapshot
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import (
@@ -182,3 +187,26 @@ def test_the_retention_bench_runs_and_compaction_bounds_the_stream() -> None:
     # What is left per round past the first: the compaction record (a few bytes a job).
     growth = rows[-1]["bytes"] - rows[0]["bytes"]
     assert growth < (rows[-1]["kept_bytes"] - rows[0]["kept_bytes"]) / 20, report
+
+
+def test_admin_compact_names_a_bad_duration_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["admin", "compact", "--older-than", "a week"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "berth: --older-than: 'a week' is not a duration (seconds, or a number with s, m, h "
+        "or d: 15s, 10m, 2h)"]
+
+
+def test_the_submitters_index_forgets_compacted_jobs() -> None:
+    """A later submit with the same name or spec no longer collides with them."""
+    index = JobIndex(cast(JetStreamContext, None))
+    for event in (submitted("j1-0001"), submitted("j2-0002")):
+        index.state.apply(0, event)
+        index._add(event)
+    index._forget({"j1-0001"})
+    assert list(index.by_name.values()) == [["j2-0002"]]
+    assert list(index.by_spec.values()) == [["j2-0002"]]
+    index._forget({"j2-0002"})
+    assert index.by_name == {} and index.by_spec == {}
