@@ -12,6 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
+import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -27,6 +29,8 @@ from berth.shared.messages import (
 from berth.shared.nats_io import publish_event
 
 log = logging.getLogger("berth.scheduler")
+
+PURGE_TRIES = 5
 
 _request_decoder = msgspec.json.Decoder(CompactRequest)
 
@@ -81,21 +85,39 @@ class Compactor:
         await self._purge([subjects.task_events(job_id) for job_id in batch])
 
     async def _purge(self, filters: list[str]) -> None:
-        await asyncio.gather(*(self.js.purge_stream(subjects.EVENTS_STREAM, subject=f)
-                               for f in filters))
+        await asyncio.gather(*(self._purge_one(f) for f in filters))
+
+    async def _purge_one(self, subject: str, seq: int | None = None) -> None:
+        """Retried a while: a job whose record is logged is dropped from every fold, so a
+        purge given up on leaves its messages in the stream for good (harmless, but
+        unbounded)."""
+        for attempt in range(PURGE_TRIES):
+            try:
+                await self.js.purge_stream(subjects.EVENTS_STREAM, seq=seq, subject=subject)
+                return
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                if attempt == PURGE_TRIES - 1:
+                    raise
+                log.warning("purging %s failed (%s); trying again", subject, exc)
+                await asyncio.sleep(0.5 * (attempt + 1))
 
     async def _purge_shared(self, below: int) -> None:
         if below <= 1:
             return
         await self.renew()
         for subject in (subjects.ATTEMPT_REPORTS_ALL, subjects.PENDING_REASONS):
-            await self.js.purge_stream(subjects.EVENTS_STREAM, seq=below, subject=subject)
+            await self._purge_one(subject, seq=below)
 
     async def run(self, retention_period: float) -> None:
         """Compacts what has been finished for the retention period, now and then."""
         while True:
             await asyncio.sleep(retention.check_interval(retention_period))
-            await self.compact(retention_period)
+            try:
+                await self.compact(retention_period)
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                # NATS trouble is no reason to give up the lease; a lost lease still ends
+                # the term (renew raises something else).
+                log.warning("compaction failed (%s); trying again in the next round", exc)
 
     async def on_request(self, msg: Msg) -> None:
         """An operator's `berth admin compact`: compacts at once, answers what it did."""
