@@ -11,21 +11,28 @@ from typing import cast
 
 import msgspec
 import pytest
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from berth import cli
+from berth.services.dashboard_api.projection import Projection
 from berth.services.submitter.index import JobIndex
-from berth.shared import retention, state_snapshot
+from berth.shared import retention, state_snapshot, subjects
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     JobCancelRequested,
     JobsCompacted,
+    JobSubmitted,
     PendingReason,
     PendingReasonsChanged,
     SubmitDeduplicated,
+    TaskAssigned,
+    WorkerRegistered,
+    encode,
 )
+from berth.shared.nats_io import RawEvent
 from berth.shared.states import JobState, TaskState
 from tests.test_lifecycle import assigned, registered, report, submitted
 
@@ -210,3 +217,32 @@ def test_the_submitters_index_forgets_compacted_jobs() -> None:
     assert list(index.by_spec.values()) == [["j2-0002"]]
     index._forget({"j2-0002"})
     assert index.by_name == {} and index.by_spec == {}
+
+
+def test_a_live_dashboard_drops_compacted_jobs_from_its_list_and_timeline() -> None:
+    """The projection folding the record as it comes (not rebuilt): the job list and the
+    host timeline, indexes of its own beside the fold, lose the jobs too."""
+    projection = Projection(NATS(), worker_dead_after=10.0)
+    events = [*log_of_two_jobs(), compacted("j1-0001")]
+    subject_of = {JobsCompacted: subjects.JOBS_COMPACTED}
+    for seq, event in enumerate(events, start=1):
+        subject = subject_of.get(type(event)) or origin_subject(event)
+        projection._apply(RawEvent(seq, encode(event), {}, subject))
+    assert set(projection.state.jobs) == {"j2-0002"}
+    assert [job.job_id for job in projection.job_order] == ["j2-0002"]
+    assert projection.job_order_seqs == [2]
+    assert [e.job_id for e in projection.host_attempts["w1"]] == ["j2-0002"]
+
+
+def origin_subject(event: AnyEvent) -> str:
+    """The subject the fold believes `event` from (shared/event_origin.py)."""
+    match event:
+        case JobSubmitted():
+            return subjects.submit_outcome("u", event.submit_seq)
+        case TaskAssigned():
+            return subjects.task_events(event.job_id)
+        case AttemptReported():
+            return subjects.attempt_reports(event.worker_id)
+        case WorkerRegistered():
+            return subjects.worker_events(event.worker_id)
+    raise AssertionError(f"no subject for {event!r}")
