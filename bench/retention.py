@@ -25,9 +25,9 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
-from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procstat import cpu_seconds  # bench/procstat.py, beside this script
+from takeover import fill  # bench/takeover.py: the same history writer
 
 from berth.services.scheduler.compaction import Compactor
 from berth.shared import nats_io, servers, subjects
@@ -69,25 +69,6 @@ def history(first: int, jobs: int, ts: float) -> Iterator[tuple[str, bytes]]:
             yield subjects.PENDING_REASONS, encode(PendingReasonsChanged(
                 reasons=[PendingReason(job_id=job_id, task_index=0, reason="waiting")],
                 epoch=1, ts=ts))
-
-
-async def fill(nc: NATS, events: Iterator[tuple[str, bytes]]) -> int:
-    """Publishes `events`; returns the stream's last sequence once it holds them all."""
-    js = nc.jetstream()
-    before = await nats_io.last_event_seq(js)
-    n = 0
-    for subject, data in events:
-        await nc.publish(subject, data)
-        n += 1
-        if n % 5000 == 0:
-            await nc.flush()
-    await nc.flush()
-    deadline = time.monotonic() + 300
-    while (last := await nats_io.last_event_seq(js)) < before + n:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the stream holds {last - before} of {n} events")
-        await asyncio.sleep(0.01)
-    return last
 
 
 async def fold_to_tail(js: JetStreamContext, state: ClusterState,

@@ -10,7 +10,6 @@ import json
 import logging
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import JobSpec, JobSubmitted, LeaderElected, encode
 from berth.stack import Stack, wait_for_api
 from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
+from tests.test_gpu_pinning import berth
 from tests.test_lifecycle_e2e import SMALL, accepted, long_task, pids_of, task
 
 
@@ -172,7 +172,7 @@ async def compacted_out_of_the_stream(stack: Stack, nc: NATS, job_ids: set[str])
     the checker reads no violation."""
     js = nc.jetstream()
     before = (await js.stream_info(subjects.EVENTS_STREAM)).state
-    out = await berth_cli(stack, "admin", "compact", "--older-than", "0s")
+    out = await berth(stack, "admin", "compact", "--older-than", "0s")
     assert out.startswith(f"compacted {len(job_ids)} jobs finished more than 0s ago"), out
     after = (await js.stream_info(subjects.EVENTS_STREAM)).state
     assert after.messages < before.messages / 2 and after.bytes < before.bytes / 2, (
@@ -202,17 +202,6 @@ async def compacted_out_of_the_stream(stack: Stack, nc: NATS, job_ids: set[str])
     assert gone.status_code == 404 and "compacted" in gone.text
 
     assert "violations=0" in (out := await doctor), out
-
-
-async def berth_cli(stack: Stack, *args: str) -> str:
-    """The `berth` command beside the stack, as an operator runs it: its output once it
-    has exited 0."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "berth.cli", "--data-dir", str(stack.data_dir), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
 
 
 async def test_a_snapshot_of_another_events_stream_is_thrown_away(
