@@ -37,6 +37,9 @@ PENDING_REASONS = "berth.events.pending"
 # The leader's record of which finished jobs it compacts out of the stream (docs/retention.md):
 # every reader drops them from its fold here, before their own subjects are purged.
 JOBS_COMPACTED = "berth.events.compacted"
+# A placeholder `berth restore` stores and deletes at once, so a purged sequence of the
+# backup stays a gap (berth/backup.py); never read by a service.
+RESTORE_GAP = "berth.events.restore.gap"
 # An operator's "compact now" request to the leader (core NATS request/reply, not stored).
 ADMIN_COMPACT = "berth.admin.compact"
 SUBMIT_OUTCOMES_ALL = "berth.events.submit.>"
