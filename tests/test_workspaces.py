@@ -28,7 +28,7 @@ from berth.services.worker_agent import build, bundle_stream, bundle_trees, task
 from berth.services.worker_agent.bundle_cache import BundleCache
 from berth.shared import bundles, nats_io
 from berth.shared.credentials import Role
-from berth.shared.messages import AttemptReported, JobSpec, Resources, SubmitRejected
+from berth.shared.messages import JobSpec, Resources, SubmitRejected, reports_in
 from berth.shared.states import TaskState
 from berth.stack import Stack
 from tests.conftest import wait_for_job, wait_until
@@ -400,9 +400,7 @@ async def reports_of(nc: NATS, job_id: str) -> list[tuple[TaskState, str]]:
     last = await nats_io.last_event_seq(nc.jetstream())
     out = []
     async for record in nats_io.follow_events(nc.jetstream()):
-        event = record.event
-        if isinstance(event, AttemptReported) and event.job_id == job_id:
-            out.append((event.state, event.waiting))
+        out += [(r.state, r.waiting) for r in reports_in(record.event) if r.job_id == job_id]
         if record.seq >= last:
             return out
     raise AssertionError("the stream ended")
