@@ -459,6 +459,10 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert first["state"] == "killed" and first["error"].startswith("timed out")
     assert second["state"] == "succeeded"
     assert "resumed from step 7 retry 1" in logs_of(stack, str(resumable.job_id))
+    # Nothing to build: no BUILDING report, RUNNING straight after ASSIGNED. A setup to
+    # run: BUILDING first, each attempt.
+    assert S.BUILDING not in {s for s, _ in await reports_of(nc, str(resumable.job_id))}
+    assert [s for s, _ in await reports_of(nc, str(failing.job_id))].count(S.BUILDING) == 2
     job = await wait_for_job(stack, str(no_budget.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "killed" and len(job["tasks"][0]["attempts"]) == 1
     with caplog.at_level(logging.WARNING, logger="berth.worker.bundles"):
