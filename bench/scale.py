@@ -336,6 +336,8 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "offered_jobs_per_s": round(offered),
             "placed": len(placed_times), "finished": len(done_times),
             "placements_per_s": round(placements), "completions_per_s": round(completions),
+            # Events-stream messages per job (registrations and elections included).
+            "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             "submit_to_assigned_p50_ms": pct(to_assigned, 0.5),
             "submit_to_assigned_p99_ms": pct(to_assigned, 0.99),
             "submit_to_running_p50_ms": pct(to_running, 0.5),
@@ -417,6 +419,7 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
             "submit_to_succeeded_p90_ms": pct(to_done, 0.9),
             "submit_to_succeeded_p99_ms": pct(to_done, 0.99),
             "submit_to_running_p50_ms": pct(seen.latencies(seen.running), 0.5),
+            "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             **cpu_cost(used, len(done_times), "job"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from berth.services.worker_agent import report_batch
 from berth.services.worker_agent.report_sender import ReportSender
 from berth.shared import nats_io, subjects
+from berth.shared.config import Settings
 from berth.shared.event_origin import RefusedEvent, read_event
 from berth.shared.messages import AttemptReported, AttemptsReported, encode, reports_in
 from berth.shared.states import TaskState
@@ -154,3 +155,16 @@ async def test_a_batch_is_stored_once_however_often_its_publish_is_retried(nc: N
             break
     assert [(r.attempt_id, r.state) for r in seen] == [(0, S.RUNNING), (1, S.RUNNING),
                                                        (2, S.RUNNING)]
+
+
+@pytest.mark.parametrize(("raw", "value"), [("", 0.002), ("0", 0.0), ("0.01", 0.01)])
+def test_the_window_setting(monkeypatch: pytest.MonkeyPatch, raw: str, value: float) -> None:
+    monkeypatch.setenv("BERTH_REPORT_COALESCE", raw)
+    assert Settings.from_env().report_coalesce == value
+
+
+@pytest.mark.parametrize("raw", ["-0.001", "5", "soon"])
+def test_a_bad_window_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("BERTH_REPORT_COALESCE", raw)
+    with pytest.raises(SystemExit, match=r"^BERTH_REPORT_COALESCE="):
+        Settings.from_env()
