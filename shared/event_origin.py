@@ -24,6 +24,7 @@ from berth.shared.messages import (
     DeviceHealthChanged,
     Heartbeat,
     JobCancelRequested,
+    JobsCompacted,
     JobSubmitted,
     LeaderElected,
     NodeHealthChanged,
@@ -73,6 +74,8 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             # Each entry as if it came alone: a worker reports only its own attempts.
             ok = subject == subjects.attempt_reports(event.worker_id) and all(
                 r.worker_id == event.worker_id for r in event.reports)
+        case JobsCompacted():
+            ok = subject == subjects.JOBS_COMPACTED
         case QuotaSet():
             ok = subject == subjects.ADMIN_QUOTAS
         case TokenLimitSet():
