@@ -106,7 +106,8 @@ class WorkerAgent:
         self.settings = settings
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
-        # Simulated hosts share one publisher, so their reports go out in batches.
+        # Simulated hosts share one publisher, so their messages share its acks; each host
+        # coalesces its own reports (report_sender.py): a batch names one worker only.
         self.reports = reports or nats_io.EventPublisher(self.js)
         self.worker_id = worker_id
         self.report_sender = ReportSender(worker_id, subjects.attempt_reports(worker_id),
