@@ -419,8 +419,19 @@ class RawEvent:
         try:
             return EventRecord(self.seq, read_event(self.subject, self.data), self.headers)
         except RefusedEvent as exc:
-            log.error("event %d on %s refused, skipped: %s", self.seq, self.subject, exc)
+            self._log_refused(exc)
             return EventRecord(self.seq, None, self.headers, refused=str(exc))
+
+    def event(self) -> AnyEvent | None:
+        """`record().event`, without the record: for a fold that needs only the event."""
+        try:
+            return read_event(self.subject, self.data)
+        except RefusedEvent as exc:
+            self._log_refused(exc)
+            return None
+
+    def _log_refused(self, exc: RefusedEvent) -> None:
+        log.error("event %d on %s refused, skipped: %s", self.seq, self.subject, exc)
 
 
 def stream_seq(msg: Msg) -> int:
