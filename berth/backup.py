@@ -37,7 +37,7 @@ async def backup(js: JetStreamContext, out: IO[str]) -> int:
     """Writes every event up to the stream's last sequence now; returns how many."""
     from berth.shared import nats_io
 
-    last = await nats_io.last_event_seq(js)
+    last = await _newest_seq(js)
     out.write(json.dumps({"format": FORMAT, "stream": subjects.EVENTS_STREAM,
                           "last_seq": last}) + "\n")
     if last == 0:
@@ -57,6 +57,18 @@ async def backup(js: JetStreamContext, out: IO[str]) -> int:
     return count
 
 
+async def _newest_seq(js: JetStreamContext) -> int:
+    """The sequence of the newest message the stream holds: past compaction
+    (docs/retention.md) the stream's last sequence may be one purged since."""
+    import nats.js.errors
+
+    try:
+        newest = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.EVENTS_ALL)
+    except nats.js.errors.NotFoundError:
+        return 0
+    return int(newest.seq or 0)
+
+
 def read_backup(lines: Iterator[str]) -> Iterator[dict[str, object]]:
     header = json.loads(next(lines, "{}") or "{}")
     if header.get("format") != FORMAT:
@@ -71,27 +83,38 @@ def read_backup(lines: Iterator[str]) -> Iterator[dict[str, object]]:
 async def restore(js: JetStreamContext, lines: Iterator[str]) -> int:
     """Replays a backup into the events stream, which must be empty: each message lands at
     the sequence it had (JetStream refuses it otherwise), so nothing can interleave."""
-    import nats.js.errors
-
     from berth.shared import nats_io
 
     if (last := await nats_io.last_event_seq(js)) != 0:
         raise BackupError(f"the events stream already holds {last} events; restore only "
                           "into a new cluster's empty stream")
-    count = 0
+    count = stored = 0
     for record in read_backup(lines):
         seq = int(str(record["seq"]))
+        # Sequences compaction purged (docs/retention.md) stay gaps: each is taken by a
+        # placeholder, deleted at once (no service is reading yet).
+        for gap in range(stored + 1, seq):
+            await _put(js, subjects.RESTORE_GAP, b"", {}, gap)
+            await js.delete_msg(subjects.EVENTS_STREAM, gap)
         headers = {str(k): str(v) for k, v in dict(record["headers"]).items()}  # type: ignore[call-overload]
-        headers["Nats-Expected-Last-Sequence"] = str(seq - 1)
-        try:
-            ack = await js.publish(str(record["subject"]), base64.b64decode(str(record["data"])),
-                                   headers=headers, stream=subjects.EVENTS_STREAM)
-        except nats.js.errors.APIError as exc:
-            raise BackupError(f"event {seq} could not be restored in place: {exc}") from None
-        if ack.seq != seq:
-            raise BackupError(f"event {seq} landed at {ack.seq}")
-        count += 1
+        await _put(js, str(record["subject"]), base64.b64decode(str(record["data"])), headers,
+                   seq)
+        count, stored = count + 1, seq
     return count
+
+
+async def _put(js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str],
+               seq: int) -> None:
+    """Stores one message at sequence `seq`, or says why it cannot be."""
+    import nats.js.errors
+
+    headers = {**headers, "Nats-Expected-Last-Sequence": str(seq - 1)}
+    try:
+        ack = await js.publish(subject, data, headers=headers, stream=subjects.EVENTS_STREAM)
+    except nats.js.errors.APIError as exc:
+        raise BackupError(f"event {seq} could not be restored in place: {exc}") from None
+    if ack.seq != seq:
+        raise BackupError(f"event {seq} landed at {ack.seq}")
 
 
 def open_lines(path: Path) -> Iterator[str]:

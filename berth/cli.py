@@ -22,6 +22,7 @@ import typer.main
 from typer.core import TyperGroup
 
 from berth import (
+    admin_cli,
     backup,
     cli_read,
     creds_cli,
@@ -693,7 +694,8 @@ def cmd_schema() -> int:
 
 
 # Each module that adds commands registers them here.
-for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli, schedules_cli):
+for module in (cli_read, node_cli, creds_cli, backup, token_cli, limits_cli, schedules_cli,
+               admin_cli):
     module.register(app)
 
 # Subcommands that pass their arguments on as they are (a global flag among them is theirs).

@@ -97,8 +97,10 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
                      # A schedule's fires, each checked against the last one there.
                      subjects.schedule_fire("*"), f"{API}.STREAM.MSG.GET.{SUBMIT}",
                      subjects.LEADER_EVENTS, subjects.worker_verdicts("*"),
+                     # Compaction (docs/retention.md): the record, then the purges.
+                     subjects.JOBS_COMPACTED, f"{API}.STREAM.PURGE.{EVENTS}",
                      *_streams_setup(), *_readers(EVENTS)),
-            subscribe=(subjects.HEARTBEATS_ALL, replies),
+            subscribe=(subjects.HEARTBEATS_ALL, subjects.ADMIN_COMPACT, replies),
             allow_responses=True,
         )
     if role is Role.SUBMITTER:

@@ -18,7 +18,7 @@ from berth.shared.reservations import GroupUsage, HostUsage, ReservationStore
 # Violations that must never happen, not even for a moment.
 NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
          "devices_given_twice", "taken_from_preemptor", "over_quota", "over_token_limit",
-         "limit_use_miscounted", "attempt_keys_reused")
+         "limit_use_miscounted", "attempt_keys_reused", "compacted_live")
 # Disagreements between Redis and the log: real only when they persist.
 PERSISTENT = ("reservations_without_attempt", "attempts_without_reservation")
 
@@ -41,6 +41,8 @@ class Report:
     attempt_keys_reused: list[str] = field(default_factory=list)
     # Redis's quota and token counters disagree with its reservations.
     limit_use_miscounted: list[str] = field(default_factory=list)
+    # A job compacted out of the log while an attempt of it was live (docs/retention.md).
+    compacted_live: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
     attempts_without_reservation: list[str] = field(default_factory=list)
     refused_double_bookings: int = 0
@@ -86,6 +88,7 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
                     last_refused_seq=state.last_refused_seq,
                     taken_from_preemptor=list(state.taken_from_preemptor),
                     attempt_keys_reused=list(state.attempt_keys_reused),
+                    compacted_live=list(state.compacted_live),
                     over_quota=[x for x in state.over_limits if ": user " in x],
                     over_token_limit=[x for x in state.over_limits if ": token " in x])
     if limits_used is not None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from berth.shared import durations
 from berth.shared.bounded import MAX_MESSAGE_BYTES
 from berth.shared.node_health import QuarantinePolicy
 from berth.shared.usage import FairShare
@@ -23,6 +24,17 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def _env_duration(name: str, default: float) -> float:
+    """A duration setting: seconds, or a number with s, m, h or d (shared/durations.py)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return durations.parse(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{name}: {exc}") from None
 
 
 def _env_int(name: str, default: int) -> int:
@@ -252,6 +264,9 @@ class Settings:
     max_builds: int = 4
     task_dir_max_age: float = 7 * 24 * 3600.0
     task_dir_max_bytes: int = 0
+    # Scheduler: how long a finished job stays in the events stream before the leader
+    # compacts it out (docs/retention.md).
+    job_retention: float = 7 * 24 * 3600.0
     # Scheduler: when a host whose attempts keep failing for non-user causes is quarantined
     # (docs/operations.md, "Node health").
     quarantine: QuarantinePolicy = field(default_factory=QuarantinePolicy)
@@ -305,6 +320,7 @@ class Settings:
             max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
+            job_retention=_env_duration("BERTH_JOB_RETENTION", 7 * 24 * 3600.0),
             quarantine=_quarantine_policy(),
             fair_share=fair_share(),
             metrics_host=os.environ.get("BERTH_METRICS_HOST") or "127.0.0.1",

@@ -133,13 +133,15 @@ class DurableEventFeed:
                 seq = raw.seq
                 if seq < expected:
                     continue  # a redelivery of something already passed on
-                if seq > expected and reopened_at != expected:
+                if seq > expected and await self._purged(expected, seq):
+                    pass  # compacted out of the stream (docs/retention.md): nothing is due
+                elif seq > expected and reopened_at != expected:
                     # Out of order (an earlier delivery is still due) or missing from the
                     # stream: read again from the expected sequence, once.
                     reopened_at = expected
                     await self._reopen(expected - 1)
                     break
-                if seq > expected:
+                elif seq > expected:
                     log.warning("events %d..%d are not in the stream; going on", expected,
                                 seq - 1)
                 batch.append(raw)
@@ -186,6 +188,17 @@ class DurableEventFeed:
             desc = msg.headers.get(Header.DESCRIPTION, "") if msg.headers else ""
             pull.error = f"pull request ended with {status} {desc}".strip()
         pull.ended.set()
+
+    async def _purged(self, first: int, delivered: int) -> bool:
+        """Whether the stream holds nothing from `first` up to the `delivered` sequence: a
+        gap compaction purged, not a delivery still due. One direct read; on any doubt,
+        False (the caller reads again from `first`)."""
+        try:
+            msg = await self.js.get_msg(subjects.EVENTS_STREAM, seq=first,
+                                        subject=subjects.EVENTS_ALL, next=True)
+        except (nats.errors.Error, nats.js.errors.Error):
+            return False
+        return msg.seq is not None and msg.seq >= delivered
 
     async def ack(self) -> None:
         if self._unacked is not None:

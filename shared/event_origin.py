@@ -23,6 +23,7 @@ from berth.shared.messages import (
     DeviceHealthChanged,
     Heartbeat,
     JobCancelRequested,
+    JobsCompacted,
     JobSubmitted,
     LeaderElected,
     NodeHealthChanged,
@@ -68,6 +69,8 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.worker_events(event.worker_id)
         case AttemptReported():
             ok = subject == subjects.attempt_reports(event.worker_id)
+        case JobsCompacted():
+            ok = subject == subjects.JOBS_COMPACTED
         case QuotaSet():
             ok = subject == subjects.ADMIN_QUOTAS
         case TokenLimitSet():

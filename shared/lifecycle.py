@@ -26,6 +26,7 @@ from berth.shared.messages import (
     DeviceInfo,
     GpuTelemetry,
     JobCancelRequested,
+    JobsCompacted,
     JobSpec,
     JobSubmitted,
     LeaderElected,
@@ -165,6 +166,9 @@ class JobView(msgspec.Struct, kw_only=True):
     # The jobs its submit cancelled (`existing: recreate`), and the schedule that made it.
     replaced: list[str] = []
     schedule_id: str = ""
+    # The events-stream sequence of its JobSubmitted: no message before the oldest of these
+    # among the jobs still folded can concern any of them (docs/retention.md).
+    first_seq: int = 0
 
     def task_counts(self) -> dict[str, int]:
         return {state.display: n for state, n in self.state_counts.items()}
@@ -289,6 +293,13 @@ class ClusterState:
         # no job of their own (shared/job_policy.py)
         self.same_by_submit: dict[int, tuple[str, str]] = {}
         self.schedules: dict[str, ScheduleView] = {}
+        # Finished jobs the log's JobsCompacted events name (docs/retention.md), a count
+        # only: remembering their ids would grow as the log no longer does.
+        self.compacted_jobs = 0
+        # Jobs a JobsCompacted named while an attempt of theirs was live in this fold: must
+        # never happen (shared/retention.py compacts only confirmed exits); the checker
+        # reports them.
+        self.compacted_live: list[str] = []
         self.last_seq = 0
         self.epoch = 0
         # Messages in the log the fold did not believe (undecodable, or from a subject
@@ -350,7 +361,7 @@ class ClusterState:
                 self.refused_events += 1
                 self.last_refused_seq = seq
             case JobSubmitted():
-                self._job_submitted(event)
+                self._job_submitted(event, seq)
             case SubmitRejected():
                 self.rejections[event.submit_seq] = event.reason
             case SubmitDeduplicated():
@@ -428,6 +439,13 @@ class ClusterState:
             case TokenLimitSet():
                 limit_rules.apply_token_limit(self.limits, event.name, event.limit, seq)
                 self._new_limit_version()
+            case JobsCompacted():
+                # No epoch check: which jobs were finished with every exit confirmed is a
+                # fact of the log, whoever wrote it; and a reader that misses it could keep
+                # a job whose later events were purged as pending.
+                self._jobs_compacted(event.job_ids, effects)
+                if seq:  # counted as the log has it (a leader applies its own at seq 0 first)
+                    self.compacted_jobs += len(event.job_ids)
         while self._cancellations:
             job_id, reason, ts, failure_reason = self._cancellations.popleft()
             self._cancel(job_id, reason, ts, effects, failure_reason)
@@ -452,7 +470,42 @@ class ClusterState:
 
     # --- handlers -------------------------------------------------------------------------
 
-    def _job_submitted(self, event: JobSubmitted) -> None:
+    def _jobs_compacted(self, job_ids: list[str], effects: list[Effect]) -> None:
+        """Drops each job and everything its events built, whatever those were. A reader
+        that folded its submit but not its later (purged) events sees it unfinished: any
+        attempt it still thinks live is let go first, so its host is free in this fold as
+        it is in the log the compactor folded."""
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            for task in job.tasks:
+                self._unqueue(task)
+                for attempt in task.attempts:
+                    if attempt.exited:
+                        continue
+                    key = attempt_key(job_id, task.index, attempt.attempt_id)
+                    worker = self.workers.get(attempt.worker_id)
+                    if (worker is not None and key in worker.live_attempts
+                            and len(self.compacted_live) < MAX_REUSES_KEPT):
+                        self.compacted_live.append(f"{key} on {attempt.worker_id}")
+                    self._attempt_exited(attempt, job_id, task.index, effects)
+            del self.jobs[job_id]
+            if self.job_by_submit.get(job.submit_seq) == job_id:
+                del self.job_by_submit[job.submit_seq]
+            for dep_id in {*job.spec.after, *job.spec.after_any}:
+                if (dep := self.jobs.get(dep_id)) is not None and job_id in dep.dependents:
+                    dep.dependents.remove(job_id)
+            parent = self.jobs.get(job.spec.parent or "")
+            if parent is not None and job_id in parent.children:
+                parent.children.remove(job_id)
+        dropped = set(job_ids)
+        for seq in [s for s, j in self.cancel_by_submit.items() if j in dropped]:
+            del self.cancel_by_submit[seq]
+        for seq in [s for s, (j, _) in self.same_by_submit.items() if j in dropped]:
+            del self.same_by_submit[seq]
+
+    def _job_submitted(self, event: JobSubmitted, seq: int = 0) -> None:
         if event.job_id in self.jobs:
             return
         for old in event.replaces:
@@ -472,6 +525,7 @@ class ClusterState:
             state_counts={S.PENDING: event.spec.replicas},
             replaced=list(event.replaces),
             schedule_id=event.schedule_id,
+            first_seq=seq,
         )
         self.jobs[event.job_id] = job
         self.job_by_submit[event.submit_seq] = event.job_id

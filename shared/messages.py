@@ -601,6 +601,31 @@ class LeaderElected(Event, tag="leader_elected"):
     epoch: int
 
 
+class JobsCompacted(Event, tag="jobs_compacted"):
+    """The leader compacts these finished jobs out of the log (docs/retention.md): every
+    reader drops them, and whatever their purged events had built, when it folds this. Only
+    jobs terminal for the retention period, with every attempt's exit confirmed, are named;
+    that is a fact of the log up to here, so the fold believes it whatever leader wrote it."""
+
+    job_ids: list[JobId]
+    epoch: int
+
+
+class CompactRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`berth admin compact`: compact now the jobs finished more than `older_than` ago."""
+
+    older_than: Annotated[float, Meta(ge=0)]
+
+
+class CompactReply(msgspec.Struct, kw_only=True):
+    jobs: int = 0
+    messages_before: int = 0
+    messages_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    error: str = ""
+
+
 class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Most of each resource one user's live attempts may hold at once (None: no limit of
     its own; a user's quota falls back to the default one dimension at a time)."""
@@ -757,6 +782,7 @@ AnyEvent = (
     | AttemptReported
     | QuotaSet
     | TokenLimitSet
+    | JobsCompacted
 )
 
 

@@ -24,7 +24,7 @@ from berth.shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 12
+FORMAT = 13
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -57,6 +57,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     over_limits: list[str]
     usage_half_life: float
     recent_use: dict[str, UserUsage]
+    compacted_jobs: int
+    compacted_live: list[str]
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -92,6 +94,8 @@ def dump(state: ClusterState, stream: str) -> bytes:
         over_limits=state.over_limits,
         usage_half_life=state.usage_half_life,
         recent_use=state.recent_use,
+        compacted_jobs=state.compacted_jobs,
+        compacted_live=state.compacted_live,
     ))
 
 
@@ -147,6 +151,8 @@ def load(data: bytes, stream: str, stream_last_seq: int,
     state.usage.tokens = snap.usage_tokens
     state.over_limits = snap.over_limits
     state.recent_use = snap.recent_use
+    state.compacted_jobs = snap.compacted_jobs
+    state.compacted_live = snap.compacted_live
     return state
 
 

@@ -34,6 +34,14 @@ LEADER = "berth.leader"
 LEADER_EVENTS = "berth.events.leader"
 LOGS_ALL = "berth.logs.>"
 PENDING_REASONS = "berth.events.pending"
+# The leader's record of which finished jobs it compacts out of the stream (docs/retention.md):
+# every reader drops them from its fold here, before their own subjects are purged.
+JOBS_COMPACTED = "berth.events.compacted"
+# A placeholder `berth restore` stores and deletes at once, so a purged sequence of the
+# backup stays a gap (berth/backup.py); never read by a service.
+RESTORE_GAP = "berth.events.restore.gap"
+# An operator's "compact now" request to the leader (core NATS request/reply, not stored).
+ADMIN_COMPACT = "berth.admin.compact"
 SUBMIT_OUTCOMES_ALL = "berth.events.submit.>"
 
 SUBMITTER_DURABLE = "submitter"
@@ -84,8 +92,16 @@ def is_submit_outcome(subject: str) -> bool:
     return subject.startswith(SUBMIT_OUTCOMES_ALL[:-1])
 
 
+def submit_outcome_any_user(submit_seq: int) -> str:
+    """The outcome subject of submit N whoever sent it (a purge filter: the seq is unique)."""
+    return f"berth.events.submit.*.{submit_seq}"
+
+
 def task_events(job_id: str) -> str:
     return f"berth.events.task.{job_id}"
+
+
+ATTEMPT_REPORTS_ALL = "berth.events.attempt.*"
 
 
 def attempt_reports(worker_id: str) -> str:

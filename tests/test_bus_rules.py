@@ -112,7 +112,15 @@ PUBLISH = [
     (Role.SCHEDULER, "", subjects.attempt_reports(W), False),
     (Role.SCHEDULER, "", subjects.submit_outcome(U, 1), False),
     (Role.SCHEDULER, "", "$JS.API.STREAM.DELETE.BERTH_EVENTS", False),
-    (Role.SCHEDULER, "", "$JS.API.STREAM.PURGE.BERTH_EVENTS", False),
+    # Compaction (docs/retention.md): the leader purges finished jobs' subjects, never
+    # deletes the stream; no other service role may purge it.
+    (Role.SCHEDULER, "", "$JS.API.STREAM.PURGE.BERTH_EVENTS", True),
+    (Role.SCHEDULER, "", subjects.JOBS_COMPACTED, True),
+    (Role.WORKER, W, subjects.JOBS_COMPACTED, False),
+    (Role.SUBMITTER, "", subjects.JOBS_COMPACTED, False),
+    (Role.SUBMITTER, "", "$JS.API.STREAM.PURGE.BERTH_EVENTS", False),
+    (Role.DASHBOARD, "", "$JS.API.STREAM.PURGE.BERTH_EVENTS", False),
+    (Role.SUBMIT, U, subjects.ADMIN_COMPACT, False),
     (Role.SUBMITTER, "", subjects.submit_outcome(U, 1), True),
     (Role.SUBMITTER, "", subjects.task_events("j1-aaaa"), False),
     (Role.SUBMITTER, "", subjects.worker_commands(W), False),

@@ -27,7 +27,8 @@ from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import JobSpec, JobSubmitted, LeaderElected, encode
 from berth.stack import Stack, wait_for_api
-from tests.conftest import get_json, wait_for_job, wait_until
+from tests.conftest import get_json, run_doctor, wait_for_job, wait_until
+from tests.test_gpu_pinning import berth
 from tests.test_lifecycle_e2e import SMALL, accepted, long_task, pids_of, task
 
 
@@ -161,6 +162,46 @@ async def test_projection_equals_a_fresh_rebuild_after_retries_cancels_deaths_an
     assert state_snapshot.load(saved, stream, last).last_seq == last
     assert msgspec.msgpack.decode(saved) == msgspec.msgpack.decode(
         state_snapshot.dump(fresh, stream))
+
+    await compacted_out_of_the_stream(stack, nc, {flaky, survivor, doomed})
+
+
+async def compacted_out_of_the_stream(stack: Stack, nc: NATS, job_ids: set[str]) -> None:
+    """Every job has finished: `berth admin compact --older-than 0s` takes them out of the
+    stream (docs/retention.md); a dashboard folding it from sequence 1 never sees them, and
+    the checker reads no violation."""
+    js = nc.jetstream()
+    before = (await js.stream_info(subjects.EVENTS_STREAM)).state
+    out = await berth(stack, "admin", "compact", "--older-than", "0s")
+    assert out.startswith(f"compacted {len(job_ids)} jobs finished more than 0s ago"), out
+    after = (await js.stream_info(subjects.EVENTS_STREAM)).state
+    assert after.messages < before.messages / 2 and after.bytes < before.bytes / 2, (
+        before, after)
+    last = await nats_io.last_event_seq(js)
+    fresh = await folded_stream(nc, last)
+    assert fresh.jobs == {} and fresh.pending == {} and fresh.compacted_jobs == len(job_ids)
+    assert all(w.live_attempts == {} for w in fresh.workers.values())
+
+    # `berth doctor` folds it from sequence 1 too (as a scheduler without its snapshot
+    # does; tests/test_retention.py folds the orders a replay can meet), meanwhile.
+    doctor = asyncio.create_task(run_doctor(stack))
+    await asyncio.sleep(0)
+    # The dashboard, its snapshot gone, folds the stream from sequence 1: the purged gaps
+    # are known for what they are, never read again nor reported missing.
+    (stack.data_dir / "dashboard" / "projection.snapshot").unlink()
+    log_path = stack.data_dir / "logs" / "dashboard.log"
+    logged = len(log_path.read_text().splitlines())
+    restart_dashboard(stack)
+    await wait_until(lambda: get_json(stack, "/healthz")["events_seq"] >= last,
+                     what="the dashboard to catch up")
+    since = log_path.read_text().splitlines()[logged:]
+    assert [line for line in since if "events consumer" in line or "not in the stream" in line
+            ] == [next(line for line in since if "events consumer" in line)], since
+    assert get_json(stack, "/api/jobs")["jobs"] == []
+    gone = httpx.get(f"{stack.api_url}/api/jobs/{min(job_ids)}", timeout=10)
+    assert gone.status_code == 404 and "compacted" in gone.text
+
+    assert "violations=0" in (out := await doctor), out
 
 
 async def test_a_snapshot_of_another_events_stream_is_thrown_away(

@@ -47,7 +47,12 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     def find_job(job_id: str) -> JobView:
         job = projection.state.jobs.get(job_id)
         if job is None:
-            raise NotFoundException(f"no job {job_id!r}")
+            compacted = projection.state.compacted_jobs
+            raise NotFoundException(
+                f"no job {job_id!r}" + (f" (or it was compacted out of the events stream "
+                                        f"after its retention period, as {compacted} finished "
+                                        f"jobs have been: docs/retention.md)"
+                                        if compacted else ""))
         return job
 
     def find_task(job_id: str, index: int) -> tuple[JobView, TaskView]:

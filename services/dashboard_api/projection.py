@@ -22,7 +22,7 @@ from berth.shared import nats_io, state_snapshot, subjects
 from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.event_origin import RefusedEvent, read_heartbeat
 from berth.shared.lifecycle import AttemptView, ClusterState, JobView
-from berth.shared.messages import DeviceStats, JobSubmitted, TaskAssigned
+from berth.shared.messages import DeviceStats, JobsCompacted, JobSubmitted, TaskAssigned
 from berth.shared.nats_io import RawEvent
 from berth.shared.usage import FairShare
 
@@ -155,6 +155,9 @@ class Projection:
             state.apply(raw.seq, event)
             if len(state.jobs) != known:
                 self._index_job(state.jobs[event.job_id])
+        elif isinstance(event, JobsCompacted):
+            state.apply(raw.seq, event)
+            self._unindex(set(event.job_ids))
         else:
             state.apply(raw.seq, event)
         # Services stamp their own events: the chart's clock never runs backwards.
@@ -199,6 +202,17 @@ class Projection:
     def _index_job(self, job: JobView) -> None:
         self.job_order.append(job)
         self.job_order_seqs.append(job.submit_seq)
+
+    def _unindex(self, job_ids: set[str]) -> None:
+        """Compacted jobs (docs/retention.md) leave the job list and the host timeline."""
+        kept = [job for job in self.job_order if job.job_id not in job_ids]
+        if len(kept) != len(self.job_order):
+            self.job_order = kept
+            self.job_order_seqs = [job.submit_seq for job in kept]
+        for worker_id, entries in self.host_attempts.items():
+            if any(e.job_id in job_ids for e in entries):
+                self.host_attempts[worker_id] = deque(
+                    (e for e in entries if e.job_id not in job_ids), maxlen=entries.maxlen)
 
     def jobs_before(self, submit_seq: int | None) -> range:
         """Indexes into job_order, newest first, of jobs submitted before `submit_seq`."""

@@ -29,6 +29,7 @@ from redis.exceptions import NoPermissionError
 
 from berth.services.scheduler import (
     attempt_ids,
+    compaction,
     fencing,
     frameworks,
     heartbeats,
@@ -71,6 +72,7 @@ from berth.shared.messages import (
     DeviceHealthChanged,
     Heartbeat,
     HeartbeatAck,
+    JobsCompacted,
     KillAttempt,
     LeaderAnnouncement,
     NodeAction,
@@ -247,6 +249,8 @@ class Leader:
         # none yet), and the one the current tick's placement was computed with.
         self.limits_synced = -1
         self.tick_limits_seq = 0
+        self.compactor = compaction.Compactor(self.js, lambda: self.state, self.epoch,
+                                              self._renew_lease, self._apply_own)
 
     # --- term ---------------------------------------------------------------------------
 
@@ -266,14 +270,18 @@ class Leader:
             asyncio.create_task(stop.wait(), name="stop"),
             taking_over,
         ]
-        hb_sub = None
+        hb_sub = compact_sub = None
         try:
             if await self._until_first_ends(tasks) != taking_over:
                 return  # stopped while taking over
             tasks.remove(taking_over)
             assert self.events is not None  # set by the take-over
             hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
+            compact_sub = await self.nc.subscribe(subjects.ADMIN_COMPACT,
+                                                  cb=self.compactor.on_request)
             tasks += [
+                asyncio.create_task(self.compactor.run(self.settings.job_retention),
+                                    name="compaction"),
                 asyncio.create_task(self._follow(self.events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
@@ -287,6 +295,8 @@ class Leader:
             await asyncio.gather(*tasks, return_exceptions=True)
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
+            if compact_sub is not None:
+                await compact_sub.unsubscribe()
             if self.events is not None:
                 await self.events.aclose()
             gc.unfreeze()  # this term's state may be collected once the Leader is dropped
@@ -455,11 +465,21 @@ class Leader:
             self.quarantine_refused.discard(event.worker_id)
         if isinstance(event, QuotaSet | TokenLimitSet):
             self.wake.set()  # so may a raised limit
+        if isinstance(event, JobsCompacted):
+            # What this term keeps per job goes with the job (docs/retention.md).
+            for job_id in event.job_ids:
+                self.trace_headers.pop(job_id, None)
+                self.unit_templates.pop(job_id, None)
         if isinstance(event, WorkerRegistered):
             worker = self.state.workers[event.worker_id]
             if worker.incarnation == event.incarnation:
                 await self._register_host(worker)
                 self.wake.set()
+
+    async def _apply_own(self, event: AnyEvent) -> None:
+        """Folds an event this leader has just logged, at once (folding it again from the
+        stream changes nothing)."""
+        await self._carry_out(self.state.apply(0, event))
 
     async def _register_host(self, worker: WorkerView) -> None:
         """Records a live worker's capacity in Redis and starts its heartbeat clock (a new

@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 
 from berth.shared import job_policy, nats_io, subjects
 from berth.shared.lifecycle import ClusterState
-from berth.shared.messages import JobSpec, JobSubmitted
+from berth.shared.messages import JobsCompacted, JobSpec, JobSubmitted
 
 log = logging.getLogger("berth.submitter")
 
@@ -46,6 +46,8 @@ class JobIndex:
             self.state.apply(record.seq, record.event)
             if isinstance(record.event, JobSubmitted):
                 self._add(record.event)
+            elif isinstance(record.event, JobsCompacted):
+                self._forget(set(record.event.job_ids))
             self._folded.set()
 
     def _add(self, event: JobSubmitted) -> None:
@@ -56,6 +58,15 @@ class JobIndex:
         ids = self.by_spec.setdefault((spec.user, job_policy.spec_hash(spec)), [])
         if event.job_id not in ids:
             ids.append(event.job_id)
+
+    def _forget(self, job_ids: set[str]) -> None:
+        """Compacted jobs (docs/retention.md): a later submit no longer collides with
+        them, as with any job it cannot see."""
+        for index in (self.by_name, self.by_spec):
+            for key in [k for k, ids in index.items() if job_ids.intersection(ids)]:
+                index[key] = [i for i in index[key] if i not in job_ids]
+                if not index[key]:
+                    del index[key]
 
     def _known(self, ids: list[str]) -> list[job_policy.Known]:
         return [job_policy.Known(i, job.state) for i in ids
