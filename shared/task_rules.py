@@ -16,16 +16,18 @@ from berth.shared.states import JOB_TERMINAL, JobState, TaskState
 
 S = TaskState
 
-# Task-level transitions, exactly the seed's diagram: dispatch (PENDING -> ASSIGNED), the
-# worker's reports in order (ASSIGNED -> BUILDING -> RUNNING -> exit), a build that cannot
-# start the command (BUILDING -> FAILED), KILLED from any unfinished state (cancel, job
-# failure, timeout), WORKER_FAILED from any state that holds a worker, UNSCHEDULABLE from
-# PENDING (scheduling timeout), and the retry edges back to PENDING. The worker's PENDING is
-# never applied (the seed: it would regress an ASSIGNED task). A worker publishes one
-# attempt's reports in order and waits for each to be stored, so none is ever skipped.
+# Task-level transitions, the seed's diagram: dispatch (PENDING -> ASSIGNED), the worker's
+# reports in order (ASSIGNED -> BUILDING -> RUNNING -> exit), a build that cannot start the
+# command (BUILDING -> FAILED), KILLED from any unfinished state (cancel, job failure,
+# timeout), WORKER_FAILED from any state that holds a worker, UNSCHEDULABLE from PENDING
+# (scheduling timeout), and the retry edges back to PENDING. One edge the seed lacks:
+# ASSIGNED -> RUNNING, a task with no bundle and no setup, whose worker has nothing to build
+# and reports no BUILDING. The worker's PENDING is never applied (the seed: it would
+# regress an ASSIGNED task). A worker publishes one attempt's reports in order and waits
+# for each to be stored, so none is ever skipped.
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     S.PENDING: frozenset({S.ASSIGNED, S.KILLED, S.UNSCHEDULABLE}),
-    S.ASSIGNED: frozenset({S.BUILDING, S.KILLED, S.WORKER_FAILED}),
+    S.ASSIGNED: frozenset({S.BUILDING, S.RUNNING, S.KILLED, S.WORKER_FAILED}),
     S.BUILDING: frozenset({S.RUNNING, S.FAILED, S.KILLED, S.WORKER_FAILED}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.KILLED, S.WORKER_FAILED}),
     # FAILED and WORKER_FAILED return to PENDING only through a retry (see retry_decision).

@@ -31,12 +31,12 @@ from berth.shared import subjects
 from berth.shared.checker import Report as CheckReport
 from berth.shared.checker import check_cluster
 from berth.shared.messages import (
-    AttemptReported,
     JobSpec,
     Resources,
     command_decoder,
     decode,
     event_decoder,
+    reports_in,
 )
 from tests.bed_cluster import HEADERS, BedCluster, start_cluster
 from tests.faults.procs import Sampler
@@ -144,10 +144,9 @@ class Bus:
 
         async def report(msg: Msg) -> None:
             with contextlib.suppress(Exception):
-                event = decode(event_decoder, msg.data)
-                assert isinstance(event, AttemptReported)
-                self.reports.append((time.monotonic(), event.worker_id, event.job_id,
-                                     event.task_index, event.attempt_id, event.state.name))
+                self.reports += [(time.monotonic(), r.worker_id, r.job_id, r.task_index,
+                                  r.attempt_id, r.state.name)
+                                 for r in reports_in(decode(event_decoder, msg.data))]
 
         await nc.subscribe(subjects.worker_commands("*"), cb=command)
         await nc.subscribe(subjects.attempt_reports("*"), cb=report)
