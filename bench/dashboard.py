@@ -12,15 +12,24 @@ and one per job), then starts the real dashboard service as a process and measur
 4. the dashboard's resident memory.
 
     .venv/bin/python bench/dashboard.py [--tasks 100000] [--tasks-per-job 100]
+    .venv/bin/python bench/dashboard.py --only-catchup [--runs 3] [--profile DIR]
+    .venv/bin/python bench/dashboard.py --quick     # small, for CI: steps 1, 3, 4
+
+`--only-catchup` measures step 1 alone (`--runs` times on one stream, each a fresh
+dashboard with no snapshot); `--profile DIR` samples each catch-up with py-spy (installed
+apart: `pip install py-spy`) and writes DIR/catchup-N.txt, the functions that took most
+of the dashboard's time, by own time and by time including callees.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +38,7 @@ import time
 from pathlib import Path
 
 import httpx
-from procstat import status_mib  # bench/procstat.py, beside this script
+from procstat import cpu_seconds, status_mib  # bench/procstat.py, beside this script
 
 from berth.shared import nats_io, servers, subjects
 from berth.shared.credentials import AuthDir
@@ -85,10 +94,12 @@ async def fill_stream(server: servers.ServerProcess, events: list[tuple[str, byt
     nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
     js = nc.jetstream()
     await nats_io.ensure_streams(js)
-    # Plain publishes from one connection keep their order; the stream stores them all.
+    # Plain publishes from one connection keep their order; the stream stores them all as
+    # long as its ingest queue is not overrun (a loaded server drops what overflows it):
+    # a flush, a round trip, every 1,000 keeps it short.
     for i, (subject, data) in enumerate(events):
         await nc.publish(subject, data)
-        if i % 5000 == 0:
+        if i % 1000 == 0:
             await nc.flush()
     await nc.flush()
     deadline = time.monotonic() + 120
@@ -104,6 +115,63 @@ def start_dashboard(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
         return subprocess.Popen(service_command("dashboard"), env=env,
                                 stdout=f, stderr=subprocess.STDOUT)
+
+
+def profile_top(raw: Path, top: int = 25) -> str:
+    """py-spy's collapsed stacks ("a;b;c count" lines) summed per function: the `top` by
+    own time and by time including callees, in % of the samples."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        samples += n
+        # "func (path/file.py:line)" -> "func file.py": one entry per function.
+        frames = [f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].rsplit(":", 1)[0]
+                  for f in stack.split(";")]
+        own[frames[-1]] += n
+        for frame in set(frames):
+            total[frame] += n
+    lines = [f"{samples} samples"]
+    for title, counter in (("own time", own), ("including callees", total)):
+        lines.append(f"\n-- {title} --")
+        lines += [f"{100 * n / max(samples, 1):5.1f}%  {name}"
+                  for name, n in counter.most_common(top)]
+    return "\n".join(lines) + "\n"
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw",
+                             "--rate", "200", "--nonblocking", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def catch_up(env: dict[str, str], client: httpx.Client, last: int, log: Path,
+             profile: Path | None = None) -> tuple[subprocess.Popen[bytes], dict[str, float]]:
+    """Starts a dashboard with no snapshot and waits until it has folded the whole stream:
+    the running process, and its events/s, wall and CPU seconds."""
+    started = time.monotonic()
+    proc = start_dashboard(env, log)
+    profiler = None
+    if profile is not None:
+        profiler = start_profiler(proc.pid, profile.with_suffix(".raw"))
+    cold = wait_caught_up(client, last, proc)
+    cpu = cpu_seconds(proc.pid)
+    if profiler is not None and profile is not None:
+        profiler.send_signal(2)  # SIGINT: py-spy writes what it sampled and exits
+        profiler.wait(60)
+        profile.write_text(profile_top(profile.with_suffix(".raw")))
+    folded = last - cold["first_seq"]
+    wall = cold["done"] - started
+    # A history folded in one batch (--quick) is never seen half done: then the rate is
+    # over the whole wall time, start-up included.
+    rate = (folded / max(cold["done"] - cold["first"], 1e-9) if folded > 0
+            else last / max(wall, 1e-9))
+    return proc, {"events_per_s": rate, "wall_s": wall, "cpu_s": cpu}
 
 
 def wait_caught_up(client: httpx.Client, last: int, proc: subprocess.Popen[bytes]
@@ -146,7 +214,17 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--tasks-per-job", type=int, default=100)
     parser.add_argument("--requests", type=int, default=300, help="per kind of request")
+    parser.add_argument("--only-catchup", action="store_true",
+                        help="measure the catch-up from sequence 0 only")
+    parser.add_argument("--runs", type=int, default=1, help="catch-ups (with --only-catchup)")
+    parser.add_argument("--profile", type=Path, help="a folder for py-spy profiles")
+    parser.add_argument("--quick", action="store_true",
+                        help="1,000 tasks, 10 requests of each kind, no restart (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.tasks_per_job, args.requests = 1000, 100, 10
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
 
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
         data = Path(tmp)
@@ -167,12 +245,28 @@ def main() -> None:
             client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
             log = data / "dashboard.log"
 
-            started = time.monotonic()
-            proc = start_dashboard(env, log)
-            cold = wait_caught_up(client, last, proc)
-            folded = last - cold["first_seq"]
-            rate = folded / max(cold["done"] - cold["first"], 1e-9)
-            cold_wall = cold["done"] - started
+            if args.only_catchup:
+                for run in range(args.runs):
+                    profile = (args.profile / f"catchup-{run + 1}.txt"
+                               if args.profile is not None else None)
+                    proc, cold = catch_up(env, client, last, log, profile)
+                    proc.terminate()
+                    proc.wait(30)
+                    proc = None
+                    shutil.rmtree(data / "dashboard", ignore_errors=True)
+                    print(json.dumps({
+                        "bench": "dashboard_catchup", "events": last,
+                        "catch_up_events_per_s": round(cold["events_per_s"]),
+                        "cold_start_to_caught_up_s": round(cold["wall_s"], 2),
+                        "dashboard_cpu_s": round(cold["cpu_s"], 2),
+                        "cpu_us_per_event": round(cold["cpu_s"] / last * 1e6, 1),
+                        "loadavg_1m": os.getloadavg()[0]}), flush=True)
+                return
+
+            proc, cold = catch_up(env, client, last, log, args.profile and
+                                  args.profile / "catchup-1.txt")
+            rate = cold["events_per_s"]
+            cold_wall = cold["wall_s"]
             rss_after_catch_up = status_mib(proc.pid, "VmRSS")
 
             jobs = client.get("/api/jobs?limit=1000").json()["jobs"]
@@ -199,10 +293,12 @@ def main() -> None:
             proc.terminate()
             proc.wait(30)
             snapshot = data / "dashboard" / "projection.snapshot"
-            started = time.monotonic()
-            proc = start_dashboard(env, log)
-            warm = wait_caught_up(client, last, proc)
-            warm_wall = warm["done"] - started
+            warm_wall: float | None = None
+            if not args.quick:  # CI's budget; tests/test_projection.py restarts from one
+                started = time.monotonic()
+                proc = start_dashboard(env, log)
+                warm = wait_caught_up(client, last, proc)
+                warm_wall = warm["done"] - started
 
             report = {
                 "bench": "dashboard",
@@ -211,8 +307,9 @@ def main() -> None:
                 "events": last,
                 "catch_up_events_per_s": round(rate),
                 "cold_start_to_caught_up_s": round(cold_wall, 2),
+                "dashboard_cpu_s": round(cold["cpu_s"], 2),
                 "snapshot_mib": round(snapshot.stat().st_size / 2**20, 1),
-                "restart_from_snapshot_s": round(warm_wall, 2),
+                "restart_from_snapshot_s": warm_wall and round(warm_wall, 2),
                 "rss_mib": round(max(rss_after_catch_up, rss_after_requests)),
                 **{f"{kind}_{k}": v for kind, r in results.items() for k, v in r.items()
                    if k != "requests"},
@@ -225,7 +322,7 @@ def main() -> None:
                 print(f"{kind:<16}{r['p50_ms']:>10}{r['p99_ms']:>10}", file=sys.stderr)
             print(f"catch-up {rate:,.0f} events/s ({last:,} events, cold start to caught up "
                   f"{cold_wall:.1f} s); restart from a {report['snapshot_mib']} MiB snapshot "
-                  f"{warm_wall:.1f} s; RSS {report['rss_mib']} MiB", file=sys.stderr)
+                  f"{warm_wall or 0:.1f} s; RSS {report['rss_mib']} MiB", file=sys.stderr)
         finally:
             if proc is not None and proc.poll() is None:
                 proc.terminate()

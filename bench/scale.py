@@ -50,7 +50,6 @@ from procstat import cpu_by_process, cpu_seconds, cpu_used, status_mib  # bench/
 from berth.shared import nats_io, redis_auth, redis_io, subjects
 from berth.shared.checker import check_cluster
 from berth.shared.messages import (
-    AttemptReported,
     Coscheduling,
     JobSpec,
     JobSubmitted,
@@ -63,6 +62,7 @@ from berth.shared.messages import (
     WorkerRegistered,
     attempt_key,
     encode,
+    reports_in,
 )
 from berth.shared.reservations import ReservationStore
 from berth.shared.states import TaskState
@@ -115,15 +115,15 @@ async def observe(nc: NATS, seen: Observed) -> None:
                 seen.group_of.setdefault(event.job_id, event.group)
         elif isinstance(event, TasksPreempted):
             seen.preemptions.append((event.ts, event.job_id, event.victims))
-        elif isinstance(event, AttemptReported):
-            key = (event.job_id, event.task_index)
-            if event.state == TaskState.RUNNING:
-                seen.running.setdefault(key, event.ts)
-            elif event.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED):
-                seen.finished[key] = event.ts
-                seen.failed += event.state != TaskState.SUCCEEDED
-                seen.exits[attempt_key(event.job_id, event.task_index, event.attempt_id)] = \
-                    event.ts
+        for report in reports_in(event):
+            key = (report.job_id, report.task_index)
+            if report.state == TaskState.RUNNING:
+                seen.running.setdefault(key, report.ts)
+            elif report.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED):
+                seen.finished[key] = report.ts
+                seen.failed += report.state != TaskState.SUCCEEDED
+                seen.exits[attempt_key(report.job_id, report.task_index,
+                                       report.attempt_id)] = report.ts
         seen.changed.set()
 
 
@@ -336,6 +336,8 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "offered_jobs_per_s": round(offered),
             "placed": len(placed_times), "finished": len(done_times),
             "placements_per_s": round(placements), "completions_per_s": round(completions),
+            # Events-stream messages per job (registrations and elections included).
+            "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             "submit_to_assigned_p50_ms": pct(to_assigned, 0.5),
             "submit_to_assigned_p99_ms": pct(to_assigned, 0.99),
             "submit_to_running_p50_ms": pct(to_running, 0.5),
@@ -417,6 +419,7 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
             "submit_to_succeeded_p90_ms": pct(to_done, 0.9),
             "submit_to_succeeded_p99_ms": pct(to_done, 0.99),
             "submit_to_running_p50_ms": pct(seen.latencies(seen.running), 0.5),
+            "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             **cpu_cost(used, len(done_times), "job"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
@@ -616,9 +619,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if wanted("W4"):
             # One size in --quick: the same code path as W1, and a stack fewer for CI (P1 adds one).
             sizes = [20] if quick else args.w4_sizes
+            # --quick: W1's short run times; the checks (keys, doctor) need no second of
+            # simulated work per task, which made W4 the longest quick workload.
             for hosts in sizes:
                 emit(await throughput(root, "W4", hosts, 20 * hosts,
-                                      8 if quick else args.w4_cap, "uniform:0.5:1.5"))
+                                      8 if quick else args.w4_cap,
+                                      "uniform:0.1:0.3" if quick else "uniform:0.5:1.5"))
         if wanted("P1"):
             emit(await processes(root, 1 if quick else 8, 4 if quick else 8,
                                  12 if quick else 500, 30 if quick else 300))

@@ -66,6 +66,18 @@ def _max_submit_bytes() -> int:
     return value
 
 
+# A report waits at most this long for others: a final report must not wait long.
+MAX_REPORT_COALESCE = 0.1
+
+
+def _report_coalesce() -> float:
+    value = _env_float("BERTH_REPORT_COALESCE", 0.002)
+    if not 0 <= value <= MAX_REPORT_COALESCE:
+        raise SystemExit(f"BERTH_REPORT_COALESCE={value:g} is out of range: it must be "
+                         f"between 0 (off) and {MAX_REPORT_COALESCE:g} seconds")
+    return value
+
+
 def _fence_margin(dead_after: float) -> float:
     margin = _env_float("BERTH_FENCE_MARGIN", max(1.0, dead_after / 4))
     if not 0 < margin < dead_after:
@@ -262,6 +274,9 @@ class Settings:
     # links to the cached ones (services/worker_agent/bundle_trees.py).
     bundle_copies: bool = False
     max_builds: int = 4
+    # Workers: attempt reports made within this many seconds of each other go out as one
+    # message (docs/protocol.md); 0: each alone.
+    report_coalesce: float = 0.002
     task_dir_max_age: float = 7 * 24 * 3600.0
     task_dir_max_bytes: int = 0
     # Scheduler: how long a finished job stays in the events stream before the leader
@@ -318,6 +333,7 @@ class Settings:
             bundle_cache_bytes=_env_int("BERTH_BUNDLE_CACHE_MB", 4096) * 1024 * 1024,
             bundle_copies=_env_flag("BERTH_BUNDLE_COPIES"),
             max_builds=max(1, _env_int("BERTH_MAX_BUILDS", 4)),
+            report_coalesce=_report_coalesce(),
             task_dir_max_age=_env_float("BERTH_TASK_DIR_MAX_AGE", 7 * 24 * 3600.0),
             task_dir_max_bytes=_env_int("BERTH_TASK_DIR_MAX_MB", 0) * 1024 * 1024,
             job_retention=_env_duration("BERTH_JOB_RETENTION", 7 * 24 * 3600.0),

@@ -20,6 +20,7 @@ from berth.shared import subjects
 from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
+    AttemptsReported,
     DeviceHealthChanged,
     Heartbeat,
     JobCancelRequested,
@@ -69,6 +70,10 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.worker_events(event.worker_id)
         case AttemptReported():
             ok = subject == subjects.attempt_reports(event.worker_id)
+        case AttemptsReported():
+            # Each entry as if it came alone: a worker reports only its own attempts.
+            ok = subject == subjects.attempt_reports(event.worker_id) and all(
+                r.worker_id == event.worker_id for r in event.reports)
         case JobsCompacted():
             ok = subject == subjects.JOBS_COMPACTED
         case QuotaSet():

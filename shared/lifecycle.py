@@ -22,6 +22,7 @@ from berth.shared.event_origin import epoch_refusal
 from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
+    AttemptsReported,
     DeviceHealthChanged,
     DeviceInfo,
     GpuTelemetry,
@@ -433,6 +434,10 @@ class ClusterState:
                         task.pending_reason = item.reason
             case AttemptReported():
                 self._attempt_reported(event, effects)
+            case AttemptsReported():
+                for report in event.reports:  # exactly as that many reports, in order
+                    self._attempt_reported(report, effects)
+                    self._drain_cancellations(effects)
             case QuotaSet():
                 limit_rules.apply_quota(self.limits, event.user, event.quota, seq)
                 self._new_limit_version()
@@ -446,10 +451,13 @@ class ClusterState:
                 self._jobs_compacted(event.job_ids, effects)
                 if seq:  # counted as the log has it (a leader applies its own at seq 0 first)
                     self.compacted_jobs += len(event.job_ids)
+        self._drain_cancellations(effects)
+        return effects
+
+    def _drain_cancellations(self, effects: list[Effect]) -> None:
         while self._cancellations:
             job_id, reason, ts, failure_reason = self._cancellations.popleft()
             self._cancel(job_id, reason, ts, effects, failure_reason)
-        return effects
 
     def _seen_preemption(self, event_id: str) -> None:
         self.preemption_events[event_id] = None
@@ -896,8 +904,10 @@ class ClusterState:
                     attempt.kill_requested):
                 task.pending_reason = event.waiting
             return
-        if attempt.exited:
-            return  # the process is already accounted for; a late or duplicate report
+        if attempt.exited or attempt.state == event.state:
+            # The process is already accounted for, or this state of it is: a late or
+            # duplicate report (the same report published again after the dedup window).
+            return
         # Facts about the process always land on its own attempt, current or not.
         attempt_path = task_rules.report_path(attempt.state, event.state)
         if attempt_path:

@@ -762,6 +762,25 @@ class AttemptReported(Event, tag="attempt_reported"):
     waiting: str = ""
 
 
+class AttemptsReported(Event, tag="attempts_reported"):
+    """Reports one worker made within a few milliseconds of each other, in the order it made
+    them (BERTH_REPORT_COALESCE): read exactly as that many `attempt_reported` events. Every
+    entry names `worker_id`, the worker whose subject carries the message."""
+
+    worker_id: str
+    reports: list[AttemptReported]
+
+
+def reports_in(event: object) -> list[AttemptReported]:
+    """The attempt reports `event` carries, in order (one alone, or a batch's): [] for any
+    other event. For readers that look at reports apart from the fold."""
+    if isinstance(event, AttemptReported):
+        return [event]
+    if isinstance(event, AttemptsReported):
+        return event.reports
+    return []
+
+
 AnyEvent = (
     JobSubmitted
     | SubmitRejected
@@ -780,6 +799,7 @@ AnyEvent = (
     | PreemptionReleased
     | PendingReasonsChanged
     | AttemptReported
+    | AttemptsReported
     | QuotaSet
     | TokenLimitSet
     | JobsCompacted

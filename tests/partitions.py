@@ -31,12 +31,12 @@ from berth.shared import subjects
 from berth.shared.checker import Report as CheckReport
 from berth.shared.checker import check_cluster
 from berth.shared.messages import (
-    AttemptReported,
     JobSpec,
     Resources,
     command_decoder,
     decode,
     event_decoder,
+    reports_in,
 )
 from tests.bed_cluster import HEADERS, BedCluster, start_cluster
 from tests.faults.procs import Sampler
@@ -144,10 +144,9 @@ class Bus:
 
         async def report(msg: Msg) -> None:
             with contextlib.suppress(Exception):
-                event = decode(event_decoder, msg.data)
-                assert isinstance(event, AttemptReported)
-                self.reports.append((time.monotonic(), event.worker_id, event.job_id,
-                                     event.task_index, event.attempt_id, event.state.name))
+                self.reports += [(time.monotonic(), r.worker_id, r.job_id, r.task_index,
+                                  r.attempt_id, r.state.name)
+                                 for r in reports_in(decode(event_decoder, msg.data))]
 
         await nc.subscribe(subjects.worker_commands("*"), cb=command)
         await nc.subscribe(subjects.attempt_reports("*"), cb=report)
@@ -383,7 +382,11 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         run.result.notes["rejoined_after_heal_s"] = (
             round(time.monotonic() - healed, 1) if back else None)
         await run.check()
-        await asyncio.sleep(2)  # late heartbeats, resets, verdicts after the heal
+        rejoined_at = time.monotonic()
+        result = await run.finish()
+        # Late heartbeats, resets and verdicts after the heal: heard for 2 s at least after
+        # the rejoin (finish's wait for every job takes most of that).
+        await asyncio.sleep(max(0.0, rejoined_at + 2 - time.monotonic()))
         # When the victim's old copies died, and when their retries started, from the cut.
         gone = [v[1] for (tok, w, _), v in run.sampler.seen.items()
                 if tok in victims and w == victim and v[0] < cut_at]
@@ -392,7 +395,6 @@ async def worker_cut(cluster: BedCluster, mode: str, cut: float) -> Result:
         run.result.notes["old_copies_gone_s"] = round(max(gone) - cut_at, 1) if gone else None
         run.result.notes["first_retry_s"] = round(min(retried) - cut_at, 1) if retried else None
         run.result.wrong_deaths = sum(1 for _, w in run.bus.deaths if w != victim)
-        result = await run.finish()
         _count_ends_in_cut(run, victim, ends, healed)
         return result
 
@@ -463,7 +465,10 @@ async def leader_cut(cluster: BedCluster, server: str, cut: float,
         run.bed.heal()
         run.result.notes["cut_s"] = round(healed - cut_at, 1)
         run.result.notes["heal_took_s"] = round(time.monotonic() - healed, 2)
-        await asyncio.sleep(5)  # what the cut-off leader buffered arrives now
+        result = await run.finish()
+        # What the cut-off leader buffered arrives after the heal: heard for 5 s at least
+        # (finish's wait for every job takes most of that).
+        await asyncio.sleep(max(0.0, healed + 5 - time.monotonic()))
         new = [(t, e) for t, e in run.bus.elected if e > old_epoch]
         run.result.notes["take_over_s"] = round(new[0][0] - cut_at, 1) if new else None
         if new and new[0][0] > healed:
@@ -480,7 +485,7 @@ async def leader_cut(cluster: BedCluster, server: str, cut: float,
         run.result.wrong_deaths = len(run.bus.deaths)
         leader = cluster.services["scheduler-a"][1]
         run.result.notes["old_leader_alive"] = leader.poll() is None
-        return await run.finish()
+        return result
 
 
 Scenario = Callable[[BedCluster], Awaitable[Result]]

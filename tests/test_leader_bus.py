@@ -60,9 +60,15 @@ async def test_a_leader_cut_off_from_nats_gives_up_its_lease(make_stack, nc: NAT
         # Its lease lapses within a TTL of the last answer from NATS, and the standby
         # polls every TTL/3 (TTL 2 s here); slack for a loaded machine.
         assert took_over[0] < 8, took_over
-        await asyncio.sleep(6)  # longer than BERTH_WORKER_DEAD_AFTER (3 s in these tests)
+        # Healed once the cut has lasted twice BERTH_WORKER_DEAD_AFTER (3 s in these tests),
+        # counted from the cut, not from the job's end: a leader that went on deciding while
+        # cut off would have declared the workers dead by then.
+        dead_after = float(stack.env["BERTH_WORKER_DEAD_AFTER"])
+        await asyncio.sleep(max(0.0, cut_at + 2 * dead_after - time.monotonic()))
         relay.heal()
-        await asyncio.sleep(4)  # what the cut-off leader held back arrives now
+        # What the cut-off leader held back reaches the server as soon as the relay lets it
+        # through (a connection NATS dropped meanwhile is made again within 0.5 s).
+        await asyncio.sleep(2)
         for sub in subs:
             await sub.unsubscribe()
         assert deaths == [], f"workers declared dead during or after the cut: {deaths}"

@@ -11,6 +11,7 @@ from berth.shared.lifecycle import ClusterState, Kill, Release
 from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
+    AttemptsReported,
     Coscheduling,
     DeviceHealthChanged,
     JobCancelRequested,
@@ -599,3 +600,63 @@ def test_a_snapshot_taken_anywhere_continues_to_the_same_state(
 
     assert plain(resumed) == plain(straight)
     assert resumed.job_by_submit == straight.job_by_submit
+
+
+def test_a_task_with_nothing_to_build_goes_from_assigned_straight_to_running() -> None:
+    state, _ = fold([registered(), submitted(), assigned(0), report(0, S.RUNNING)])
+    task = state.jobs["j1"].tasks[0]
+    assert task.state == S.RUNNING and task.attempts[0].started_at is not None
+    assert task.refused_reports == []
+    # Its exit (also one that comes before its RUNNING report is folded) ends it.
+    for events in ([report(0, S.RUNNING), report(0, S.SUCCEEDED, 0)],
+                   [report(0, S.SUCCEEDED, 0)]):
+        state, _ = fold([registered(), submitted(), assigned(0), *events])
+        assert state.jobs["j1"].state == JobState.SUCCEEDED
+        assert state.jobs["j1"].tasks[0].refused_reports == []
+
+
+def batched(events: list[AnyEvent]) -> list[AnyEvent]:
+    """`events` with each run of consecutive reports of one worker as one batch message."""
+    out: list[AnyEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, AttemptReported) and isinstance(last, AttemptsReported) and (
+                last.worker_id == event.worker_id):
+            last.reports.append(event)
+        elif isinstance(event, AttemptReported) and isinstance(last, AttemptReported) and (
+                last.worker_id == event.worker_id):
+            out[-1] = AttemptsReported(worker_id=event.worker_id, reports=[last, event])
+        else:
+            out.append(event)
+    return out
+
+
+def folded(state: ClusterState) -> bytes:
+    return msgspec.json.encode([list(state.jobs.values()), list(state.workers.values())])
+
+
+@settings(max_examples=60, deadline=None)
+@given(event_sequences())
+def test_a_batch_folds_exactly_as_its_reports_one_by_one(events: list[AnyEvent]) -> None:
+    one_by_one, effects = fold(events)
+    as_batches, batch_effects = fold(batched(events))
+    assert folded(as_batches) == folded(one_by_one)
+    assert batch_effects == effects
+
+
+@settings(max_examples=40, deadline=None)
+@given(event_sequences())
+def test_a_report_stored_twice_is_applied_once(events: list[AnyEvent]) -> None:
+    """The same report in a later message (published again after the stream's dedup window):
+    a no-op for the same attempt and state, at most recorded as refused."""
+    doubled: list[AnyEvent] = []
+    for event in events:
+        doubled += [event, event] if isinstance(event, AttemptReported) else [event]
+    once, effects = fold(events)
+    twice, twice_effects = fold(doubled)
+    for state in (once, twice):
+        for job in state.jobs.values():
+            for task in job.tasks:
+                task.refused_reports = []
+    assert folded(twice) == folded(once)
+    assert twice_effects == effects

@@ -20,9 +20,11 @@ def test_proto_values_match_the_seed() -> None:
 
 # Every edge of the seed's diagram, and no other: the worker's progress, exits from RUNNING
 # (and a build that cannot start its command), KILLED from every unfinished state,
-# WORKER_FAILED from every state that holds a worker, the scheduling timeout, the retries.
+# WORKER_FAILED from every state that holds a worker, the scheduling timeout, the retries;
+# and the one edge berth adds, ASSIGNED -> RUNNING: a task with nothing to build.
 SEED_EDGES = {
     (S.PENDING, S.ASSIGNED), (S.ASSIGNED, S.BUILDING), (S.BUILDING, S.RUNNING),
+    (S.ASSIGNED, S.RUNNING),
     (S.RUNNING, S.SUCCEEDED), (S.RUNNING, S.FAILED), (S.BUILDING, S.FAILED),
     (S.PENDING, S.KILLED), (S.ASSIGNED, S.KILLED), (S.BUILDING, S.KILLED),
     (S.RUNNING, S.KILLED),
@@ -71,7 +73,7 @@ def test_state_table(state: TaskState, proto: int, terminal: bool, retriable: bo
     ("current", "reported", "path"),
     [
         (S.ASSIGNED, S.BUILDING, [S.BUILDING]),
-        (S.ASSIGNED, S.RUNNING, [S.BUILDING, S.RUNNING]),
+        (S.ASSIGNED, S.RUNNING, [S.RUNNING]),  # nothing to build: no BUILDING report
         (S.ASSIGNED, S.SUCCEEDED, [S.BUILDING, S.RUNNING, S.SUCCEEDED]),
         (S.ASSIGNED, S.FAILED, [S.BUILDING, S.FAILED]),  # cannot start the command
         (S.ASSIGNED, S.KILLED, [S.KILLED]),  # killed before it started

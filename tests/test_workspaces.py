@@ -28,7 +28,7 @@ from berth.services.worker_agent import build, bundle_stream, bundle_trees, task
 from berth.services.worker_agent.bundle_cache import BundleCache
 from berth.shared import bundles, nats_io
 from berth.shared.credentials import Role
-from berth.shared.messages import AttemptReported, JobSpec, Resources, SubmitRejected
+from berth.shared.messages import JobSpec, Resources, SubmitRejected, reports_in
 from berth.shared.states import TaskState
 from berth.stack import Stack
 from tests.conftest import wait_for_job, wait_until
@@ -400,9 +400,7 @@ async def reports_of(nc: NATS, job_id: str) -> list[tuple[TaskState, str]]:
     last = await nats_io.last_event_seq(nc.jetstream())
     out = []
     async for record in nats_io.follow_events(nc.jetstream()):
-        event = record.event
-        if isinstance(event, AttemptReported) and event.job_id == job_id:
-            out.append((event.state, event.waiting))
+        out += [(r.state, r.waiting) for r in reports_in(record.event) if r.job_id == job_id]
         if record.seq >= last:
             return out
     raise AssertionError("the stream ended")
@@ -461,6 +459,10 @@ async def test_failing_slow_and_missing_builds_fail_and_a_resumable_task_resumes
     assert first["state"] == "killed" and first["error"].startswith("timed out")
     assert second["state"] == "succeeded"
     assert "resumed from step 7 retry 1" in logs_of(stack, str(resumable.job_id))
+    # Nothing to build: no BUILDING report, RUNNING straight after ASSIGNED. A setup to
+    # run: BUILDING first, each attempt.
+    assert S.BUILDING not in {s for s, _ in await reports_of(nc, str(resumable.job_id))}
+    assert [s for s, _ in await reports_of(nc, str(failing.job_id))].count(S.BUILDING) == 2
     job = await wait_for_job(stack, str(no_budget.job_id), {"failed", "succeeded", "killed"})
     assert job["state"] == "killed" and len(job["tasks"][0]["attempts"]) == 1
     with caplog.at_level(logging.WARNING, logger="berth.worker.bundles"):

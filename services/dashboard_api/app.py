@@ -21,7 +21,7 @@ from litestar.exceptions import (
     ValidationException,
 )
 from litestar.openapi import OpenAPIConfig
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import Response, Stream
 from litestar.static_files import create_static_files_router
 from nats.js import JetStreamContext
@@ -88,16 +88,16 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
 
     @get("/jobs", sync_to_thread=False)
     def list_jobs(
-        state_filter: Annotated[str | None, Parameter(
-            query="state", description="only jobs in this state, e.g. running")] = None,
-        name_prefix: Annotated[str | None, Parameter(
+        state_filter: Annotated[str | None, QueryParameter(
+            name="state", description="only jobs in this state, e.g. running")] = None,
+        name_prefix: Annotated[str | None, QueryParameter(
             description="only jobs whose name starts with this")] = None,
-        parent: Annotated[str | None, Parameter(
+        parent: Annotated[str | None, QueryParameter(
             description="only children of this job")] = None,
-        user: Annotated[str | None, Parameter(description="only jobs of this user")] = None,
-        limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE,
+        user: Annotated[str | None, QueryParameter(description="only jobs of this user")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE,
                                         description="jobs per page")] = 100,
-        cursor: Annotated[str | None, Parameter(
+        cursor: Annotated[str | None, QueryParameter(
             description="next_cursor of the previous page")] = None,
     ) -> views.JobPage:
         """Jobs, newest first, one page at a time."""
@@ -143,14 +143,14 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         return views.state_names()
 
     @get("/jobs/{job_id:str}", sync_to_thread=False)
-    def job_detail(job_id: str, request: Request) -> views.JobDetail:  # type: ignore[type-arg]
+    def job_detail(job_id: FromPath[str], request: Request) -> views.JobDetail:  # type: ignore[type-arg]
         """A job with its task-state counts, its tasks and each task's attempt history. The
         spec's env values show only to an admin or the job's own user."""
         job = find_job(job_id)
         return views.job_detail(job, redact.spec_for(tokens.caller(request), job.spec))
 
     @get("/jobs/{job_id:str}/queue", sync_to_thread=False)
-    def job_queue(job_id: str) -> views.QueuePlace | None:
+    def job_queue(job_id: FromPath[str]) -> views.QueuePlace | None:
         """Where the job stands in its priority band's queue of jobs with pending tasks
         (placed in that order: band, then users by fair share, each user's jobs by
         submission); null when none of its tasks is pending."""
@@ -162,16 +162,16 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         return None if place is None else views.QueuePlace(job.spec.priority.value, *place)
 
     @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
-    def task_detail(job_id: str, index: int) -> views.TaskDetail:
+    def task_detail(job_id: FromPath[str], index: FromPath[int]) -> views.TaskDetail:
         """One task: state, current attempt, attempt history, pending_reason, exit, error."""
         job, task = find_task(job_id, index)
         return views.task_detail(job, task)
 
     @post("/jobs", guards=[auth.action_guard(tokens, "submitting")], status_code=202)
     async def submit(
-        data: JobSpec,
+        data: JSONBody[JobSpec],
         request: Request,  # type: ignore[type-arg]
-        wait: Annotated[float, Parameter(
+        wait: Annotated[float, QueryParameter(
             ge=0, le=60, description="seconds to wait for the submitter's verdict")] = 10.0,
     ) -> Response[views.SubmitAccepted]:
         """Submits a job: the same JSON as a message on berth.submit.job (`berth schema`).
@@ -206,8 +206,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
 
     @post("/jobs/{job_id:str}/cancel", guards=[auth.action_guard(tokens, "cancelling")],
           status_code=202)
-    async def cancel(job_id: str, request: Request,  # type: ignore[type-arg]
-                     data: views.CancelBody | None = None) -> views.CancelAccepted:
+    async def cancel(job_id: FromPath[str], request: Request,  # type: ignore[type-arg]
+                     data: JSONBody[views.CancelBody | None] = None) -> views.CancelAccepted:
         """Cancels a job: its unfinished tasks are killed (SIGTERM, then SIGKILL after the
         grace period) and its child jobs cancelled. The same as publishing a cancel message
         to berth.submit.cancel; the outcome lands at /api/submits/{submit_seq}. A submit
@@ -229,14 +229,14 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
 
     @get("/jobs/{job_id:str}/tasks/{index:int}/logs", media_type=MediaType.TEXT)
     async def task_logs(
-        job_id: str,
-        index: int,
-        attempt: Annotated[int | None, Parameter(description="default: the latest")] = None,
-        tail: Annotated[int | None, Parameter(ge=0, description="only the last N lines")]
+        job_id: FromPath[str],
+        index: FromPath[int],
+        attempt: Annotated[int | None, QueryParameter(description="default: the latest")] = None,
+        tail: Annotated[int | None, QueryParameter(ge=0, description="only the last N lines")]
         = None,
-        follow: Annotated[bool, Parameter(
+        follow: Annotated[bool, QueryParameter(
             description="keep streaming until the attempt has exited")] = False,
-        stream: Annotated[str | None, Parameter(
+        stream: Annotated[str | None, QueryParameter(
             description="only this output: stdout, stderr or build")] = None,
     ) -> Response[str] | Stream:
         """A task attempt's stdout and stderr (and its build's output), interleaved as
@@ -279,16 +279,16 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
 
     @get("/timeline", sync_to_thread=False)
     def host_timeline(
-        since: Annotated[float | None, Parameter(
+        since: Annotated[float | None, QueryParameter(
             description="window start (Unix seconds); default: an hour before `until`")]
         = None,
-        until: Annotated[float | None, Parameter(
+        until: Annotated[float | None, QueryParameter(
             description="window end (Unix seconds); default: now")] = None,
-        hosts: Annotated[str | None, Parameter(
+        hosts: Annotated[str | None, QueryParameter(
             description="only these worker ids, comma-separated")] = None,
-        limit: Annotated[int, Parameter(ge=1, le=timeline.MAX_HOSTS,
+        limit: Annotated[int, QueryParameter(ge=1, le=timeline.MAX_HOSTS,
                                         description="hosts per page")] = 100,
-        cursor: Annotated[str | None, Parameter(
+        cursor: Annotated[str | None, QueryParameter(
             description="next_cursor of the previous page")] = None,
     ) -> timeline.Timeline:
         """Per host (worker), the attempts that held it within the window: job, task,
@@ -331,7 +331,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         return [worker_out(w) for w in sorted(projection.state.workers)]
 
     @get("/workers/{worker_id:str}", sync_to_thread=False)
-    def worker_detail(worker_id: str) -> views.WorkerOut:
+    def worker_detail(worker_id: FromPath[str]) -> views.WorkerOut:
         if worker_id not in projection.state.workers:
             raise NotFoundException(f"no worker {worker_id!r}")
         return worker_out(worker_id)
@@ -347,7 +347,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         return views.limits_out(projection.state.limits, projection.state.usage)
 
     @get("/submits/{submit_seq:int}", sync_to_thread=False)
-    def submit_outcome(submit_seq: int) -> views.SubmitOutcome:
+    def submit_outcome(submit_seq: FromPath[int]) -> views.SubmitOutcome:
         """What became of submit stream message N: its job, or the reason it was rejected."""
         verdict = outcome_of(submit_seq)
         if verdict is None:
@@ -357,7 +357,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     @get("/events", media_type="text/event-stream")
     async def events(
         request: Request,  # type: ignore[type-arg]
-        after: Annotated[int | None, Parameter(
+        after: Annotated[int | None, QueryParameter(
             ge=0, description="start after this stream sequence (Last-Event-ID wins); "
                               "default: only events from now on")] = None,
     ) -> Stream:
@@ -406,7 +406,8 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
     @get(["/", "/jobs/{job_id:str}", "/workers", "/timeline", "/schedules"],
          media_type=MediaType.HTML,
          include_in_schema=False, sync_to_thread=False)
-    def page(job_id: str | None = None) -> str:
+    def page() -> str:
+        # The page reads a job's id from its own URL: the server has no use for it.
         return (STATIC / "index.html").read_text()
 
     return Litestar(

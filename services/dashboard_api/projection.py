@@ -138,22 +138,32 @@ class Projection:
 
     def _apply(self, raw: RawEvent) -> None:
         # A refused message is counted by the fold and never shown: the rest still folds.
-        event = raw.record().event
-        known = len(self.state.jobs)
-        new_attempt = isinstance(event, TaskAssigned) and self._attempt_of(event) is None
-        self.state.apply(raw.seq, event)
-        if isinstance(event, JobSubmitted) and len(self.state.jobs) != known:
-            self._index_job(self.state.jobs[event.job_id])
-        if isinstance(event, JobsCompacted):
+        event = raw.event()
+        state = self.state
+        if event is None:
+            state.apply(raw.seq, event)
+            self.recent.append((raw.seq, None))
+            return
+        if isinstance(event, TaskAssigned):
+            new_attempt = self._attempt_of(event) is None
+            state.apply(raw.seq, event)
+            if new_attempt and (attempt := self._attempt_of(event)) is not None:
+                timeline.index_attempt(self.host_attempts, state.jobs[event.job_id],
+                                       event.task_index, attempt)
+        elif isinstance(event, JobSubmitted):
+            known = len(state.jobs)
+            state.apply(raw.seq, event)
+            if len(state.jobs) != known:
+                self._index_job(state.jobs[event.job_id])
+        elif isinstance(event, JobsCompacted):
+            state.apply(raw.seq, event)
             self._unindex(set(event.job_ids))
-        if isinstance(event, TaskAssigned) and new_attempt and (
-                attempt := self._attempt_of(event)) is not None:
-            timeline.index_attempt(self.host_attempts, self.state.jobs[event.job_id],
-                                   event.task_index, attempt)
-        if event is not None:
-            # Services stamp their own events: the chart's clock never runs backwards.
-            self._last_ts = max(self._last_ts, event.ts)
-        self.recent.append((raw.seq, raw.data if event is not None else None))
+        else:
+            state.apply(raw.seq, event)
+        # Services stamp their own events: the chart's clock never runs backwards.
+        if event.ts > self._last_ts:
+            self._last_ts = event.ts
+        self.recent.append((raw.seq, raw.data))
 
     def _sample_cluster(self) -> None:
         # A sample walks every worker: at most one a second of folding, however many

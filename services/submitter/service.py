@@ -175,15 +175,22 @@ async def with_policy(js: JetStreamContext, outcome: JobSubmitted, index: JobInd
     return msgspec.structs.replace(outcome, replaces=verdict.replaces)
 
 
-async def stored_outcome(js: JetStreamContext, user: str | None, seq: int) -> Outcome | None:
+async def _stored_event(js: JetStreamContext, subject: str) -> AnyEvent | None:
+    """The newest event stored on `subject` (one direct read, no fold), or None if there is
+    none or it does not decode."""
     try:
-        stored = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.submit_outcome(user, seq))
+        stored = await js.get_last_msg(subjects.EVENTS_STREAM, subject)
     except nats.js.errors.NotFoundError:
         return None
     try:
         event: AnyEvent = decode(event_decoder, stored.data or b"")
     except msgspec.DecodeError:
         return None
+    return event
+
+
+async def stored_outcome(js: JetStreamContext, user: str | None, seq: int) -> Outcome | None:
+    event = await _stored_event(js, subjects.submit_outcome(user, seq))
     return event if isinstance(event, Outcome) else None
 
 
@@ -213,15 +220,7 @@ async def schedule_of(js: JetStreamContext, schedule_id: str) -> ScheduleCreated
     submit_seq = submit_seq_of(schedule_id)
     if submit_seq is None:
         return None
-    try:
-        stored = await js.get_last_msg(subjects.EVENTS_STREAM,
-                                       subjects.submit_outcome("*", submit_seq))
-    except nats.js.errors.NotFoundError:
-        return None
-    try:
-        event: AnyEvent = decode(event_decoder, stored.data or b"")
-    except msgspec.DecodeError:
-        return None
+    event = await _stored_event(js, subjects.submit_outcome("*", submit_seq))
     if isinstance(event, ScheduleCreated) and event.schedule_id == schedule_id:
         return event
     return None
@@ -237,17 +236,7 @@ async def job_exists(js: JetStreamContext, job_id: str,
         return False
     # Whether an earlier one failed is its own task's business (it is redelivered).
     await asyncio.gather(*earlier, return_exceptions=True)
-    try:
-        stored = await js.get_last_msg(
-            subjects.EVENTS_STREAM,
-            subjects.submit_outcome(user, submit_seq) if user else subjects.submit_outcome(
-                "*", submit_seq))
-    except nats.js.errors.NotFoundError:
-        return False
-    try:
-        event: AnyEvent = decode(event_decoder, stored.data or b"")
-    except msgspec.DecodeError:
-        return False
+    event = await _stored_event(js, subjects.submit_outcome(user or "*", submit_seq))
     if isinstance(event, ScheduleCreated):
         return event.schedule_id == job_id
     return isinstance(event, JobSubmitted) and event.job_id == job_id

@@ -40,6 +40,7 @@ from berth.services.worker_agent.process import (
     describe_exit,
     signal_group,
 )
+from berth.services.worker_agent.report_sender import ReportSender
 from berth.services.worker_agent.task_dirs import TaskDirs
 from berth.services.worker_agent.task_env import gpu_devices, task_environment
 from berth.services.worker_agent.zygote import Zygote
@@ -106,9 +107,12 @@ class WorkerAgent:
         self.settings = settings
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
-        # Simulated hosts share one publisher, so their reports go out in batches.
+        # Simulated hosts share one publisher, so their messages share its acks; each host
+        # coalesces its own reports (report_sender.py): a batch names one worker only.
         self.reports = reports or nats_io.EventPublisher(self.js)
         self.worker_id = worker_id
+        self.report_sender = ReportSender(worker_id, subjects.attempt_reports(worker_id),
+                                          settings.report_coalesce, self.reports.publish)
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
         self.attributes = attributes
@@ -452,8 +456,7 @@ class WorkerAgent:
             timed_out=timed_out, ts=time.time(), gpu=gpu, usage=usage,
             worker_fault=worker_fault, waiting=waiting,
         )
-        seq = await self.reports.publish(subjects.attempt_reports(self.worker_id), report,
-                                         msg_id=f"report:{key}:{state.name}")
+        seq = await self.report_sender.send(report)
         self.reported_seq = max(self.reported_seq, seq)
         metrics.REPORTS.labels(state.name.lower()).inc()
 
@@ -479,7 +482,9 @@ class WorkerAgent:
     async def _run_attempt(self, key: str, attempt: RunningAttempt) -> None:
         cmd = attempt.command
         if self.simulate is not None:
-            await self._report(cmd, TaskState.BUILDING)
+            # As a real host would: BUILDING only when there is something to build.
+            if cmd.bundle or cmd.setup:
+                await self._report(cmd, TaskState.BUILDING)
             if attempt.killed.is_set():
                 await self._report(cmd, TaskState.KILLED, error=attempt.kill_reason)
                 return
@@ -523,8 +528,7 @@ class WorkerAgent:
                 if not attempt.killed.is_set():
                     await self._report(cmd, TaskState.BUILDING)
                     error = await self._build(key, attempt, dirs, env)
-        else:
-            await self._report(cmd, TaskState.BUILDING)
+        # Nothing to build: no BUILDING report; RUNNING follows ASSIGNED directly.
         if attempt.process is not None and (why := attempt.process.fenced):
             log.warning("attempt %s was fenced off while building (%s)", key, why)
             self._spawn(self._reset(f"fenced: {why}"))

@@ -22,12 +22,14 @@ from berth.shared import subjects
 from berth.shared.messages import (
     AttemptReported,
     CancelRequest,
+    Constraint,
     Heartbeat,
     JobSpec,
     JobSubmitted,
     KillAttempt,
     LeaderAnnouncement,
     LeaderElected,
+    Op,
     PendingReason,
     PendingReasonsChanged,
     Resources,
@@ -59,7 +61,11 @@ def deep_objects(levels: int) -> bytes:
 
 def samples(worker: str) -> dict[str, list[bytes]]:
     """Valid messages per kind of subject, to truncate and mutate."""
-    spec = JobSpec(name="fuzz", command=["true"], resources=Resources(cpu=0.1, memory_mb=8))
+    # A forged JobSubmitted that stays valid must name a job no one runs: were it placed on
+    # a real worker, a forged TaskAssigned for the same key would be a real key reuse (seed
+    # 15 made one: attempt 0 to fuzz-w and to local-0). No worker has this attribute.
+    spec = JobSpec(name="fuzz", command=["true"], resources=Resources(cpu=0.1, memory_mb=8),
+                   constraints=[Constraint(key="fuzz-never", op=Op.EQ, value="x")])
     return {
         "submit": [encode(spec)],
         "cancel": [encode(CancelRequest(job_id="j1-fuzz0000", reason="fuzz"))],
@@ -198,7 +204,7 @@ def forged_epochs() -> list[tuple[str, bytes]]:
                                                           epoch=10**30)))]
 
 
-async def send(nc: NATS, count: int, workers: list[str], seed: int = 13,
+async def send(nc: NATS, count: int, workers: list[str], seed: int = 15,
                epochs: bool = True) -> int:
     """Publishes `count` generated payloads (and the forged epochs, unless told not to)
     as `nc`'s identity; returns how many were sent. Flushes every few hundred so no

@@ -47,13 +47,13 @@ from berth.shared import nats_io, redis_auth, redis_io, servers, subjects
 from berth.shared.checker import Report, check_cluster
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import (
-    AttemptReported,
     Coscheduling,
     JobSpec,
     LeaderElected,
     Resources,
     attempt_key,
     encode,
+    reports_in,
 )
 from berth.shared.reservations import ReservationStore
 from berth.shared.states import TaskState
@@ -443,10 +443,11 @@ class FaultRun:
             while state.last_seq < until:
                 record = await anext(events)
                 event = record.event
-                if isinstance(event, AttemptReported) and event.state in ENDED:
-                    key = attempt_key(event.job_id, event.task_index, event.attempt_id)
-                    reports.setdefault(key, set()).add(event.state)
-                elif isinstance(event, LeaderElected):
+                for report in reports_in(event):
+                    if report.state in ENDED:
+                        key = attempt_key(report.job_id, report.task_index, report.attempt_id)
+                        reports.setdefault(key, set()).add(report.state)
+                if isinstance(event, LeaderElected):
                     epochs.append(event.epoch)
                 state.apply(record.seq, event)
         finally:

@@ -1,0 +1,52 @@
+"""Which of a worker's attempt reports go out together, and as what message: the rules of
+BERTH_REPORT_COALESCE (docs/protocol.md, "Attempt reports"), apart from any transport.
+Pure functions over plain data; services/worker_agent/report_sender.py carries them out."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from berth.shared import bounded
+from berth.shared.messages import AttemptReported, AttemptsReported, attempt_key, encode
+
+
+def send_at(now: float, last_sent: float | None, window: float) -> float:
+    """When a report made at `now`, with none waiting, goes out: at once when no message of
+    this worker's went out in the last `window` seconds (a lone report waits for nothing),
+    else when that window ends, with whatever else was made by then. So a report waits at
+    most `window`, and a worker sends at most one message per `window` while busy. A
+    `window` of 0 or less turns coalescing off."""
+    if window <= 0 or last_sent is None or now - last_sent >= window:
+        return now
+    return last_sent + window
+
+
+def report_id(report: AttemptReported) -> str:
+    """A report's dedup id (Nats-Msg-Id): one per attempt and state."""
+    key = attempt_key(report.job_id, report.task_index, report.attempt_id)
+    return f"report:{key}:{report.state.name}"
+
+
+def batch_id(worker_id: str, reports: list[AttemptReported]) -> str:
+    """A batch's dedup id, from its entries' ids: a retried publish of the same batch is a
+    duplicate, and no two batches share one (each report goes out in exactly one)."""
+    digest = hashlib.sha256("\n".join(report_id(r) for r in reports).encode()).hexdigest()
+    return f"reports:{worker_id}:{len(reports)}:{digest[:32]}"
+
+
+def messages(worker_id: str, reports: list[AttemptReported], ts: float,
+             max_bytes: int = bounded.MAX_MESSAGE_BYTES
+             ) -> list[tuple[msgspec.Struct, str, int]]:
+    """The messages that carry `reports` (in order), each as (event, dedup id, how many of
+    the reports it carries): consecutive runs under `max_bytes`, a run of one as the plain
+    `attempt_reported` it always was, a longer one as `attempts_reported`."""
+    out: list[tuple[msgspec.Struct, str, int]] = []
+    for run in bounded.chunks(reports, lambda r: len(encode(r)), max_bytes):
+        if len(run) == 1:
+            out.append((run[0], report_id(run[0]), 1))
+        else:
+            out.append((AttemptsReported(worker_id=worker_id, reports=run, ts=ts),
+                        batch_id(worker_id, run), len(run)))
+    return out
