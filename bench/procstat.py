@@ -29,9 +29,35 @@ def cpu_seconds(pid: int, reaped: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def live_children(pid: int) -> list[int]:
+    """`pid`'s children now (from each of its threads' /proc children file)."""
+    out: list[int] = []
+    try:
+        for tid in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                out.extend(int(c) for c in (tid / "children").read_text().split())
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process, its reaped children, and its live descendants with theirs
+    (a worker's supervisor zygote, and the attempts it has forked, are not reaped yet)."""
+    todo, total = [pid], 0.0
+    while todo:
+        p = todo.pop()
+        total += cpu_seconds(p, reaped=True)
+        todo.extend(live_children(p))
+    return total
+
+
 def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each labelled process, its reaped children included."""
-    return {label: cpu_seconds(pid, reaped=True) for label, pid in pids.items()}
+    """CPU seconds so far of each labelled process, its descendants (live or reaped)
+    included."""
+    return {label: tree_cpu_seconds(pid) for label, pid in pids.items()}
 
 
 def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

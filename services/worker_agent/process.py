@@ -17,13 +17,11 @@ from typing import Protocol
 
 import msgspec
 
+from berth.services.worker_agent.zygote import SUPERVISOR, Forked, Zygote, ZygoteRequest
 from berth.shared.messages import ResourceUse
 
 OutputSink = Callable[[str, bytes], Awaitable[None]]
 
-# The per-task supervisor (its docstring says what it guarantees), run by path so that it
-# needs nothing but the standard library.
-SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
 
 def describe_exit(returncode: int) -> str:
@@ -59,7 +57,7 @@ class Runnable(Protocol):
 class AttemptProcess:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, sink: OutputSink,
                  deadline: float, fence_file: Path | None = None,
-                 usage_file: Path | None = None) -> None:
+                 usage_file: Path | None = None, zygote: Zygote | None = None) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
@@ -69,7 +67,9 @@ class AttemptProcess:
         self.fence_file = fence_file or Path(cwd) / ".berth-fenced"
         # Written by the supervisor as it exits: what the process tree used.
         self.usage_file = usage_file
-        self.proc: asyncio.subprocess.Process | None = None
+        # Forks the supervisor (None, or a zygote that cannot: it is exec'd).
+        self.zygote = zygote
+        self.proc: asyncio.subprocess.Process | Forked | None = None
 
     @property
     def pid(self) -> int | None:
@@ -91,6 +91,12 @@ class AttemptProcess:
         if self.usage_file is not None:
             self.usage_file.unlink(missing_ok=True)
             usage = [str(self.usage_file)]
+        if self.zygote is not None:
+            self.proc = await self.zygote.spawn(ZygoteRequest(
+                argv=self.argv, env=self.env, cwd=self.cwd, fence_file=str(self.fence_file),
+                deadline=self.deadline, usage_file=usage[0] if usage else ""))
+            if self.proc is not None:
+                return
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", SUPERVISOR, str(self.fence_file), repr(self.deadline),
             *usage, "--", *self.argv,

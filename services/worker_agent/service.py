@@ -43,6 +43,7 @@ from berth.services.worker_agent.process import (
 from berth.services.worker_agent.report_sender import ReportSender
 from berth.services.worker_agent.task_dirs import TaskDirs
 from berth.services.worker_agent.task_env import gpu_devices, task_environment
+from berth.services.worker_agent.zygote import Zygote
 from berth.shared import bounded, dir_lock, nats_io, service, subjects, telemetry
 from berth.shared import metrics as shared_metrics
 from berth.shared.config import Settings
@@ -138,6 +139,8 @@ class WorkerAgent:
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
         self.pid_dir = self.home / "pids"
+        # Forks each attempt's supervisor (services/worker_agent/zygote.py).
+        self.zygote = Zygote()
         self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js,
                                    copies=settings.bundle_copies)
         # At most this many attempts in BUILDING at once; the others wait ASSIGNED.
@@ -234,6 +237,7 @@ class WorkerAgent:
 
     async def _shutdown(self) -> None:
         await self._stop_everything("worker shutting down")
+        self.zygote.close()
         try:
             # Bounded (about 10 s): a stop must not wait on NATS for ever.
             await nats_io.publish_event(
@@ -564,7 +568,8 @@ class WorkerAgent:
             if attempt.killed.is_set():
                 return ""
             process = AttemptProcess(["sh", "-c", line], env, str(dirs.task), sink,
-                                     self.fence_deadline, dirs.scratch / ".berth-fenced")
+                                     self.fence_deadline, dirs.scratch / ".berth-fenced",
+                                     zygote=self.zygote)
             try:
                 await process.start()
             except OSError as exc:
@@ -648,7 +653,8 @@ class WorkerAgent:
             await self.js.publish(log_subject, chunk, headers={subjects.LOG_STREAM_HEADER: stream})
 
         return AttemptProcess(cmd.command, env, str(dirs.task), sink, self.fence_deadline,
-                              dirs.scratch / ".berth-fenced", dirs.scratch / ".berth-usage")
+                              dirs.scratch / ".berth-fenced", dirs.scratch / ".berth-usage",
+                              self.zygote)
 
     def _time_out(self, attempt: RunningAttempt, timeout: float) -> None:
         if attempt.killed.is_set():

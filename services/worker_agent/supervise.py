@@ -2,6 +2,7 @@
 task never outlives the right to run.
 
     python3 -I -S supervise.py FENCE_FILE DEADLINE [USAGE_FILE] -- ARGV...
+    python3 -I -S supervise.py --zygote        (stdin: a Unix socket from the agent)
 
 It starts ARGV as its child (in its own process group, which the supervisor leads) and
 becomes a child subreaper, so every descendant the task leaves behind, even one that
@@ -17,27 +18,47 @@ SIGKILL, when:
 - the agent asks for it (SIGUSR1: the end of a kill's grace period);
 - the task's main process has exited (nothing of an attempt outlives it).
 
+A task is not started at all when the deadline has passed or the agent is gone already.
+It starts with every signal at its default disposition (SIGPIPE included, which Python
+ignores) and /dev/null as its stdin.
+
 It measures what the tree used, and before it exits writes it to USAGE_FILE as JSON
 (`cpu_seconds`, `peak_rss_mb`, `samples`): the CPU time of every descendant (all of them are
 reaped here, so the kernel's count for our children has them all) and the most resident
-memory the tree held at once (its sum, sampled each LONGEST_WAIT; no lower than the
-kernel's peak of its largest process, so a task shorter than a sample is measured too).
+memory the tree held at once (its sum, sampled each LONGEST_WAIT from FIRST_SAMPLE on; no
+lower than the kernel's peak of its largest process, so a task shorter than a sample is
+measured too).
 
 It exits as the task did (the same code, or the same signal). It ignores SIGTERM, SIGINT and
 SIGHUP: those are for the task (the agent signals the whole group), and the supervisor stays
 to collect the task's exit. Standard library only, started with -I -S, so nothing needs
-installing; its start costs an attempt about 35 ms (docs/performance.md).
+installing.
+
+Started by exec, a supervisor costs an attempt 45-65 ms of CPU (a Python start, and its
+imports: ctypes and json alone are ~25 ms). So the agent keeps one **zygote** (`--zygote`):
+a supervisor with everything imported that forks a supervisor per attempt: about 8 ms of
+CPU with a `true` task included, on a loaded 2-core machine (bench/supervisor.py,
+docs/performance.md). The agent
+sends it one datagram per attempt, a JSON request (ZygoteRequest's fields) with four file
+descriptors: the read end of the supervisor's stdin (the agent keeps the only write end, so
+its death is still seen), the write ends of its stdout and stderr, and a *status* pipe, on
+which the supervisor writes its pid as it starts and, once the tree is gone, its exit as a
+return code (`-N`: signal N). It then stays, leading the group so that its pid is not
+reused, until the agent closes its stdin. The forked supervisors do not depend on the
+zygote: its death (or pause) stops new starts only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 
@@ -45,11 +66,38 @@ PR_SET_CHILD_SUBREAPER = 36
 # The longest sleep between looks at the deadline (a wait ends sooner on a child's exit, a
 # signal, or a line from the agent).
 LONGEST_WAIT = 1.0
+# The first sample of the tree's memory: a task that ends sooner (most `true`s) is measured
+# by the kernel's peak alone, and costs no look at /proc.
+FIRST_SAMPLE = 0.1
+# The largest request a zygote takes (argv and environment); the agent execs a supervisor
+# for a larger one.
+MAX_REQUEST = 1 << 17
+ZYGOTE_FDS = 4  # stdin, stdout, stderr, status
 
 
-def descendants(root: int, rss: dict[int, int] | None = None) -> list[int]:
-    """Every process below `root`, from /proc (a subreaper's orphans included). `rss`, if
-    given, is filled with each process's resident pages (read in the same pass)."""
+def children_of(pid: int) -> list[int] | None:
+    """`pid`'s children, from each of its threads' /proc children file; None without those
+    files (a kernel without CONFIG_PROC_CHILDREN)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out  # it has gone (its children, if any, are re-parented to us)
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread has ended
+            return None
+        except OSError:
+            continue
+    return out
+
+
+def walk_proc(root: int) -> list[int]:
+    """Every process below `root`, from a scan of all of /proc (the slow way)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -62,8 +110,6 @@ def descendants(root: int, rss: dict[int, int] | None = None) -> list[int]:
         # The command name may hold spaces and parentheses: fields start after the last ')'.
         fields = stat[stat.rindex(b")") + 2:].split()
         children.setdefault(int(fields[1]), []).append(int(entry))
-        if rss is not None:
-            rss[int(entry)] = int(fields[21])  # proc(5)'s field 24, rss
     out: list[int] = []
     todo = [root]
     while todo:
@@ -71,6 +117,32 @@ def descendants(root: int, rss: dict[int, int] | None = None) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (a subreaper's orphans included). Reads only the tree's
+    own /proc children files: an exited child's orphans are re-parented to us before it
+    becomes a zombie, so a tree whose root has no child (once reaped) is surely empty."""
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        found = children_of(todo.pop())
+        if found is None:
+            return walk_proc(root)
+        out.extend(found)
+        todo.extend(found)
+    return out
+
+
+def resident_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total * os.sysconf("SC_PAGE_SIZE")
 
 
 # Exit statuses of the children reaped so far, by pid.
@@ -84,7 +156,7 @@ class Usage:
         self.path = path
         self.peak_bytes = 0
         self.samples = 0
-        self.last = 0.0
+        self.last = time.monotonic() - LONGEST_WAIT + FIRST_SAMPLE
 
     def due_in(self) -> float:
         """Seconds until the next sample is due (the wait below ends by then)."""
@@ -96,10 +168,7 @@ class Usage:
         if not self.path or self.due_in() > 0:
             return
         self.last = time.monotonic()
-        rss: dict[int, int] = {}
-        tree = descendants(me, rss)
-        self.peak_bytes = max(self.peak_bytes,
-                              sum(rss.get(p, 0) for p in tree) * os.sysconf("SC_PAGE_SIZE"))
+        self.peak_bytes = max(self.peak_bytes, resident_bytes(descendants(me)))
         self.samples += 1
 
     def write(self) -> None:
@@ -117,6 +186,7 @@ class Usage:
 def kill_tree(me: int) -> None:
     """SIGKILL to every descendant until none is left (a dying tree may still fork)."""
     for _ in range(100):
+        reap()
         found = descendants(me)
         if not found:
             return
@@ -139,6 +209,20 @@ def reap() -> None:
         reaped[pid] = status
 
 
+def returncode(status: int) -> int:
+    """A wait status as asyncio and subprocess report it (-N: killed by signal N)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1
+
+
+def forget_children() -> None:
+    """Reaps exited children without keeping their statuses (the zygote's)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
 def exit_like(status: int) -> None:
     """Ends this process the way the task ended: its exit code, or its signal."""
     if os.WIFSIGNALED(status):
@@ -147,20 +231,78 @@ def exit_like(status: int) -> None:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+    os._exit(returncode(status))
 
 
-def main(argv: list[str]) -> None:
-    fence_file, deadline_text, *rest = argv
-    usage = Usage(rest.pop(0) if rest and rest[0] != "--" else "")
-    separator, *command = rest or [""]
-    if separator != "--" or not command:
-        sys.exit("usage: supervise.py FENCE_FILE DEADLINE [USAGE_FILE] -- ARGV...")
-    deadline = float(deadline_text)
-    me = os.getpid()
+class Agent:
+    """Our stdin: the agent's renewals of the fence deadline, and its end closing."""
+
+    def __init__(self, fd: int, deadline: float) -> None:
+        self.fd = fd
+        self.deadline = deadline
+        self.gone = False
+        self.pending = b""
+
+    def read(self) -> None:
+        data = os.read(self.fd, 4096)
+        if not data:
+            self.gone = True
+            return
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                self.deadline = max(self.deadline, float(line))
+
+    def poll(self) -> None:
+        """Reads what is there without waiting."""
+        while not self.gone and select.select([self.fd], [], [], 0)[0]:
+            self.read()
+
+
+def libc_prctl() -> object:
     # Not on Linux: the process group is all there is.
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+def become_subreaper(prctl: object = None) -> None:
+    prctl = prctl or libc_prctl()
+    if callable(prctl):
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def fence(fence_file: str, agent: Agent) -> None:
+    with contextlib.suppress(OSError), open(fence_file, "w") as f:
+        f.write("the agent is gone\n" if agent.gone else
+                "no heartbeat acknowledged before the fence deadline\n")
+
+
+def report(status_fd: int, code: int) -> None:
+    """Tells the agent our exit (zygote mode), and stays until it has read it."""
+    if status_fd < 0:
+        return
+    with contextlib.suppress(OSError):
+        os.write(status_fd, f"{code}\n".encode())
+    # The agent reads its pipes to their ends: ours close now, not when we exit.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(status_fd)
+    with contextlib.suppress(OSError):
+        while os.read(0, 4096):
+            pass
+    os._exit(0)
+
+
+def supervise(fence_file: str, deadline: float, usage_path: str, command: list[str],
+              env: dict[str, str] | None = None, status_fd: int = -1,
+              prctl: object = None) -> None:
+    """Runs `command` under this process's supervision until the end (never returns)."""
+    me = os.getpid()
+    usage = Usage(usage_path)
+    become_subreaper(prctl)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     asked = []
@@ -173,59 +315,126 @@ def main(argv: list[str]) -> None:
     signal.set_wakeup_fd(woken)
     signal.signal(signal.SIGCHLD, lambda *_: None)
 
-    stdin = sys.stdin.fileno()
-    child = os.fork()
-    if child == 0:
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
-                    signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        try:
-            os.execvp(command[0], command)
-        except OSError as exc:
-            os.write(2, f"cannot start {command[0]!r}: {exc.strerror}\n".encode())
-            os._exit(127)
+    agent = Agent(0, deadline)
+    agent.poll()
+    if agent.gone or time.monotonic() > agent.deadline:
+        # Never started: e.g. a request the agent gave up on, forked late (which has no
+        # fence file to write: the same name may be an exec'd supervisor's by now).
+        if not agent.gone:
+            fence(fence_file, agent)
+        report(status_fd, 137)
+        os._exit(137)
 
-    pending = b""
-    agent_gone = False
+    # posix_spawn (a vfork underneath): no copy of this process's memory map to make.
+    # Signals this process ignores or handles, and the ones Python ignores (SIGPIPE,
+    # SIGXFSZ), are the task's defaults again.
+    try:
+        child = os.posix_spawnp(
+            command[0], command, os.environ if env is None else env,
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
+            setsigdef=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                       signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ),
+            setsigmask=())
+    except OSError as exc:
+        os.write(2, f"cannot start {command[0]!r}: {exc.strerror}\n".encode())
+        usage.write()
+        report(status_fd, 127)
+        os._exit(127)
+
     while True:
         reap()
         if child in reaped:
             kill_tree(me)
             usage.write()
+            report(status_fd, returncode(reaped[child]))
             exit_like(reaped[child])
         if asked:
             kill_tree(me)
             asked.clear()
             continue
-        if agent_gone or time.monotonic() > deadline:
-            with open(fence_file, "w") as f:
-                f.write("the agent is gone\n" if agent_gone else
-                        "no heartbeat acknowledged before the fence deadline\n")
+        if agent.gone or time.monotonic() > agent.deadline:
+            fence(fence_file, agent)
             kill_tree(me)
             usage.write()
+            report(status_fd, 137)
             os._exit(137)
         usage.sample(me)
-        wait = min(LONGEST_WAIT, max(0.0, deadline - time.monotonic()), usage.due_in())
+        wait = min(LONGEST_WAIT, max(0.0, agent.deadline - time.monotonic()), usage.due_in())
         try:
-            ready, _, _ = select.select([stdin, wake], [], [], wait)
+            ready, _, _ = select.select([0, wake], [], [], wait)
         except InterruptedError:
             continue
         if wake in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake, 4096)
-        if stdin in ready:
-            data = os.read(stdin, 4096)
-            if not data:
-                agent_gone = True
-                continue
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                with contextlib.suppress(ValueError):
-                    deadline = max(deadline, float(line))
+        if 0 in ready:
+            agent.read()
+
+
+def serve(sock: socket.socket) -> None:
+    """The zygote: forks a supervisor for each request until the agent's end closes."""
+    # Our children (the supervisors) are reaped here, though their exits go to the agent
+    # through their status pipes: so what they used counts in ours. A supervisor sets its
+    # own SIGCHLD handler.
+    signal.signal(signal.SIGCHLD, lambda *_: forget_children())
+    # SIGUSR1 too: a forked supervisor may be asked before it has set its handler.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    prctl = libc_prctl()
+    # What is here now stays as it is: no collection in a forked child walks (and so
+    # copies) the pages it shares with us.
+    gc.freeze()
+    while True:
+        message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, ZYGOTE_FDS)
+        if not message and not fds:
+            return  # the agent is gone
+        if len(fds) == ZYGOTE_FDS:
+            # A failed fork closes the fds below: the agent sees no pid and execs instead.
+            with contextlib.suppress(OSError):
+                if os.fork() == 0:
+                    start_forked(sock, message, fds, prctl)
+        for fd in fds:
+            os.close(fd)
+
+
+def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: object) -> None:
+    """In the zygote's child: becomes the attempt's supervisor (never returns)."""
+    stdin, stdout, stderr, status = fds
+    try:
+        sock.close()
+        os.setsid()
+        os.write(status, f"{os.getpid()}\n".encode())
+        os.set_inheritable(status, False)
+        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, target)
+        for fd in (stdin, stdout, stderr):
+            if fd > 2:
+                os.close(fd)
+        request = json.loads(message)
+        os.chdir(request["cwd"])
+        # The task's environment becomes ours, as an exec'd supervisor's is: posix_spawnp
+        # looks for the program on our PATH.
+        os.environ.clear()
+        os.environ.update(request["env"])
+        supervise(request["fence_file"], float(request["deadline"]), request["usage_file"],
+                  list(request["argv"]), None, status, prctl)
+    except BaseException as exc:  # whatever it was, the agent must hear of it
+        with contextlib.suppress(OSError):
+            os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
+            os.write(status, b"127\n")
+        os._exit(127)
+
+
+def main(argv: list[str]) -> None:
+    if argv == ["--zygote"]:
+        serve(socket.socket(fileno=0))
+        return
+    fence_file, deadline_text, *rest = argv
+    usage = rest.pop(0) if rest and rest[0] != "--" else ""
+    separator, *command = rest or [""]
+    if separator != "--" or not command:
+        sys.exit("usage: supervise.py FENCE_FILE DEADLINE [USAGE_FILE] -- ARGV...")
+    supervise(fence_file, float(deadline_text), usage, command)
 
 
 if __name__ == "__main__":

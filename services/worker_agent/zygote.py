@@ -1,0 +1,180 @@
+"""The agent's end of the supervisor zygote (supervise.py --zygote, whose docstring gives the
+protocol): one pre-started supervisor that forks a supervisor per attempt, so an attempt's
+start costs no Python start. Whatever goes wrong with the zygote (it died, is paused, the
+request is too large) makes `spawn` answer None, and the caller execs a supervisor instead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+
+from berth.services.worker_agent.supervise import MAX_REQUEST
+
+# The per-task supervisor (its docstring says what it guarantees), run by path so that it
+# needs nothing but the standard library.
+SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
+# How long a forked supervisor may take to say its pid; a zygote slower than that (paused,
+# or starved) is killed and started again, and this attempt's supervisor is exec'd.
+START_TIMEOUT = 5.0
+
+
+class ZygoteRequest(msgspec.Struct):
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    fence_file: str
+    deadline: float
+    usage_file: str
+
+
+class PipeWriter:
+    """The agent's end of a forked supervisor's stdin (fence deadlines, a line each)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    def write(self, data: bytes) -> None:
+        """Raises OSError once closed, or should the supervisor not read (a full pipe)."""
+        if self.fd < 0:
+            raise BrokenPipeError("closed")
+        os.write(self.fd, data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A reader of the pipe's read end `fd` (its transport closes it at the end of file)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    return reader, transport
+
+
+class Forked:
+    """A supervisor forked by the zygote, with the part of asyncio's Process that
+    AttemptProcess uses. Not our child: its exit comes on its status pipe."""
+
+    def __init__(self, pid: int, stdin: PipeWriter, stdout: asyncio.StreamReader,
+                 stderr: asyncio.StreamReader, status: asyncio.StreamReader) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._exit = asyncio.ensure_future(self._collect(status))
+
+    async def _collect(self, status: asyncio.StreamReader) -> int:
+        last = b""
+        while line := await status.readline():
+            last = line
+        try:
+            # No status: the supervisor itself was SIGKILLed (the last resort of a stop).
+            self.returncode = int(last) if last else -signal.SIGKILL
+        except ValueError:
+            self.returncode = -signal.SIGKILL
+        # It stays (its pid, our process group id, not reused) until this closes.
+        self.stdin.close()
+        return self.returncode
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+
+class Zygote:
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+
+    def _socket(self) -> socket.socket | None:
+        if self.sock is not None and self.proc is not None and self.proc.poll() is None:
+            return self.sock
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", SUPERVISOR, "--zygote"], stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        ours.setblocking(False)  # a paused zygote must not stop the agent's loop
+        self.sock = ours
+        return ours
+
+    def _send(self, request: bytes, fds: list[int]) -> bool:
+        sock = self._socket()
+        if sock is None:
+            return False
+        try:
+            socket.send_fds(sock, [request], fds)
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    async def spawn(self, request: ZygoteRequest) -> Forked | None:
+        """A supervisor for `request`, or None: exec one instead."""
+        message = msgspec.json.encode(request)
+        if len(message) > MAX_REQUEST:
+            return None
+        theirs: list[int] = []
+        ours: list[int] = []
+        for _ in range(4):
+            r, w = os.pipe()
+            ours.append(r)
+            theirs.append(w)
+        # stdin is the other way round: they read, we write.
+        ours[0], theirs[0] = theirs[0], ours[0]
+        try:
+            sent = self._send(message, theirs)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        stdin = PipeWriter(ours[0])
+        if not sent:
+            stdin.close()
+            for fd in ours[1:]:
+                os.close(fd)
+            return None
+        pipes = [await read_pipe(fd) for fd in ours[1:]]
+        readers = [reader for reader, _ in pipes]
+        status = readers[2]
+        try:
+            pid = int(await asyncio.wait_for(status.readline(), START_TIMEOUT))
+        except (TimeoutError, ValueError):
+            pid = 0
+        if not pid:
+            # Closing stdin first: a supervisor forked late sees the agent gone, and does
+            # not start the task.
+            stdin.close()
+            self.close()
+            for _, transport in pipes:
+                transport.close()
+            return None
+        return Forked(pid, stdin, readers[0], readers[1], status)
+
+    def close(self) -> None:
+        """Ends the zygote (SIGKILL: a paused one too). Its supervisors carry on."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None

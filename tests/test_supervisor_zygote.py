@@ -1,0 +1,196 @@
+"""The supervisor zygote (services/worker_agent/zygote.py): attempts forked from it keep
+every guarantee of an exec'd supervisor, with real processes. The zygote dying or pausing
+stops new starts only (they fall back to exec); the agent dying still kills the tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from berth.services.worker_agent import zygote as zygote_module
+from berth.services.worker_agent.process import AttemptProcess
+from berth.services.worker_agent.supervise import descendants
+from berth.services.worker_agent.zygote import Forked, Zygote, ZygoteRequest
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+async def until(condition: object, timeout: float = 5.0) -> None:
+    ends = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < ends, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def attempt(tmp_path: Path, argv: list[str], zygote: Zygote, deadline: float = 60.0,
+            out: list[bytes] | None = None) -> AttemptProcess:
+    async def sink(stream: str, chunk: bytes) -> None:
+        if out is not None:
+            out.append(chunk)
+
+    return AttemptProcess(argv, dict(os.environ), str(tmp_path), sink,
+                          time.monotonic() + deadline, usage_file=tmp_path / "usage",
+                          zygote=zygote)
+
+
+async def test_a_forked_supervisor_reports_exits_output_and_usage(tmp_path: Path) -> None:
+    zygote = Zygote()
+    try:
+        out: list[bytes] = []
+        p = attempt(tmp_path, ["sh", "-c", "echo out; echo err >&2; exit 3"], zygote, out=out)
+        await p.start()
+        assert isinstance(p.proc, Forked)
+        assert await p.wait() == 3
+        assert sorted(out) == [b"err\n", b"out\n"]
+        assert p.usage is not None and p.usage.peak_rss_mb > 0
+        p = attempt(tmp_path, ["sh", "-c", "kill -TERM $$"], zygote)
+        await p.start()
+        assert await p.wait() == -signal.SIGTERM
+        # SIGPIPE is the task's default again (Python ignores it, and an ignored signal
+        # stays ignored in a shell).
+        p = attempt(tmp_path, ["sh", "-c", "kill -PIPE $$"], zygote)
+        await p.start()
+        assert await p.wait() == -signal.SIGPIPE
+        # A task that ignores SIGTERM: SIGUSR1 to its supervisor at the grace's end.
+        p = attempt(tmp_path, ["sh", "-c", "trap '' TERM; sleep 30"], zygote)
+        await p.start()
+        await asyncio.sleep(0.2)
+        await p.stop(0.3)
+        assert p.proc is not None and p.proc.returncode == -signal.SIGKILL
+        # The program is looked for on the task's PATH, not the agent's.
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "only-here").write_text("#!/bin/sh\nexit 7\n")
+        (bin_dir / "only-here").chmod(0o755)
+        p = attempt(tmp_path, ["only-here"], zygote)
+        p.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+        await p.start()
+        assert isinstance(p.proc, Forked) and await p.wait() == 7
+        with pytest.raises(FileNotFoundError):
+            await attempt(tmp_path, ["no-such-program-here"], zygote).start()
+    finally:
+        zygote.close()
+
+
+async def test_the_zygote_dying_leaves_running_tasks_fenced_and_the_next_start_works(
+        tmp_path: Path) -> None:
+    zygote = Zygote()
+    try:
+        p = attempt(tmp_path, ["sh", "-c", "sleep 30 & wait"], zygote, deadline=1.0)
+        await p.start()
+        assert zygote.proc is not None
+        os.kill(zygote.proc.pid, signal.SIGKILL)
+        # Not renewed: the deadline passes, and the forked supervisor still kills its tree.
+        assert await asyncio.wait_for(p.wait(), 5) == 137
+        assert "fence deadline" in p.fenced
+        q = attempt(tmp_path, ["true"], zygote)
+        await q.start()
+        assert isinstance(q.proc, Forked) and await q.wait() == 0
+    finally:
+        zygote.close()
+
+
+async def test_a_paused_zygote_makes_the_start_exec_and_never_runs_the_task_late(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zygote_module, "START_TIMEOUT", 0.3)
+    zygote = Zygote()
+    try:
+        await attempt(tmp_path, ["true"], zygote).start()  # started, and ready
+        assert zygote.proc is not None
+        paused = zygote.proc
+        os.kill(paused.pid, signal.SIGSTOP)
+        marker = tmp_path / "ran"
+        p = attempt(tmp_path, ["sh", "-c", f"echo >> {marker}"], zygote)
+        await p.start()
+        assert not isinstance(p.proc, Forked)  # exec'd instead
+        assert await p.wait() == 0
+        assert paused.returncode is not None  # the paused zygote was killed
+        assert marker.read_text() == "\n"  # once
+    finally:
+        zygote.close()
+
+
+AGENT = textwrap.dedent("""
+    import asyncio, os, sys, time
+    from berth.services.worker_agent.process import AttemptProcess
+    from berth.services.worker_agent.zygote import Zygote
+
+    async def main():
+        async def sink(stream, chunk):
+            pass
+        p = AttemptProcess(["sh", "-c", "sleep 30 & echo $!; wait"], dict(os.environ),
+                           sys.argv[1], sink, time.monotonic() + 60, zygote=Zygote())
+        await p.start()
+        assert type(p.proc).__name__ == "Forked"
+        print(p.pid, flush=True)
+        await p.wait()
+
+    asyncio.run(main())
+""")
+
+
+async def test_a_sigkilled_agent_takes_its_forked_tasks_with_it(tmp_path: Path) -> None:
+    agent = await asyncio.create_subprocess_exec(sys.executable, "-c", AGENT, str(tmp_path),
+                                                 stdout=subprocess.PIPE)
+    try:
+        assert agent.stdout is not None
+        supervisor = int(await agent.stdout.readline())
+        await until(lambda: len(descendants(supervisor)) >= 2)  # sh, and its sleep
+        tree = [supervisor, *descendants(supervisor)]
+        agent.kill()
+        await until(lambda: not any(alive(pid) for pid in tree))
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+        await agent.wait()
+
+
+async def test_a_supervisor_forked_after_the_agent_gave_up_never_starts_its_task(
+        tmp_path: Path) -> None:
+    zygote = Zygote()
+    try:
+        marker = tmp_path / "ran"
+        request = ZygoteRequest(argv=["sh", "-c", f"echo > {marker}"], env=dict(os.environ),
+                                cwd=str(tmp_path), fence_file=str(tmp_path / "fenced"),
+                                deadline=time.monotonic() + 60, usage_file="")
+        stdin_r, stdin_w = os.pipe()
+        os.close(stdin_w)  # the agent gave up on this start
+        status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe()
+        assert zygote._send(msgspec.json.encode(request), [stdin_r, out_w, out_w, status_w])
+        for fd in (stdin_r, out_w, status_w):
+            os.close(fd)
+        with os.fdopen(status_r, "rb") as status:
+            lines = await asyncio.to_thread(status.read)
+        os.close(out_r)
+        assert lines.split()[1:] == [b"137"]
+        assert not marker.exists() and not (tmp_path / "fenced").exists()
+    finally:
+        zygote.close()
+
+
+def test_the_supervisor_benchmark_runs_and_forking_costs_less_than_exec() -> None:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/supervisor.py", "--attempts", "8",
+                           "--concurrency", "4"], cwd=root, capture_output=True, text=True,
+                          timeout=60, check=True)
+    rows = {r["mode"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert rows["exec"]["attempts"] == rows["zygote"]["attempts"] == 8
+    assert (rows["zygote"]["supervisor_cpu_ms_per_attempt"]
+            < rows["exec"]["supervisor_cpu_ms_per_attempt"])
