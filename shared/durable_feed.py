@@ -5,26 +5,18 @@ how far its reader got). A reader that resumes with the state it saved at sequen
 to the consumer if the consumer stands exactly at S with nothing in flight; otherwise (a
 crash left deliveries unacknowledged, or the state is older) it re-creates the consumer to
 deliver from S+1. Either way the reader sees every event after S once, in order.
-
-Pull requests are sent, and their messages read, here rather than through nats-py's `fetch`:
-that handles each message of a batch with its own `wait_for` and task, and builds each
-message's metadata (a dataclass, a datetime): together over a third of a catching-up
-dashboard's CPU (docs/performance.md). Here one subscription callback appends the messages
-of a request to a list, and the stream sequence is read straight from the reply subject.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator
 
 import nats
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from berth.shared import subjects
@@ -33,25 +25,6 @@ from berth.shared.nats_io import RawEvent, raw_event
 log = logging.getLogger(__name__)
 
 CONSUMER_IDLE_LIMIT = 24 * 3600.0
-# A pull request the server has not ended (its 408) this long after it expired is taken as
-# lost (a reconnect dropped it), and another is sent.
-PULL_LOST_AFTER = 5.0
-
-
-class PullFailed(Exception):
-    """The server ended a pull request with an error status (e.g. 409 consumer deleted)."""
-
-
-class _Pull:
-    """The answer to one pull request, gathered by the inbox's callback: its messages, in
-    the order they came, and whether the server has ended it."""
-
-    def __init__(self, request: str, batch: int) -> None:
-        self.request = request
-        self.left = batch
-        self.msgs: list[Msg] = []
-        self.ended = asyncio.Event()
-        self.error = ""
 
 
 class DurableEventFeed:
@@ -64,13 +37,7 @@ class DurableEventFeed:
         self.batch = batch
         self.fetch_wait = fetch_wait
         self.resumed = False  # the last open bound to the consumer as it stood
-        # nats-py's JetStream context keeps its connection private; the pull inbox is a
-        # plain subscription on it.
-        self._nc = js._nc
-        self._sub: Subscription | None = None
-        self._inbox = ""
-        self._requests = 0
-        self._pull: _Pull | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
         self._unacked: Msg | None = None
 
     async def open(self, after_seq: int) -> None:
@@ -102,12 +69,7 @@ class DurableEventFeed:
                 # dashboard that went away for good).
                 inactive_threshold=CONSUMER_IDLE_LIMIT,
             ))
-        # Each request is answered on its own subject under one inbox, so a late message
-        # of an earlier request is told apart (its data is still delivered in order; its
-        # end is not this request's).
-        self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_message)
-        self._pull = None
+        self._sub = await self.js.pull_subscribe_bind(self.name, stream=subjects.EVENTS_STREAM)
         self._unacked = None
         log.info("events consumer %s %s after sequence %d", self.name,
                  "resumed" if self.resumed else "created", after_seq)
@@ -119,9 +81,12 @@ class DurableEventFeed:
         expected = after_seq + 1
         reopened_at: int | None = None
         while True:
+            assert self._sub is not None
             try:
-                msgs = await self._fetch()
-            except (nats.errors.Error, nats.js.errors.Error, PullFailed) as exc:
+                msgs = await self._sub.fetch(self.batch, timeout=self.fetch_wait)
+            except TimeoutError:  # nothing new (nats-py raises the builtin one too)
+                continue
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
                 log.warning("events consumer %s: %s; reopening after %d", self.name, exc,
                             expected - 1)
                 await asyncio.sleep(0.5)
@@ -129,8 +94,7 @@ class DurableEventFeed:
                 continue
             batch: list[RawEvent] = []
             for msg in msgs:
-                raw = raw_event(msg)
-                seq = raw.seq
+                seq = msg.metadata.sequence.stream
                 if seq < expected:
                     continue  # a redelivery of something already passed on
                 if seq > expected and await self._purged(expected, seq):
@@ -144,50 +108,11 @@ class DurableEventFeed:
                 elif seq > expected:
                     log.warning("events %d..%d are not in the stream; going on", expected,
                                 seq - 1)
-                batch.append(raw)
+                batch.append(raw_event(msg))
                 self._unacked = msg
                 expected = seq + 1
             if batch:
                 yield batch
-
-    async def _fetch(self) -> list[Msg]:
-        """Up to `batch` messages: what the consumer has now, or else the first to come
-        within `fetch_wait` (and what follows it until the request expires); [] if none."""
-        self._requests += 1
-        pull = self._pull = _Pull(f"{self._inbox}.{self._requests}", self.batch)
-        request = {"batch": self.batch, "expires": int(self.fetch_wait * 1e9)}
-        await self._nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{subjects.EVENTS_STREAM}.{self.name}",
-            json.dumps(request).encode(), reply=pull.request)
-        try:
-            await asyncio.wait_for(pull.ended.wait(), self.fetch_wait + PULL_LOST_AFTER)
-        except TimeoutError:
-            log.debug("events consumer %s: pull request lost; sending another", self.name)
-        finally:
-            self._pull = None
-        if pull.error:
-            raise PullFailed(pull.error)
-        return pull.msgs
-
-    async def _on_message(self, msg: Msg) -> None:
-        pull = self._pull
-        status = msg.headers.get(Header.STATUS) if msg.headers else None
-        if status is None:
-            if pull is None:
-                return  # its request was given up as lost: the consumer delivers it again
-            pull.msgs.append(msg)
-            pull.left -= 1
-            if pull.left <= 0:
-                pull.ended.set()
-            return
-        if pull is None or msg.subject != pull.request:
-            return  # the end of an earlier request
-        if status == "100":
-            return  # a heartbeat
-        if status not in ("404", "408"):  # 404 nothing to deliver, 408 expired: no error
-            desc = msg.headers.get(Header.DESCRIPTION, "") if msg.headers else ""
-            pull.error = f"pull request ended with {status} {desc}".strip()
-        pull.ended.set()
 
     async def _purged(self, first: int, delivered: int) -> bool:
         """Whether the stream holds nothing from `first` up to the `delivered` sequence: a
@@ -214,7 +139,6 @@ class DurableEventFeed:
                     await self._sub.unsubscribe()
             except nats.errors.Error:
                 pass
-            self._sub = None
             try:
                 await self.open(after_seq)
                 return
