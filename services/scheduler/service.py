@@ -33,6 +33,7 @@ from berth.services.scheduler import (
     fencing,
     frameworks,
     heartbeats,
+    pending_queue,
     placement,
     preemption,
     schedule_fires,
@@ -223,6 +224,7 @@ class Leader:
         self.unit_templates: dict[str, tuple[queue_order.Waiting, placement.Unit]] = {}
         # Each job's place in the last tick's placement order (the preemptions follow it).
         self.queue_rank: dict[str, int] = {}
+        self.pending_queue = pending_queue.PendingQueue()
         # worker id -> (its view, its `used`, the rest of what its Host is made of, Host).
         self.host_cache: dict[str, tuple[WorkerView, Amounts, tuple[object, ...],
                                          placement.Host]] = {}
@@ -613,32 +615,37 @@ class Leader:
         Lazy: a tick stops after MAX_TICK_PLACEMENTS, so with tens of thousands pending
         only the first units are ever built (sorting their keys is cheap). A task in its
         retry backoff is left out until its retry_at (and a gang while any member is)."""
-        by_job: dict[str, list[int]] = {}
         now = time.time()
         held = task_rules.held_back(self.state.backoff, now)
-        for key in self.state.pending:
-            if key not in held:
-                by_job.setdefault(key[0], []).append(key[1])
-        queue = []
-        for job_id, indices in by_job.items():
-            w = self._unit_template(self.state.jobs[job_id])[0]
-            queue.append(queue_order.Waiting(w.job_id, w.band, w.user, w.seq,
-                                             w.charge * len(indices)))
-        ordered = queue_order.order(queue, queue_order.costs(
-            self.state.recent_use, now, self.settings.fair_share))
-        self.queue_rank = {w.job_id: i for i, w in enumerate(ordered)}
+        self.pending_queue.sync(self.state.pending, self._place_of)
+        pending = self.pending_queue.indices
+        fair = self.settings.fair_share
+
+        def charge(job_id: str) -> float | None:
+            tasks = pending[job_id]
+            n = len(tasks) if not held else sum((job_id, i) not in held for i in tasks)
+            if not n:
+                return None
+            return self._unit_template(self.state.jobs[job_id])[0].charge * n
+
+        self.queue_rank = {}
         held_jobs = {job_id for job_id, _ in held}
-        for w in ordered:
-            job_id = w.job_id
+        for job_id in self.pending_queue.ordered(
+                queue_order.costs(self.state.recent_use, now, fair), charge):
+            self.queue_rank[job_id] = len(self.queue_rank)
             job = self.state.jobs[job_id]
             if job.spec.coscheduling and (job_id in held_jobs or any(
                     t.state in ATTEMPT_LIVE for t in job.tasks)):
                 continue
             t = self._unit_template(job)[1]
+            indices = tuple(sorted(i for i in pending[job_id] if (job_id, i) not in held))
             # Built field by field: dataclasses.replace costs several times more.
-            yield placement.Unit(t.job_id, tuple(sorted(by_job[job_id])), t.need,
-                                 t.device_kind, t.constraints, t.ports, t.gang, t.user,
-                                 t.tokens)
+            yield placement.Unit(t.job_id, indices, t.need, t.device_kind, t.constraints,
+                                 t.ports, t.gang, t.user, t.tokens)
+
+    def _place_of(self, job_id: str) -> pending_queue.Place:
+        w = self._unit_template(self.state.jobs[job_id])[0]
+        return pending_queue.Place(w.band, w.user, w.seq)
 
     def _unit_template(self, job: JobView) -> tuple[queue_order.Waiting, placement.Unit]:
         """A job as the placement order sees it (with the charge of one task) and its unit,

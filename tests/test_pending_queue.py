@@ -1,0 +1,73 @@
+"""The scheduler's pending queue kept between ticks gives exactly the order that
+shared/queue_order.py builds from scratch, whatever came and went before."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from berth.services.scheduler.pending_queue import PendingQueue, Place
+from berth.shared import queue_order
+
+JOBS = 12
+# job -> (band, user, seq, charge of one task); seqs unique, as submit sequences are.
+job_specs = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(["ann", "bob", "cy"]),
+              st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+    min_size=JOBS, max_size=JOBS)
+# Each step: the pending tasks as a set of (job, task index), and the held ones among them.
+steps = st.lists(
+    st.tuples(st.sets(st.tuples(st.integers(0, JOBS - 1), st.integers(0, 3))),
+              st.sets(st.tuples(st.integers(0, JOBS - 1), st.integers(0, 3)), max_size=3)),
+    min_size=1, max_size=8)
+use = st.dictionaries(st.sampled_from(["ann", "bob", "cy"]), st.sampled_from([0.0, 1.0, 2.5]))
+
+
+def from_scratch(pending: set[tuple[str, int]], held: set[tuple[str, int]],
+                 specs: dict[str, tuple[int, str, int, float]],
+                 used: dict[str, float]) -> list[str]:
+    """The scheduler's order before the queue was kept: group, key and sort everything."""
+    by_job: dict[str, int] = {}
+    for job_id, index in pending:
+        if (job_id, index) not in held:
+            by_job[job_id] = by_job.get(job_id, 0) + 1
+    waiting = [queue_order.Waiting(j, specs[j][0], specs[j][1], specs[j][2], specs[j][3] * n)
+               for j, n in by_job.items()]
+    return [w.job_id for w in queue_order.order(waiting, used)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(job_specs, steps, use)
+def test_kept_order_equals_the_order_built_from_scratch(
+        specs_list: list[tuple[int, str, float]],
+        history: list[tuple[set[tuple[int, int]], set[tuple[int, int]]]],
+        used: dict[str, float]) -> None:
+    specs = {f"j{n}": (band, user, 100 - 7 * n if n % 2 else 10 + n, charge)
+             for n, (band, user, charge) in enumerate(specs_list)}
+    queue = PendingQueue()
+    for tasks, held_raw in history:
+        pending = {(f"j{j}", i): None for j, i in sorted(tasks)}
+        held = {(f"j{j}", i) for j, i in held_raw} & pending.keys()
+        queue.sync(pending, lambda j: Place(specs[j][0], specs[j][1], specs[j][2]))
+
+        def charge(job_id: str, held: set[tuple[str, int]] = held) -> float | None:
+            n = sum((job_id, i) not in held for i in queue.indices[job_id])
+            return specs[job_id][3] * n if n else None
+
+        assert list(queue.ordered(used, charge)) == from_scratch(
+            set(pending), held, specs, used)
+        assert queue.indices == {j: {i for jj, i in pending if jj == j}
+                                 for j, _ in pending}
+
+
+def test_a_long_consumed_front_is_dropped_and_a_requeued_job_found_again() -> None:
+    queue = PendingQueue()
+    place = {f"j{n}": Place(0, "ann", n) for n in range(10_000)}
+    queue.sync({(j, 0): None for j in place}, place.__getitem__)
+    queue.sync({(f"j{n}", 0): None for n in range(9_000, 10_000)}, place.__getitem__)
+    first = list(queue.ordered({}, lambda j: 1.0))
+    assert first == [f"j{n}" for n in range(9_000, 10_000)]
+    assert len(queue.queues[(0, "ann")].entries) <= 2 * 1_000 + 64  # dead ones dropped
+    # A task of an early job waits again (a retry): it goes back to its place in the order.
+    queue.sync({(f"j{n}", 0): None for n in [5, *range(9_000, 10_000)]}, place.__getitem__)
+    assert list(queue.ordered({}, lambda j: 1.0))[:2] == ["j5", "j9000"]
