@@ -56,10 +56,10 @@ from berth.shared.messages import (
     Priority,
     Resources,
     SubmitRejected,
-    TaskAssigned,
     TasksPreempted,
     TpuDevice,
     WorkerRegistered,
+    assignments_in,
     attempt_key,
     encode,
     reports_in,
@@ -109,12 +109,12 @@ async def observe(nc: NATS, seen: Observed) -> None:
             seen.job_seq[event.job_id] = event.submit_seq
         elif isinstance(event, SubmitRejected):
             seen.rejected += 1
-        elif isinstance(event, TaskAssigned):
-            seen.assigned.setdefault((event.job_id, event.task_index), event.ts)
-            if event.group:
-                seen.group_of.setdefault(event.job_id, event.group)
         elif isinstance(event, TasksPreempted):
             seen.preemptions.append((event.ts, event.job_id, event.victims))
+        for assigned in assignments_in(event):
+            seen.assigned.setdefault((assigned.job_id, assigned.task_index), assigned.ts)
+            if assigned.group:
+                seen.group_of.setdefault(assigned.job_id, assigned.group)
         for report in reports_in(event):
             key = (report.job_id, report.task_index)
             if report.state == TaskState.RUNNING:

@@ -93,7 +93,8 @@ def permissions(role: Role, scope: str, inbox: str) -> Permissions:
     if role is Role.SCHEDULER:
         return Permissions(
             publish=(subjects.LEADER, subjects.worker_commands("*"),
-                     subjects.task_events("*"), subjects.PENDING_REASONS,
+                     subjects.task_events("*"), subjects.ASSIGNMENTS,
+                     subjects.PENDING_REASONS,
                      # A schedule's fires, each checked against the last one there.
                      subjects.schedule_fire("*"), f"{API}.STREAM.MSG.GET.{SUBMIT}",
                      subjects.LEADER_EVENTS, subjects.worker_verdicts("*"),

@@ -35,6 +35,7 @@ from berth.shared.messages import (
     SubmitDeduplicated,
     SubmitRejected,
     TaskAssigned,
+    TasksAssigned,
     TasksPreempted,
     TaskUnschedulable,
     TokenLimitSet,
@@ -62,6 +63,10 @@ def refusal(subject: str, event: AnyEvent) -> str | None:
             ok = subject == subjects.LEADER_EVENTS
         case TaskAssigned() | TaskUnschedulable() | TasksPreempted() | PreemptionReleased():
             ok = subject == subjects.task_events(event.job_id)
+        case TasksAssigned():
+            # Each entry as if it came alone, of the batch's term.
+            ok = subject == subjects.ASSIGNMENTS and all(
+                a.epoch == event.epoch for a in event.assignments)
         case PendingReasonsChanged():
             ok = subject == subjects.PENDING_REASONS
         case WorkerDeclaredDead() | NodeHealthChanged():

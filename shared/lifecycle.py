@@ -44,6 +44,7 @@ from berth.shared.messages import (
     SubmitDeduplicated,
     SubmitRejected,
     TaskAssigned,
+    TasksAssigned,
     TasksPreempted,
     TaskUnschedulable,
     TokenLimitSet,
@@ -414,6 +415,12 @@ class ClusterState:
                 self._void_assignment(event)  # a deposed leader's late assignment
             case TaskAssigned():
                 self._task_assigned(event, effects)
+            case TasksAssigned():
+                for assigned in event.assignments:  # exactly as that many, in order
+                    if assigned.epoch < self.epoch:
+                        self._void_assignment(assigned)
+                    else:
+                        self._task_assigned(assigned, effects)
             case TaskUnschedulable():
                 if event.epoch >= self.epoch:
                     self._task_unschedulable(event, effects)

@@ -672,6 +672,25 @@ class TaskAssigned(Event, tag="task_assigned"):
     limits_seq: int = 0
 
 
+class TasksAssigned(Event, tag="tasks_assigned"):
+    """The assignments of one tick's commit (or a chunk of them, under the message bound),
+    in the order committed: read exactly as that many `task_assigned` events. Only the
+    leader writes them, on their own subject; every entry carries the batch's `epoch`."""
+
+    epoch: int
+    assignments: list[TaskAssigned]
+
+
+def assignments_in(event: object) -> list[TaskAssigned]:
+    """The assignments `event` carries, in order (one alone, or a batch's): [] for any
+    other event. For readers that look at assignments apart from the fold."""
+    if isinstance(event, TaskAssigned):
+        return [event]
+    if isinstance(event, TasksAssigned):
+        return event.assignments
+    return []
+
+
 class TasksPreempted(Event, tag="tasks_preempted"):
     """A pending unit of job `job_id` (a task, or a whole gang) evicts lower-band attempts
     (`victims`, attempt keys; a gang's whole), and `hosts` are held for it alone until it
@@ -794,6 +813,7 @@ AnyEvent = (
     | WorkerDeclaredDead
     | LeaderElected
     | TaskAssigned
+    | TasksAssigned
     | TaskUnschedulable
     | TasksPreempted
     | PreemptionReleased

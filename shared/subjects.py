@@ -102,6 +102,8 @@ def task_events(job_id: str) -> str:
 
 
 ATTEMPT_REPORTS_ALL = "berth.events.attempt.*"
+# A tick's assignments in one message (`tasks_assigned`): only the scheduler writes here.
+ASSIGNMENTS = "berth.events.assigned"
 
 
 def attempt_reports(worker_id: str) -> str:

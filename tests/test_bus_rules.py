@@ -18,6 +18,7 @@ from berth.shared.messages import (
     NodeHealthChanged,
     PendingReasonsChanged,
     TaskAssigned,
+    TasksAssigned,
     WorkerDeclaredDead,
     WorkerRegistered,
     encode,
@@ -107,6 +108,10 @@ PUBLISH = [
     (Role.WORKER, W, subjects.ADMIN_QUOTAS, False),
     (Role.SCHEDULER, "", subjects.worker_commands(W), True),
     (Role.SCHEDULER, "", subjects.task_events("j1-aaaa"), True),
+    (Role.SCHEDULER, "", subjects.ASSIGNMENTS, True),
+    (Role.WORKER, W, subjects.ASSIGNMENTS, False),
+    (Role.SUBMITTER, "", subjects.ASSIGNMENTS, False),
+    (Role.DASHBOARD, "", subjects.ASSIGNMENTS, False),
     (Role.SCHEDULER, "", subjects.worker_verdicts(W), True),
     (Role.SCHEDULER, "", subjects.LEADER, True),
     (Role.SCHEDULER, "", subjects.attempt_reports(W), False),
@@ -183,6 +188,16 @@ ORIGIN = [
      False),
     (subjects.task_events("j9-bbbb"), TaskAssigned(
         job_id="j3-aaaa", task_index=0, attempt_id=0, worker_id=W, incarnation="i", epoch=1),
+     False),
+    # A tick's batch: only from the scheduler's subject, every entry of the batch's term.
+    (subjects.ASSIGNMENTS, TasksAssigned(epoch=1, assignments=[TaskAssigned(
+        job_id="j3-aaaa", task_index=0, attempt_id=0, worker_id=W, incarnation="i", epoch=1)]),
+     True),
+    (subjects.task_events("j3-aaaa"), TasksAssigned(epoch=1, assignments=[TaskAssigned(
+        job_id="j3-aaaa", task_index=0, attempt_id=0, worker_id=W, incarnation="i", epoch=1)]),
+     False),
+    (subjects.ASSIGNMENTS, TasksAssigned(epoch=2, assignments=[TaskAssigned(
+        job_id="j3-aaaa", task_index=0, attempt_id=0, worker_id=W, incarnation="i", epoch=1)]),
      False),
     (subjects.attempt_reports(W), AttemptReported(
         job_id="j3-aaaa", task_index=0, attempt_id=0, worker_id=W, state=TaskState.RUNNING),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ from berth.shared.messages import (
     PreemptionReleased,
     Resources,
     TaskAssigned,
+    TasksAssigned,
     TasksPreempted,
     TaskUnschedulable,
     WorkerDeclaredDead,
@@ -642,6 +644,62 @@ def test_a_batch_folds_exactly_as_its_reports_one_by_one(events: list[AnyEvent])
     as_batches, batch_effects = fold(batched(events))
     assert folded(as_batches) == folded(one_by_one)
     assert batch_effects == effects
+
+
+def assignments_batched(events: list[AnyEvent]) -> list[AnyEvent]:
+    """`events` with each run of assignments of one term as one `tasks_assigned`, as a
+    leader logs a tick's commit."""
+    out: list[AnyEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, TaskAssigned) and isinstance(last, TasksAssigned) and (
+                last.epoch == event.epoch):
+            last.assignments.append(event)
+        elif isinstance(event, TaskAssigned) and isinstance(last, TaskAssigned) and (
+                last.epoch == event.epoch):
+            out[-1] = TasksAssigned(epoch=event.epoch, assignments=[last, event])
+        else:
+            out.append(event)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(event_sequences())
+def test_a_tick_of_assignments_folds_exactly_as_its_assignments_one_by_one(
+        events: list[AnyEvent]) -> None:
+    one_by_one, effects = fold(events)
+    as_batches, batch_effects = fold(assignments_batched(events))
+    assert folded(as_batches) == folded(one_by_one)
+    assert batch_effects == effects
+    assert one_by_one.attempt_keys_reused == as_batches.attempt_keys_reused
+
+
+@pytest.mark.parametrize("late_first", [True, False])
+def test_a_deposed_leaders_batch_is_void_and_burns_its_ids_in_either_order(
+        late_first: bool) -> None:
+    """Term 1's batch folded after term 2 was elected holds nothing; folded before, it is
+    a committed assignment. Either way, exactly as the same assignments one by one."""
+    late = [assigned(0, 0, "w1", epoch=1, job=J1), assigned(0, 1, "w2", epoch=1, job=J1)]
+    start = [registered("w1"), registered("w2"), submitted(J1, replicas=2),
+             LeaderElected(scheduler_id="s1", epoch=1)]
+    elected = LeaderElected(scheduler_id="s2", epoch=2)
+    batch = TasksAssigned(epoch=1, assignments=list(late))
+    middle: list[AnyEvent] = [batch, elected] if not late_first else [elected, batch]
+    one: list[AnyEvent] = [*late, elected] if not late_first else [elected, *late]
+    as_batch, _ = fold(start + middle)
+    one_by_one, _ = fold(start + one)
+    assert folded(as_batch) == folded(one_by_one)
+    tasks = as_batch.jobs[J1].tasks
+    if late_first:
+        assert all(not t.attempts and t.burned_attempt_id == 0 for t in tasks)
+        assert as_batch.workers["w1"].live_attempts == {}
+    else:
+        assert [len(t.attempts) for t in tasks] == [1, 1]
+    # The same chunk delivered again (past the dedup window): as its entries again.
+    again, _ = fold(start + middle + [batch])
+    again_one_by_one, _ = fold(start + one + late)
+    assert folded(again) == folded(again_one_by_one)
+    assert again.attempt_keys_reused == again_one_by_one.attempt_keys_reused == []
 
 
 @settings(max_examples=40, deadline=None)

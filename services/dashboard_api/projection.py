@@ -22,7 +22,14 @@ from berth.shared import nats_io, state_snapshot, subjects
 from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.event_origin import RefusedEvent, read_heartbeat
 from berth.shared.lifecycle import AttemptView, ClusterState, JobView
-from berth.shared.messages import DeviceStats, JobsCompacted, JobSubmitted, TaskAssigned
+from berth.shared.messages import (
+    DeviceStats,
+    JobsCompacted,
+    JobSubmitted,
+    TaskAssigned,
+    TasksAssigned,
+    assignments_in,
+)
 from berth.shared.nats_io import RawEvent
 from berth.shared.usage import FairShare
 
@@ -144,12 +151,14 @@ class Projection:
             state.apply(raw.seq, event)
             self.recent.append((raw.seq, None))
             return
-        if isinstance(event, TaskAssigned):
-            new_attempt = self._attempt_of(event) is None
+        if isinstance(event, TaskAssigned | TasksAssigned):
+            assigned = assignments_in(event)
+            new = [a for a in assigned if self._attempt_of(a) is None]
             state.apply(raw.seq, event)
-            if new_attempt and (attempt := self._attempt_of(event)) is not None:
-                timeline.index_attempt(self.host_attempts, state.jobs[event.job_id],
-                                       event.task_index, attempt)
+            for a in new:
+                if (attempt := self._attempt_of(a)) is not None:
+                    timeline.index_attempt(self.host_attempts, state.jobs[a.job_id],
+                                           a.task_index, attempt)
         elif isinstance(event, JobSubmitted):
             known = len(state.jobs)
             state.apply(raw.seq, event)

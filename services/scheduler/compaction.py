@@ -105,7 +105,8 @@ class Compactor:
         if below <= 1:
             return
         await self.renew()
-        for subject in (subjects.ATTEMPT_REPORTS_ALL, subjects.PENDING_REASONS):
+        for subject in (subjects.ATTEMPT_REPORTS_ALL, subjects.ASSIGNMENTS,
+                        subjects.PENDING_REASONS):
             await self._purge_one(subject, seq=below)
 
     async def run(self, retention_period: float) -> None:

@@ -86,6 +86,7 @@ from berth.shared.messages import (
     ResetWorker,
     RunAttempt,
     TaskAssigned,
+    TasksAssigned,
     TasksPreempted,
     TaskUnschedulable,
     TokenLimitSet,
@@ -985,19 +986,12 @@ class Leader:
     async def _dispatch(self, assigned: list[TaskAssigned]) -> None:
         """Logs a tick's assignments (their acks awaited together), then sends the run
         commands; each assignment has its own span under its job's submit trace."""
-        spans = []
-        outgoing = []
-        for event in assigned:
-            span = tracer.start_span(
-                "dispatch", context=telemetry.extract(self.trace_headers.get(event.job_id)),
-                attributes={"berth.job_id": event.job_id, "berth.task_index": event.task_index,
-                            "berth.worker_id": event.worker_id, "berth.epoch": event.epoch})
-            spans.append(span)
-            key = attempt_key(event.job_id, event.task_index, event.attempt_id)
-            with trace.use_span(span):
-                outgoing.append(nats_io.Outgoing(
-                    subjects.task_events(event.job_id), encode(event),
-                    nats_io.message_headers(f"assign:{event.epoch}:{key}")))
+        spans = [tracer.start_span(
+            "dispatch", context=telemetry.extract(self.trace_headers.get(event.job_id)),
+            attributes={"berth.job_id": event.job_id, "berth.task_index": event.task_index,
+                        "berth.worker_id": event.worker_id, "berth.epoch": event.epoch})
+            for event in assigned]
+        outgoing = _assignment_messages(assigned, self.epoch)
         keys = {attempt_key(e.job_id, e.task_index, e.attempt_id) for e in assigned}
         try:
             self._check_lease()
@@ -1296,8 +1290,29 @@ def _snapshot_path(settings: Settings) -> Path | None:
     return data_dir / "scheduler" / "fold.snapshot"
 
 
-def _encoded_size(reason: PendingReason) -> int:
+def _encoded_size(reason: PendingReason | TaskAssigned) -> int:
     return len(encode(reason)) + 1  # and its comma
+
+
+def _assignment_messages(assigned: list[TaskAssigned], epoch: int) -> list[nats_io.Outgoing]:
+    """A tick's assignments as events-stream messages: one `task_assigned` on its job's
+    subject when the tick placed one task (a lone submit's path stays as it was), else
+    `tasks_assigned` batches under the message bound: one message for every reader to
+    fold instead of one per task (docs/performance.md). A batch's id is its first
+    attempt key's in this term, so a re-published batch is a duplicate to JetStream."""
+    if len(assigned) == 1:
+        event = assigned[0]
+        key = attempt_key(event.job_id, event.task_index, event.attempt_id)
+        return [nats_io.Outgoing(subjects.task_events(event.job_id), encode(event),
+                                 nats_io.message_headers(f"assign:{epoch}:{key}"))]
+    out = []
+    for chunk in bounded.chunks(assigned, _encoded_size):
+        first = attempt_key(chunk[0].job_id, chunk[0].task_index, chunk[0].attempt_id)
+        out.append(nats_io.Outgoing(
+            subjects.ASSIGNMENTS, encode(TasksAssigned(epoch=epoch, assignments=chunk,
+                                                       ts=chunk[0].ts)),
+            nats_io.message_headers(f"assigns:{epoch}:{first}")))
+    return out
 
 
 async def _stand_for_leader(settings: Settings, nc: NATS, store: ReservationStore,
