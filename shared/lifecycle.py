@@ -358,7 +358,16 @@ class ClusterState:
         if seq:
             self.last_seq = seq
         effects: list[Effect] = []
+        # The kinds are disjoint, so the order of the cases is free: the most frequent come
+        # first (each case passed over is an isinstance check, for every event every
+        # reader folds).
         match event:
+            case AttemptReported():
+                self._attempt_reported(event, effects)
+            case AttemptsReported():
+                for report in event.reports:  # exactly as that many reports, in order
+                    self._attempt_reported(report, effects)
+                    self._drain_cancellations(effects)
             case None:
                 self.refused_events += 1
                 self.last_refused_seq = seq
@@ -439,12 +448,6 @@ class ClusterState:
                     # A task waiting for its dependencies keeps saying so.
                     if task is not None and task.key in self.pending:
                         task.pending_reason = item.reason
-            case AttemptReported():
-                self._attempt_reported(event, effects)
-            case AttemptsReported():
-                for report in event.reports:  # exactly as that many reports, in order
-                    self._attempt_reported(report, effects)
-                    self._drain_cancellations(effects)
             case QuotaSet():
                 limit_rules.apply_quota(self.limits, event.user, event.quota, seq)
                 self._new_limit_version()
