@@ -5,6 +5,7 @@ jobs from its fold of the log (services/submitter/index.py) and applies `resolve
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -74,5 +75,5 @@ def in_words(how: str, job_id: str) -> str:
     return f"{'deduplicated to' if how == 'deduplicated' else 'kept existing'} {job_id}"
 
 
-def recreated_words(replaced: list[str]) -> str:
+def recreated_words(replaced: Sequence[str]) -> str:
     return f"recreated: cancelled {', '.join(replaced)}" if replaced else ""

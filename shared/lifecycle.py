@@ -89,7 +89,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     ports: dict[str, int] = {}
     group: str = ""
     coordinator: str = ""
-    devices: list[int] = []  # indices of the worker's devices it holds
+    devices: tuple[int, ...] = ()  # indices of the worker's devices it holds
     gpu: GpuTelemetry | None = None  # what it used of them, from its exit report
     usage: ResourceUse | None = None  # what its process tree used, from its exit report
 
@@ -121,7 +121,7 @@ class TaskView(msgspec.Struct, kw_only=True):
     retry_at: float = 0.0
     # Its policy's duration ran out: finished, whatever its budgets say.
     retries_ended: bool = False
-    refused_reports: list[str] = []
+    refused_reports: tuple[str, ...] = ()  # the newest MAX_REFUSALS_KEPT
     # The highest attempt id a deposed leader's late (void) assignment used, -1 if none: its
     # command may have reached a worker, which never starts an attempt key twice, so no
     # later attempt may take that id (docs/reliability.md, "Late assignments").
@@ -166,7 +166,7 @@ class JobView(msgspec.Struct, kw_only=True):
     # How many of its tasks are in each state, kept as they change (ClusterState._set_state).
     state_counts: dict[TaskState, int] = {}
     # The jobs its submit cancelled (`existing: recreate`), and the schedule that made it.
-    replaced: list[str] = []
+    replaced: tuple[str, ...] = ()
     schedule_id: str = ""
     # The events-stream sequence of its JobSubmitted: no message before the oldest of these
     # among the jobs still folded can concern any of them (docs/retention.md).
@@ -347,6 +347,9 @@ class ClusterState:
         # apply: a cascade through generations of children (or of dependents) is a loop,
         # never a deep recursion.
         self._cancellations: deque[tuple[str, str, float, str]] = deque()
+        # The ids of jobs that ended, appended as they end, for a reader that keeps things
+        # of its own per job and drops them then (the scheduler); None: not kept, at no cost.
+        self.finished_jobs: list[str] | None = None
 
     # --- entry point ----------------------------------------------------------------------
 
@@ -541,7 +544,7 @@ class ClusterState:
             tasks=[TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
                    for i in range(event.spec.replicas)],
             state_counts={S.PENDING: event.spec.replicas},
-            replaced=list(event.replaces),
+            replaced=tuple(event.replaces),
             schedule_id=event.schedule_id,
             first_seq=seq,
         )
@@ -573,7 +576,7 @@ class ClusterState:
         if job.state in JOB_TERMINAL:
             return
 
-        def states(ids: list[str]) -> dict[str, JobState | None]:
+        def states(ids: tuple[str, ...]) -> dict[str, JobState | None]:
             return {i: (d.state if (d := self.jobs.get(i)) else None) for i in ids}
 
         outcome, about = task_rules.dependency_outcome(
@@ -744,15 +747,18 @@ class ClusterState:
         if task.attempt(event.attempt_id) is not None:
             return  # folded already, or a second assignment of the key (noted)
         job = self.jobs[event.job_id]
+        # The worker's own strings where they are equal, not the event's copies: an attempt
+        # outlives its event for as long as its job is folded (docs/performance.md).
         attempt = AttemptView(
             attempt_id=event.attempt_id,
-            worker_id=event.worker_id,
-            incarnation=event.incarnation,
+            worker_id=worker.worker_id,
+            incarnation=(worker.incarnation if worker.incarnation == event.incarnation
+                         else event.incarnation),
             assigned_at=event.ts,
             ports=dict(event.ports),
             group=event.group,
             coordinator=event.coordinator,
-            devices=list(event.devices),
+            devices=tuple(event.devices),
         )
         # A committed assignment is a fact whatever the task's state: the reservation exists
         # and the command went out, so the attempt holds resources until it is confirmed gone.
@@ -976,8 +982,7 @@ class ClusterState:
     # --- helpers --------------------------------------------------------------------------
 
     def _refuse(self, task: TaskView, why: str) -> None:
-        task.refused_reports.append(why)
-        del task.refused_reports[:-MAX_REFUSALS_KEPT]
+        task.refused_reports = (*task.refused_reports, why)[-MAX_REFUSALS_KEPT:]
 
     @staticmethod
     def _set_state(job: JobView, task: TaskView, state: TaskState) -> None:
@@ -1196,6 +1201,8 @@ class ClusterState:
         if new_state not in JOB_TERMINAL:
             return
         job.finished_at = ts
+        if self.finished_jobs is not None:
+            self.finished_jobs.append(job.job_id)
         for dependent in job.dependents:
             dep = self.jobs.get(dependent)
             if dep is not None and dep.waiting_for:

@@ -248,13 +248,17 @@ class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
                                   "zone, e.g. UTC or Europe/Paris.")] = "UTC"
 
 
+# JobSpec's array fields.
+_SPEC_SEQUENCES = ("command", "constraints", "ports", "setup", "after", "after_any")
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The submit message: publish it as JSON to `berth.submit.job`."""
 
     v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="Schema version.")] = 1
     name: Name
     command: Annotated[
-        list[Annotated[str, Meta(max_length=65536)]],
+        tuple[Annotated[str, Meta(max_length=65536)], ...],
         Meta(min_length=1, max_length=4096, description="argv of the process each task runs."),
     ]
     replicas: Annotated[int, Meta(ge=1, le=10000, description="Number of tasks.")] = 1
@@ -280,24 +284,24 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         Seconds | None,
         Meta(description="Seconds a task may run; then it is killed (SIGTERM, then SIGKILL)."),
     ] = None
-    constraints: Annotated[list[Constraint], Meta(max_length=64)] = []
+    constraints: Annotated[tuple[Constraint, ...], Meta(max_length=64)] = ()
     priority: Priority = Priority.INTERACTIVE
     coscheduling: Coscheduling | None = None
     ports: Annotated[
-        list[Name], Meta(max_length=16, description="Named ports to allocate per task; each "
+        tuple[Name, ...], Meta(max_length=16, description="Named ports to allocate per task; each "
                          "task gets BERTH_PORT_<NAME>.")
-    ] = []
+    ] = ()
     bundle: Annotated[
         BundleDigest | None,
         Meta(description="The workspace bundle each task's directory is unpacked from "
              "(docs/workspaces.md); `berth submit` fills it in from `workspace`."),
     ] = None
     setup: Annotated[
-        list[SetupLine],
+        tuple[SetupLine, ...],
         Meta(max_length=256, description="Shell lines run in order with `sh -c` in the task "
              "directory before the command (the BUILDING phase); the first to fail fails the "
              "attempt."),
-    ] = []
+    ] = ()
     build_timeout: Annotated[
         Seconds | None, Meta(description="Seconds the BUILDING phase may take.")
     ] = None
@@ -309,14 +313,14 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         int, Meta(ge=0, le=100000, description="Resumes after a timeout (with resumable).")
     ] = 10
     after: Annotated[
-        list[JobId], Meta(max_length=64, description="Jobs (your own, already submitted) "
+        tuple[JobId, ...], Meta(max_length=64, description="Jobs (your own, already submitted) "
                           "that must all succeed before this job starts; if one ends any "
                           "other way, this job ends killed with failure_reason DEPENDENCY.")
-    ] = []
+    ] = ()
     after_any: Annotated[
-        list[JobId], Meta(max_length=64, description="Jobs (your own, already submitted) "
+        tuple[JobId, ...], Meta(max_length=64, description="Jobs (your own, already submitted) "
                           "that must all have ended, in any state, before this job starts.")
-    ] = []
+    ] = ()
     stop_criteria: Annotated[
         StopCriteria, Meta(description="all-done: the job ends when all its tasks do. "
                            "master-done: it succeeds when task 0 succeeds, and its other "
@@ -362,6 +366,12 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     ] = {}
 
     def __post_init__(self) -> None:
+        # Tuples, as decoding makes them, also when built in Python from lists: a spec then
+        # equals its own round trip. Tuples because a fold keeps every job's spec, and an
+        # empty tuple, unlike an empty list, is one shared object (docs/performance.md).
+        for name in _SPEC_SEQUENCES:
+            if type(value := getattr(self, name)) is not tuple:
+                msgspec.structs.force_setattr(self, name, tuple(value))
         if not self.command[0].strip():
             raise ValueError("command: the program (command[0]) is empty")
         for i, arg in enumerate(self.command):

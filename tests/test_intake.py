@@ -65,3 +65,17 @@ def test_cancel_requests() -> None:
         rejected = intake_cancel(payload, 9, 1000)
         assert isinstance(rejected, SubmitRejected) and why in rejected.reason, payload
     assert "berth.submit.cancel" in unknown_subject("berth.submit.jobs", 3).reason
+
+
+def test_a_spec_built_from_lists_equals_its_round_trip_and_keeps_no_empty_list() -> None:
+    import msgspec
+
+    from berth.shared.messages import Constraint, JobSpec, Op, decode, encode
+
+    spec = JobSpec(name="x", command=["a", "b"], after=["j1-aaaa"],
+                   constraints=[Constraint(key="zone", op=Op.EQ, value="a")])
+    assert spec.command == ("a", "b") and spec.after == ("j1-aaaa",)
+    assert decode(msgspec.json.Decoder(JobSpec), encode(spec)) == spec
+    # The fold keeps every job's spec: its empty arrays are the one shared empty tuple.
+    decoded = decode(msgspec.json.Decoder(JobSpec), b'{"name": "y", "command": ["true"]}')
+    assert decoded.setup is () and decoded.ports is () and decoded.after_any is ()  # noqa: F632

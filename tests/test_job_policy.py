@@ -115,11 +115,11 @@ def test_the_fold_cancels_what_a_recreate_replaces_and_records_a_kept_submit() -
     old = state.jobs["j1-aaaa"]
     assert old.state == JobState.KILLED
     assert old.error == "replaced by j3-bbbb (existing: recreate)"
-    assert state.jobs["j3-bbbb"].replaced == ["j1-aaaa"] and len(state.jobs) == 2
+    assert state.jobs["j3-bbbb"].replaced == ("j1-aaaa",) and len(state.jobs) == 2
     assert state.same_by_submit == {2: ("j1-aaaa", "kept")}
     # A snapshot keeps both.
     again = state_snapshot.load(state_snapshot.dump(state, "s"), "s", 3)
     assert again.same_by_submit == state.same_by_submit
-    assert again.jobs["j3-bbbb"].replaced == ["j1-aaaa"]
+    assert again.jobs["j3-bbbb"].replaced == ("j1-aaaa",)
     # Folded twice (a redelivery), the replacing job cancels nothing more.
     assert state.apply(3, JobCancelRequested(job_id="j3-bbbb", submit_seq=3, ts=4.0)) == []

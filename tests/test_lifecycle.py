@@ -86,6 +86,21 @@ def test_fails_twice_then_succeeds_under_max_retries_failure_2() -> None:
     assert state.job_by_submit == {1: "j1"}
 
 
+def test_a_reader_that_asks_is_told_each_job_that_ends_once() -> None:
+    state = ClusterState()
+    state.finished_jobs = []
+    events = [registered(), submitted(), submitted("j2-aaaa", replicas=2), assigned(0),
+              report(0, S.RUNNING), report(0, S.SUCCEEDED, 0), cancel("j2-aaaa"),
+              report(0, S.SUCCEEDED, 0)]
+    told = []
+    for seq, event in enumerate(events, start=1):
+        state.apply(seq, event)
+        told.append(list(state.finished_jobs))
+        state.finished_jobs.clear()
+    assert told == [[], [], [], [], [], ["j1"], ["j2-aaaa"], []]
+    assert ClusterState().finished_jobs is None  # not kept unless asked for
+
+
 def test_stale_attempt_report_is_refused_but_its_exit_still_frees_resources() -> None:
     state, _ = fold([registered(), submitted(max_retries_preemption=5),
                      assigned(0), report(0, S.RUNNING),
@@ -95,7 +110,7 @@ def test_stale_attempt_report_is_refused_but_its_exit_still_frees_resources() ->
     task = state.jobs["j1"].tasks[0]
     assert task.state == S.ASSIGNED and task.preemption_count == 1
     assert task.attempts[0].worker_failure
-    assert task.refused_reports == []  # attempt 0 already exited: the late report is moot
+    assert task.refused_reports == ()  # attempt 0 already exited: the late report is moot
 
 
 def test_report_about_an_older_live_attempt_is_refused_visibly() -> None:
@@ -105,7 +120,7 @@ def test_report_about_an_older_live_attempt_is_refused_visibly() -> None:
     task = state.jobs["j1"].tasks[0]
     assert [a.attempt_id for a in task.attempts] == [0, 1]
     assert task.current_attempt is not None and task.current_attempt.attempt_id == 1
-    assert task.refused_reports == ["Stale attempt: attempt 0 != current 1"]
+    assert task.refused_reports == ("Stale attempt: attempt 0 != current 1",)
     assert Kill("w1", "i1", "j1", 0, 0, "task is assigned") in effects
     assert task.state == S.ASSIGNED
 
@@ -292,7 +307,7 @@ def test_reports_follow_the_diagram_and_a_regression_is_refused_visibly() -> Non
                      report(0, S.BUILDING)])
     task = state.jobs["j1"].tasks[0]
     assert task.state == S.RUNNING
-    assert task.refused_reports == ["Invalid transition: running -> building (attempt 0)"]
+    assert task.refused_reports == ("Invalid transition: running -> building (attempt 0)",)
 
 
 def rack_worker(worker: str, rack: str = "r1") -> WorkerRegistered:
@@ -608,13 +623,13 @@ def test_a_task_with_nothing_to_build_goes_from_assigned_straight_to_running() -
     state, _ = fold([registered(), submitted(), assigned(0), report(0, S.RUNNING)])
     task = state.jobs["j1"].tasks[0]
     assert task.state == S.RUNNING and task.attempts[0].started_at is not None
-    assert task.refused_reports == []
+    assert task.refused_reports == ()
     # Its exit (also one that comes before its RUNNING report is folded) ends it.
     for events in ([report(0, S.RUNNING), report(0, S.SUCCEEDED, 0)],
                    [report(0, S.SUCCEEDED, 0)]):
         state, _ = fold([registered(), submitted(), assigned(0), *events])
         assert state.jobs["j1"].state == JobState.SUCCEEDED
-        assert state.jobs["j1"].tasks[0].refused_reports == []
+        assert state.jobs["j1"].tasks[0].refused_reports == ()
 
 
 def batched(events: list[AnyEvent]) -> list[AnyEvent]:
@@ -715,6 +730,6 @@ def test_a_report_stored_twice_is_applied_once(events: list[AnyEvent]) -> None:
     for state in (once, twice):
         for job in state.jobs.values():
             for task in job.tasks:
-                task.refused_reports = []
+                task.refused_reports = ()
     assert folded(twice) == folded(once)
     assert twice_effects == effects

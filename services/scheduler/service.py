@@ -205,6 +205,7 @@ class Leader:
         # its last_seq: the rest is folded here, and Redis reconciled from the result.
         self.state = (state if state is not None
                       else ClusterState(settings.fair_share.half_life))
+        self.state.finished_jobs = []
         # Where the term's fold comes from (a standby's warm fold handed over): asked inside
         # the take-over, while the lease is kept, since stopping the standby's follower and
         # checking its stream are round trips that, behind a long backlog, once outlasted a
@@ -316,6 +317,7 @@ class Leader:
     async def _take_over(self, elected_seq: int) -> None:
         if self.state_from is not None:
             self.state = await self.state_from()
+            self.state.finished_jobs = []
             self._heard_from_bus()
             self.state_from = None  # the term's fold is the warm one now
         self.events = events = nats_io.follow_events(self.js, self.state.last_seq + 1)
@@ -438,6 +440,14 @@ class Leader:
     # --- the event log ------------------------------------------------------------------
 
     def _remember(self, record: nats_io.EventRecord) -> None:
+        if finished := self.state.finished_jobs:
+            # What this term keeps per job goes when the job ends: at 10,000 hosts the
+            # finished jobs' trace headers and unit templates were ~1 KiB each, for as long
+            # as the fold keeps the jobs (docs/performance.md).
+            for job_id in finished:
+                self.trace_headers.pop(job_id, None)
+                self.unit_templates.pop(job_id, None)
+            finished.clear()
         event = record.event
         if event is not None and hasattr(event, "job_id") and "traceparent" in record.headers:
             self.trace_headers.setdefault(event.job_id, record.headers)
