@@ -56,6 +56,23 @@ def inject(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
+# The headers W3C trace context and baggage propagate in.
+PROPAGATED = ("traceparent", "tracestate", "baggage")
+
+
+def trace_carrier(headers: dict[str, str]) -> str | dict[str, str]:
+    """What a message's headers need kept to parent later spans: its traceparent string
+    alone when that is all it propagates (kept per job for as long as it waits, so small),
+    else those headers."""
+    kept = {k: headers[k] for k in PROPAGATED if k in headers}
+    return kept["traceparent"] if kept.keys() == {"traceparent"} else kept
+
+
+def carrier_headers(carrier: str | dict[str, str] | None) -> dict[str, str] | None:
+    """The headers `trace_carrier` kept, for `extract`."""
+    return {"traceparent": carrier} if isinstance(carrier, str) else carrier
+
+
 def extract(headers: dict[str, str] | None) -> context.Context:
     """The trace context a message carried, to parent the spans that handle it."""
     return propagate.extract(headers or {})

@@ -126,3 +126,20 @@ async def test_one_jobs_spans_from_three_services_share_one_trace(
     assert reserve.attributes["berth.outcome"] == "ok"
     assert reserve.attributes["berth.hosts"] == ["local-0"]
     assert reserve.attributes["berth.epoch"] >= 1
+
+
+def test_what_a_waiting_job_keeps_of_its_trace_is_enough_to_parent_its_spans() -> None:
+    from opentelemetry import trace
+
+    from berth.shared import telemetry
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    alone = telemetry.trace_carrier({"traceparent": parent, "Nats-Msg-Id": "submit:7"})
+    assert alone == parent  # a string, not the message's headers
+    more = {"traceparent": parent, "tracestate": "congo=t61rcWkgMzE", "Nats-Msg-Id": "x"}
+    kept = telemetry.trace_carrier(more)
+    assert kept == {"traceparent": parent, "tracestate": "congo=t61rcWkgMzE"}
+    for carrier in (alone, kept):
+        span = trace.get_current_span(telemetry.extract(telemetry.carrier_headers(carrier)))
+        assert f"{span.get_span_context().trace_id:032x}" == parent.split("-")[1]
+    assert telemetry.carrier_headers(None) is None

@@ -74,6 +74,7 @@ from berth.shared.messages import (
     Heartbeat,
     HeartbeatAck,
     JobsCompacted,
+    JobSubmitted,
     KillAttempt,
     LeaderAnnouncement,
     NodeAction,
@@ -218,7 +219,9 @@ class Leader:
         self.last_heartbeat: dict[str, float] = {}
         # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
         self.resets_sent: dict[str, tuple[str, float]] = {}
-        self.trace_headers: dict[str, dict[str, str]] = {}
+        # Each unfinished job's trace context, from its submit's headers: its traceparent
+        # alone (a string, not the message's headers) unless it carried more to propagate.
+        self.trace_headers: dict[str, str | dict[str, str]] = {}
         # Pending reasons published but perhaps not folded yet (see _announce_pending_reasons).
         self.reasons_in_flight: dict[tuple[str, int], str] = {}
         self.reasons_in_flight_seq = 0
@@ -449,8 +452,8 @@ class Leader:
                 self.unit_templates.pop(job_id, None)
             finished.clear()
         event = record.event
-        if event is not None and hasattr(event, "job_id") and "traceparent" in record.headers:
-            self.trace_headers.setdefault(event.job_id, record.headers)
+        if isinstance(event, JobSubmitted) and "traceparent" in record.headers:
+            self.trace_headers[event.job_id] = telemetry.trace_carrier(record.headers)
 
     async def _follow(self, events: AsyncIterator[nats_io.EventRecord]) -> None:
         async for record in events:
@@ -865,7 +868,7 @@ class Leader:
         # first, then the first of those left waiting.
         waiting = sorted({j for j, _ in result.pending_reasons} - placed)
         for job_id in (sorted(placed) + waiting)[:MAX_TICK_LINKS]:
-            headers = self.trace_headers.get(job_id)
+            headers = telemetry.carrier_headers(self.trace_headers.get(job_id))
             if headers is None:
                 continue
             submit = trace.get_current_span(telemetry.extract(headers)).get_span_context()
@@ -997,7 +1000,8 @@ class Leader:
         """Logs a tick's assignments (their acks awaited together), then sends the run
         commands; each assignment has its own span under its job's submit trace."""
         spans = [tracer.start_span(
-            "dispatch", context=telemetry.extract(self.trace_headers.get(event.job_id)),
+            "dispatch", context=telemetry.extract(
+                telemetry.carrier_headers(self.trace_headers.get(event.job_id))),
             attributes={"berth.job_id": event.job_id, "berth.task_index": event.task_index,
                         "berth.worker_id": event.worker_id, "berth.epoch": event.epoch})
             for event in assigned]
