@@ -4,8 +4,10 @@ Folds, in process, a history shaped like W4's: workers register, then N one-task
 submitted, assigned in ticks of 200 (`tasks_assigned`), and reported RUNNING then
 SUCCEEDED in coalesced batches (`attempts_reported`). Every event goes through the same
 decode as a real reader (`read_event` from its JSON bytes). Prints the bytes the fold
-holds per job (tracemalloc), the objects it holds per job by type, and the CPU per event
-of decoding and folding (measured in a fold of its own, without tracemalloc).
+holds per job (tracemalloc), the objects it holds per job by type and how many of them the
+cyclic garbage collector tracks (a full collection walks each: at 200,000 jobs its pauses
+cost the scheduler its lease), the time of one full collection, and the CPU per event of
+decoding and folding (measured in a fold of its own, without tracemalloc).
 
     .venv/bin/python bench/fold_memory.py [--jobs 50000] [--workers 1000]
     .venv/bin/python bench/fold_memory.py --quick
@@ -20,6 +22,8 @@ import json
 import sys
 import time
 import tracemalloc
+
+import msgspec
 
 from berth.shared import subjects
 from berth.shared.event_origin import read_event
@@ -77,10 +81,12 @@ def history(jobs: int, workers: int) -> list[tuple[str, bytes]]:
     return out
 
 
-def objects_by_type(roots: list[object]) -> collections.Counter[str]:
-    """Objects reachable from `roots` (the fold's own), counted by type name."""
+def objects_by_type(roots: list[object]) -> tuple[collections.Counter[str], int]:
+    """Objects reachable from `roots` (the fold's own), counted by type name, and how many
+    of them the cyclic garbage collector tracks (each one a full collection walks)."""
     seen: set[int] = set()
     counts: collections.Counter[str] = collections.Counter()
+    tracked = 0
     stack = list(roots)
     while stack:
         obj = stack.pop()
@@ -88,8 +94,12 @@ def objects_by_type(roots: list[object]) -> collections.Counter[str]:
             continue
         seen.add(id(obj))
         counts[type(obj).__name__] += 1
-        stack.extend(gc.get_referents(obj))
-    return counts
+        tracked += gc.is_tracked(obj)
+        if isinstance(obj, msgspec.Struct):  # gc=False ones show the collector no fields
+            stack.extend(getattr(obj, name) for name in obj.__struct_fields__)
+        else:
+            stack.extend(gc.get_referents(obj))
+    return counts, tracked
 
 
 def main() -> None:
@@ -128,13 +138,18 @@ def main() -> None:
     tracemalloc.stop()
 
     finished = sum(1 for job in state.jobs.values() if job.finished_at is not None)
-    counts = objects_by_type([state.jobs, state.job_by_submit, state.pending,
-                              state.recent_use])
+    counts, tracked = objects_by_type([state.jobs, state.job_by_submit, state.pending,
+                                       state.recent_use])
+    full_collection = time.perf_counter()
+    gc.collect()
+    full_collection = time.perf_counter() - full_collection
     per_job = {name: round(n / jobs, 2) for name, n in counts.most_common(14)}
     result = {
         "jobs": jobs, "finished": finished, "events": len(events) - split,
         "fold_bytes_per_job": round(held / jobs),
         "us_per_event_decode_and_fold": round(1e6 * cpu / (len(events) - split), 1),
+        "gc_tracked_per_job": round(tracked / jobs, 2),
+        "full_gc_collection_ms": round(1000 * full_collection, 1),
         "objects_per_job": per_job,
     }
     json.dump(result, sys.stdout)

@@ -10,7 +10,7 @@ import msgspec
 DIMENSIONS = ("cpu", "mem", "disk", "dev")
 
 
-class Amounts(msgspec.Struct, frozen=True):
+class Amounts(msgspec.Struct, frozen=True, gc=False):
     """Made by the hundred thousand (every fold adds and subtracts them per event): a
     msgspec Struct builds in ~0.1 µs where a frozen dataclass took ~0.8 µs, and encodes
     to the same map, so snapshots read either way."""

@@ -69,7 +69,7 @@ PREEMPTION_IDS_KEPT = 4096
 MAX_LIMIT_VERSIONS = 32
 
 
-class AttemptView(msgspec.Struct, kw_only=True):
+class AttemptView(msgspec.Struct, kw_only=True, gc=False):
     attempt_id: int
     worker_id: str
     incarnation: str
@@ -94,7 +94,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     usage: ResourceUse | None = None  # what its process tree used, from its exit report
 
 
-class TaskView(msgspec.Struct, kw_only=True):
+class TaskView(msgspec.Struct, kw_only=True, gc=False):
     job_id: str
     index: int
     state: TaskState = S.PENDING
@@ -146,7 +146,7 @@ class TaskView(msgspec.Struct, kw_only=True):
         return max(newest, self.burned_attempt_id, taken_elsewhere) + 1
 
 
-class JobView(msgspec.Struct, kw_only=True):
+class JobView(msgspec.Struct, kw_only=True, gc=False):
     job_id: str
     spec: JobSpec
     submit_seq: int
@@ -176,7 +176,7 @@ class JobView(msgspec.Struct, kw_only=True):
         return {state.display: n for state, n in self.state_counts.items()}
 
 
-class ScheduleView(msgspec.Struct, kw_only=True):
+class ScheduleView(msgspec.Struct, kw_only=True, gc=False):
     """A schedule (docs/lifecycle.md, "Schedules"): its spec (with `schedule`) and what it
     fired, all from the log, so any leader knows which fire comes next."""
 

@@ -52,18 +52,18 @@ DeviceVariant = Annotated[
 
 
 class CpuDevice(msgspec.Struct, tag="cpu", tag_field="type", forbid_unknown_fields=True,
-                frozen=True):
+                frozen=True, gc=False):
     """No accelerator."""
 
 
 class GpuDevice(msgspec.Struct, tag="gpu", tag_field="type", forbid_unknown_fields=True,
-                frozen=True):
+                frozen=True, gc=False):
     variant: DeviceVariant
     count: Annotated[int, Meta(ge=1, le=1024)] = 1
 
 
 class TpuDevice(msgspec.Struct, tag="tpu", tag_field="type", forbid_unknown_fields=True,
-                frozen=True):
+                frozen=True, gc=False):
     variant: DeviceVariant
     topology: Annotated[str, Meta(pattern=r"^[0-9]+(x[0-9]+){0,3}$",
                                   description="e.g. 2x2x1")] = ""
@@ -73,7 +73,7 @@ class TpuDevice(msgspec.Struct, tag="tpu", tag_field="type", forbid_unknown_fiel
 Device = CpuDevice | GpuDevice | TpuDevice
 
 
-class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     """What one task needs (in a job spec) or what one worker offers (at registration)."""
 
     cpu: Annotated[float, Meta(gt=0, le=4096, description="CPU cores, fractions allowed.")] = 1.0
@@ -122,7 +122,8 @@ class ConstraintMode(enum.StrEnum):
     PREFERRED = "preferred"
 
 
-class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+                 gc=False):
     """A condition on a worker attribute; a job's required constraints must all hold, its
     preferred ones rank the workers that qualify. EQ/NE compare `value`; IN takes `values`;
     GT/GE/LT/LE compare numbers; EXISTS/NOT_EXISTS take neither."""
@@ -146,7 +147,8 @@ class Priority(enum.StrEnum):
         return {"production": 0, "interactive": 1, "batch": 2}[self.value]
 
 
-class Coscheduling(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Coscheduling(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+                   gc=False):
     """Place all tasks at once on workers that share one value of `group_by` (e.g. one
     `tpu-name` slice), task i on the i-th worker ordered by `order_by` (e.g. tpu-worker-id)."""
 
@@ -181,7 +183,8 @@ class RetryEvent(enum.StrEnum):
     NO_CAPACITY = "no-capacity"  # its scheduling_timeout ran out before it was placed
 
 
-class Backoff(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Backoff(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+              gc=False):
     """The wait before retry n: initial * factor^(n-1), never more than max."""
 
     initial: Duration = 15.0
@@ -197,7 +200,8 @@ class Backoff(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         return durations.parse(self.max)
 
 
-class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+                  gc=False):
     """Which events retry a task, for how long, and how long each retry waits first
     (docs/lifecycle.md, "Retry policy")."""
 
@@ -238,7 +242,8 @@ class DedupPolicy(enum.StrEnum):
     SPEC = "spec"  # an identical spec (shared/job_policy.spec_hash) is the same job
 
 
-class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+                   gc=False):
     """Run the job each time a cron expression fires (docs/lifecycle.md, "Schedules")."""
 
     cron: Annotated[str, Meta(min_length=1, max_length=256, description="A cron expression: "
@@ -252,7 +257,8 @@ class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
 _SPEC_SEQUENCES = ("command", "constraints", "ports", "setup", "after", "after_any")
 
 
-class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+              gc=False):
     """The submit message: publish it as JSON to `berth.submit.job`."""
 
     v: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="Schema version.")] = 1
