@@ -20,7 +20,7 @@ from berth.shared import usage
 from berth.shared.lifecycle import JobView
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """A job with pending tasks, as the order sees it."""
 

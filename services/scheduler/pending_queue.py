@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 Key = tuple[str, int]  # (job id, task index), as ClusterState.pending has them
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Place:
     """Where a job stands in the order, whatever its pending tasks: fixed by its spec."""
 

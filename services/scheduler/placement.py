@@ -27,7 +27,7 @@ from berth.shared.messages import Constraint, Coscheduling
 PORT_RANGE = range(30000, 40000)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unit:
     job_id: str
     indices: tuple[int, ...]
