@@ -56,15 +56,12 @@ def inject(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-# The headers W3C trace context and baggage propagate in.
-PROPAGATED = ("traceparent", "tracestate", "baggage")
-
-
 def trace_carrier(headers: dict[str, str]) -> str | dict[str, str]:
     """What a message's headers need kept to parent later spans: its traceparent string
     alone when that is all it propagates (kept per job for as long as it waits, so small),
-    else those headers."""
-    kept = {k: headers[k] for k in PROPAGATED if k in headers}
+    else the headers the configured propagators read (OTEL_PROPAGATORS)."""
+    fields = propagate.get_global_textmap().fields
+    kept = {k: v for k, v in headers.items() if k in fields}
     return kept["traceparent"] if kept.keys() == {"traceparent"} else kept
 
 
