@@ -20,6 +20,7 @@ from berth.shared import usage as recent
 from berth.shared.capacity import Amounts
 from berth.shared.event_origin import epoch_refusal
 from berth.shared.messages import (
+    EMPTY,
     AnyEvent,
     AttemptReported,
     AttemptsReported,
@@ -156,15 +157,20 @@ class JobView(msgspec.Struct, kw_only=True, gc=False):
     started_at: float | None = None
     finished_at: float | None = None
     error: str = ""
-    children: list[str] = []
+    # Tuples, not lists: most jobs have none, and every empty tuple is the same object
+    # (docs/performance.md, memory per finished job).
+    children: tuple[str, ...] = ()
     # Jobs that name this one in `after`/`after_any` (re-checked when this one ends).
-    dependents: list[str] = []
+    dependents: tuple[str, ...] = ()
     # Why it ended other than by its tasks (task_rules.DEPENDENCY), or "".
     failure_reason: str = ""
     # The job its tasks wait for before they may be placed, or "".
     waiting_for: str = ""
-    # How many of its tasks are in each state, kept as they change (ClusterState._set_state).
-    state_counts: dict[TaskState, int] = {}
+    # How many of its tasks are in each state, kept as they change (ClusterState._set_state),
+    # so that a change never walks the tasks. None for a job of one task, whose counts are
+    # its task's state: most jobs have one task, and the dict was a tenth of what a
+    # finished job keeps.
+    state_counts: dict[TaskState, int] | None = None
     # The jobs its submit cancelled (`existing: recreate`), and the schedule that made it.
     replaced: tuple[str, ...] = ()
     schedule_id: str = ""
@@ -172,8 +178,14 @@ class JobView(msgspec.Struct, kw_only=True, gc=False):
     # among the jobs still folded can concern any of them (docs/retention.md).
     first_seq: int = 0
 
+    def counts(self) -> dict[TaskState, int]:
+        """How many of its tasks are in each state (do not change it)."""
+        if self.state_counts is not None:
+            return self.state_counts
+        return {self.tasks[0].state: 1} if self.tasks else {}
+
     def task_counts(self) -> dict[str, int]:
-        return {state.display: n for state, n in self.state_counts.items()}
+        return {state.display: n for state, n in self.counts().items()}
 
 
 class ScheduleView(msgspec.Struct, kw_only=True, gc=False):
@@ -516,10 +528,10 @@ class ClusterState:
                 del self.job_by_submit[job.submit_seq]
             for dep_id in {*job.spec.after, *job.spec.after_any}:
                 if (dep := self.jobs.get(dep_id)) is not None and job_id in dep.dependents:
-                    dep.dependents.remove(job_id)
+                    dep.dependents = tuple(d for d in dep.dependents if d != job_id)
             parent = self.jobs.get(job.spec.parent or "")
             if parent is not None and job_id in parent.children:
-                parent.children.remove(job_id)
+                parent.children = tuple(c for c in parent.children if c != job_id)
         dropped = set(job_ids)
         for seq in [s for s, j in self.cancel_by_submit.items() if j in dropped]:
             del self.cancel_by_submit[seq]
@@ -536,14 +548,17 @@ class ClusterState:
             schedule.last_fire_at = max(schedule.last_fire_at, event.fire_at)
             schedule.fired += 1
             schedule.last_job = event.job_id
+        replicas = event.spec.replicas
         job = JobView(
             job_id=event.job_id,
             spec=event.spec,
             submit_seq=event.submit_seq,
             submitted_at=event.ts,
-            tasks=[TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
-                   for i in range(event.spec.replicas)],
-            state_counts={S.PENDING: event.spec.replicas},
+            tasks=([TaskView(job_id=event.job_id, index=0, pending_since=event.ts)]
+                   if replicas == 1 else
+                   [TaskView(job_id=event.job_id, index=i, pending_since=event.ts)
+                    for i in range(replicas)]),  # a literal: no room to grow
+            state_counts=None if replicas == 1 else {S.PENDING: replicas},
             replaced=tuple(event.replaces),
             schedule_id=event.schedule_id,
             first_seq=seq,
@@ -553,7 +568,7 @@ class ClusterState:
         for dep_id in {*event.spec.after, *event.spec.after_any}:
             dep = self.jobs.get(dep_id)
             if dep is not None:
-                dep.dependents.append(job.job_id)
+                dep.dependents = (*dep.dependents, job.job_id)
         self._check_dependencies(job, event.ts)
         parent_id = event.spec.parent
         if parent_id is None:
@@ -563,7 +578,7 @@ class ClusterState:
             self._cancellations.append((job.job_id, f"parent job {parent_id} does not exist",
                                         event.ts, ""))
             return
-        parent.children.append(job.job_id)
+        parent.children = (*parent.children, job.job_id)
         if parent.state in JOB_TERMINAL and parent.state != JobState.SUCCEEDED:
             self._cancellations.append(
                 (job.job_id, f"parent job {parent_id} is {parent.state.display}", event.ts, ""))
@@ -755,14 +770,17 @@ class ClusterState:
             incarnation=(worker.incarnation if worker.incarnation == event.incarnation
                          else event.incarnation),
             assigned_at=event.ts,
-            ports=dict(event.ports),
+            ports=dict(event.ports) if event.ports else EMPTY,
             group=event.group,
             coordinator=event.coordinator,
             devices=tuple(event.devices),
         )
         # A committed assignment is a fact whatever the task's state: the reservation exists
         # and the command went out, so the attempt holds resources until it is confirmed gone.
-        bisect.insort(task.attempts, attempt, key=lambda a: a.attempt_id)
+        if not task.attempts:
+            task.attempts = [attempt]  # a literal: no room to grow (most tasks have one)
+        else:
+            bisect.insort(task.attempts, attempt, key=lambda a: a.attempt_id)
         key = attempt_key(event.job_id, event.task_index, event.attempt_id)
         worker.used = worker.used + job.spec.resources.amounts
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
@@ -991,10 +1009,11 @@ class ClusterState:
         if task.state == S.ASSIGNED and state != S.ASSIGNED:
             task.pending_reason = ""  # what its worker waited for is behind it
         counts = job.state_counts
-        counts[task.state] -= 1
-        if not counts[task.state]:
-            del counts[task.state]
-        counts[state] = counts.get(state, 0) + 1
+        if counts is not None:
+            counts[task.state] -= 1
+            if not counts[task.state]:
+                del counts[task.state]
+            counts[state] = counts.get(state, 0) + 1
         task.state = state
 
     def _requeue(self, job: JobView, task: TaskView, ts: float, at: float = 0.0) -> None:
@@ -1188,8 +1207,12 @@ class ClusterState:
     def _update_job(self, job: JobView, ts: float, effects: list[Effect]) -> None:
         if job.state in JOB_TERMINAL:
             return
-        new_state = task_rules.job_state_from_counts(
-            job.state_counts, len(job.tasks), job.spec.max_task_failures)
+        if job.state_counts is None:
+            new_state = task_rules.one_task_job_state(job.tasks[0].state,
+                                                      job.spec.max_task_failures)
+        else:
+            new_state = task_rules.job_state_from_counts(
+                job.state_counts, len(job.tasks), job.spec.max_task_failures)
         if task_rules.master_done(job.spec.stop_criteria == StopCriteria.MASTER_DONE,
                                   job.tasks[0].state):
             new_state = JobState.SUCCEEDED

@@ -7,6 +7,7 @@ so a client in any language can submit without our Python code.
 from __future__ import annotations
 
 import enum
+import sys
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -253,6 +254,28 @@ class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
                                   "zone, e.g. UTC or Europe/Paris.")] = "UTC"
 
 
+class ReadOnlyEmptyDict(dict[Any, Any]):
+    """An empty dict that refuses every change. One of them (EMPTY) stands for the empty
+    maps a fold keeps per job (a spec's env and tokens, an attempt's ports), which were 64
+    bytes each; being a dict, it encodes and compares as `{}` everywhere."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise TypeError("a shared empty map is read-only: copy it with dict() first")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = setdefault = pop = popitem = clear = _refuse
+
+
+EMPTY: dict[Any, Any] = ReadOnlyEmptyDict()
+
+
+_SHARED_RESOURCES: dict[Resources, Resources] = {}
+_SHARED_RESOURCES_KEPT = 1024
+# The longest command argument a spec shares with equal ones (sys.intern): longer ones are
+# rarely repeated.
+_INTERNED_ARG = 256
 # JobSpec's array fields.
 _SPEC_SEQUENCES = ("command", "constraints", "ports", "setup", "after", "after_any")
 
@@ -378,6 +401,20 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         for name in _SPEC_SEQUENCES:
             if type(value := getattr(self, name)) is not tuple:
                 msgspec.structs.force_setattr(self, name, tuple(value))
+        # A user's jobs all name the user, and a sweep's jobs mostly share their arguments:
+        # one string each, not one per decoded spec (a fold keeps every job's spec).
+        msgspec.structs.force_setattr(self, "user", sys.intern(self.user))
+        # Jobs ask for a few shapes of resources: one object for each (up to a bound, so a
+        # flood of distinct shapes grows nothing).
+        shared = _SHARED_RESOURCES.setdefault(self.resources, self.resources)
+        if len(_SHARED_RESOURCES) > _SHARED_RESOURCES_KEPT:
+            _SHARED_RESOURCES.clear()
+        msgspec.structs.force_setattr(self, "resources", shared)
+        for name in ("env", "tokens"):
+            if not getattr(self, name):
+                msgspec.structs.force_setattr(self, name, EMPTY)
+        msgspec.structs.force_setattr(self, "command", tuple(
+            sys.intern(arg) if len(arg) <= _INTERNED_ARG else arg for arg in self.command))
         if not self.command[0].strip():
             raise ValueError("command: the program (command[0]) is empty")
         for i, arg in enumerate(self.command):

@@ -6,6 +6,7 @@ asks these functions every question about what a state change means.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -169,6 +170,17 @@ def job_state_from_counts(counts: Mapping[TaskState, int], total: int,
     if live:
         return JobState.RUNNING
     return JobState.PENDING
+
+
+@functools.cache
+def _one_task_job_state(state: TaskState, failures_allowed: int) -> JobState:
+    return job_state_from_counts({state: 1}, 1, failures_allowed)
+
+
+def one_task_job_state(state: TaskState, max_task_failures: int) -> JobState:
+    """job_state_from_counts for a job of one task (which keeps no counts)."""
+    # One task cannot fail more than once: every allowance past 1 is the same.
+    return _one_task_job_state(state, min(max_task_failures, 1))
 
 
 # --- dependencies and stop criteria (issue 16) ----------------------------------------------

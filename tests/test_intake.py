@@ -79,3 +79,27 @@ def test_a_spec_built_from_lists_equals_its_round_trip_and_keeps_no_empty_list()
     # The fold keeps every job's spec: its empty arrays are the one shared empty tuple.
     decoded = decode(msgspec.json.Decoder(JobSpec), b'{"name": "y", "command": ["true"]}')
     assert decoded.setup is () and decoded.ports is () and decoded.after_any is ()  # noqa: F632
+
+
+def test_a_specs_empty_maps_are_one_read_only_object_and_its_strings_are_shared() -> None:
+    import msgspec
+    import pytest
+
+    from berth.shared.messages import EMPTY, JobSpec, decode, encode
+
+    decoder = msgspec.json.Decoder(JobSpec)
+    one = decode(decoder, b'{"name": "a", "command": ["python", "train.py"], "user": "ann"}')
+    two = decode(decoder, b'{"name": "b", "command": ["python", "train.py"], "user": "ann"}')
+    assert one.env is EMPTY and one.tokens is EMPTY and two.env is EMPTY
+    # Shared, so nothing may change it; and it is still an empty dict to every reader.
+    with pytest.raises(TypeError, match="read-only"):
+        one.env["X"] = "1"
+    with pytest.raises(TypeError):
+        one.tokens.update(gpu=1)
+    assert one.env == {} and dict(one.env) == {}
+    assert decode(decoder, encode(one)) == one
+    assert one.user is two.user and one.command[0] is two.command[0]
+    assert one.resources is two.resources
+    long_arg = "x" * 300  # past the interned length: kept as decoded
+    three = JobSpec(name="c", command=["run", long_arg], env={"K": "v"})
+    assert three.env == {"K": "v"} and three.env is not EMPTY and three.command[1] == long_arg

@@ -217,7 +217,7 @@ def test_a_parent_ending_badly_cancels_descendants_but_success_does_not() -> Non
     state, _ = fold([*family, assigned(0, job="j1"), report(0, S.RUNNING, job="j1"),
                      report(0, S.FAILED, 1, job="j1")])
     assert state.jobs["j1"].state == JobState.FAILED
-    assert state.jobs["j1"].children == ["j2", "j4"]
+    assert state.jobs["j1"].children == ("j2", "j4")
     assert state.jobs["j2"].error == "parent job j1 failed"
     assert state.jobs["j3"].error == "parent job j2 killed"
     assert all(state.jobs[j].state == JobState.KILLED for j in ("j2", "j3", "j4"))
@@ -539,7 +539,7 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
             recount: dict[TaskState, int] = {}
             for task in job.tasks:
                 recount[task.state] = recount.get(task.state, 0) + 1
-            assert job.state_counts == recount
+            assert job.counts() == recount
             # Job state always equals the derivation of its task states.
             assert job.state == task_rules.derive_job_state(
                 (t.state for t in job.tasks), spec.max_task_failures)

@@ -186,3 +186,10 @@ def test_job_state_derivation(tasks: list[TaskState], max_task_failures: int,
 def test_a_timeout_is_a_retry_only_for_a_resumable_task_with_resumes_left(
         resumable: bool, resumes_after: int, max_resumes: int, outcome: TaskState) -> None:
     assert task_rules.timeout_outcome(resumable, resumes_after, max_resumes) == outcome
+
+
+def test_a_one_task_jobs_state_is_its_counts_state() -> None:
+    for state in TaskState:
+        for allowed in (0, 1, 2, 50):
+            assert task_rules.one_task_job_state(state, allowed) == \
+                task_rules.job_state_from_counts({state: 1}, 1, allowed), (state, allowed)
