@@ -25,6 +25,7 @@ import tracemalloc
 
 import msgspec
 
+from berth.services.scheduler.pending_queue import PendingQueue, place_of
 from berth.shared import subjects
 from berth.shared.event_origin import read_event
 from berth.shared.lifecycle import ClusterState
@@ -137,6 +138,24 @@ def main() -> None:
     held = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
 
+    # At W4's peak every job of the burst waits at once: what the fold and the scheduler's
+    # pending queue keep per waiting job (the unit templates are built only for the jobs a
+    # tick reaches, so they are not in it).
+    waiting_state = workers_folded()
+    queue = PendingQueue()
+    submits = [(subject, data) for subject, data in events[split:]
+               if subjects.is_submit_outcome(subject)]
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for seq, (subject, data) in enumerate(submits, start=split + 1):
+        waiting_state.apply(seq, read_event(subject, data))
+    queue.sync(waiting_state.pending, lambda job_id: place_of(waiting_state.jobs[job_id]))
+    gc.collect()
+    waiting_held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    waiting = len(queue.indices)
+
     finished = sum(1 for job in state.jobs.values() if job.finished_at is not None)
     counts, tracked = objects_by_type([state.jobs, state.job_by_submit, state.pending,
                                        state.recent_use])
@@ -147,6 +166,8 @@ def main() -> None:
     result = {
         "jobs": jobs, "finished": finished, "events": len(events) - split,
         "fold_bytes_per_job": round(held / jobs),
+        "waiting": waiting,
+        "bytes_per_waiting_job": round(waiting_held / max(1, waiting)),
         "us_per_event_decode_and_fold": round(1e6 * cpu / (len(events) - split), 1),
         "gc_tracked_per_job": round(tracked / jobs, 2),
         "full_gc_collection_ms": round(1000 * full_collection, 1),
@@ -157,6 +178,8 @@ def main() -> None:
     print(f"{jobs} finished one-task jobs: {held / jobs:,.0f} bytes each in the fold "
           f"(tracemalloc); {result['us_per_event_decode_and_fold']} us of CPU per event, "
           "decode and fold")
+    print(f"{waiting} waiting one-task jobs: {waiting_held / max(1, waiting):,.0f} bytes each in "
+          "the fold and the scheduler's pending queue")
 
 
 if __name__ == "__main__":

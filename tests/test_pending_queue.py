@@ -51,13 +51,13 @@ def test_kept_order_equals_the_order_built_from_scratch(
         queue.sync(pending, lambda j: Place(specs[j][0], specs[j][1], specs[j][2]))
 
         def charge(job_id: str, held: set[tuple[str, int]] = held) -> float | None:
-            n = sum((job_id, i) not in held for i in queue.indices[job_id])
+            n = sum((job_id, i) not in held for i in queue.tasks(job_id))
             return specs[job_id][3] * n if n else None
 
         assert list(queue.ordered(used, charge)) == from_scratch(
             set(pending), held, specs, used)
-        assert queue.indices == {j: {i for jj, i in pending if jj == j}
-                                 for j, _ in pending}
+        assert {j: set(queue.tasks(j)) for j in queue.indices} == {
+            j: {i for jj, i in pending if jj == j} for j, _ in pending}
 
 
 def test_a_long_consumed_front_is_dropped_and_a_requeued_job_found_again() -> None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+
+from berth.shared.lifecycle import JobView
 
 Key = tuple[str, int]  # (job id, task index), as ClusterState.pending has them
 
@@ -36,25 +38,43 @@ class Place:
     seq: int
 
 
+def place_of(job: JobView) -> Place:
+    """A job's place, from its spec (the scheduler builds unit templates only for the jobs a
+    tick reaches, not for every job of a burst: W4's peak memory)."""
+    return Place(job.spec.priority.rank, job.spec.user, job.submit_seq)
+
+
 @dataclass
 class _Queue:
     """One (band, user)'s jobs in submission order. Entries of jobs with no task pending any
     more are dropped lazily: from the front as the queue is read, and all at once when they
     outnumber the live ones."""
 
+    name: tuple[int, str]  # (band, user): the one copy every job's place refers to
     entries: list[tuple[int, str]] = field(default_factory=list)  # (seq, job id), sorted
     start: int = 0  # every entry before it is of a job with nothing pending
     live: int = 0  # entries of jobs with a task pending
 
 
 class PendingQueue:
+    """What it keeps per waiting job is what W4's peak memory is made of (every job of a
+    burst waits at once): a job of one pending task keeps its index as a plain int (a set
+    of one is 216 bytes), and a job's place is its queue's key, one tuple per queue."""
+
     def __init__(self) -> None:
         self.known: set[Key] = set()
-        # Job -> its pending task indices; a job is here while one is pending.
-        self.indices: dict[str, set[int]] = {}
-        self.places: dict[str, Place] = {}
+        # Job -> its pending task index, or a set of them when more than one is pending; a
+        # job is here while one is pending. Read it with `tasks`.
+        self.indices: dict[str, int | set[int]] = {}
+        # Job -> the (band, user) of its queue, for a job with an entry in it.
+        self.places: dict[str, tuple[int, str]] = {}
         self.queues: dict[tuple[int, str], _Queue] = {}
         self.listed: set[str] = set()  # jobs with an entry in their queue, live or not
+
+    def tasks(self, job_id: str) -> Collection[int]:
+        """The pending task indices of a job with any pending (not to be changed)."""
+        filed = self.indices[job_id]
+        return (filed,) if isinstance(filed, int) else filed
 
     def sync(self, pending: Mapping[Key, object], place_of: Callable[[str], Place]) -> None:
         """Files what changed in `pending` (ClusterState.pending) since the last call."""
@@ -64,32 +84,40 @@ class PendingQueue:
         self.known -= removed
         self.known |= added
         thinned: set[tuple[int, str]] = set()
+        indices = self.indices
         for job_id, index in removed:
-            tasks = self.indices[job_id]
-            tasks.discard(index)
-            if not tasks:
-                del self.indices[job_id]
-                where = self.places[job_id]
-                self.queues[(where.band, where.user)].live -= 1
-                thinned.add((where.band, where.user))
+            filed = indices[job_id]
+            if not isinstance(filed, int):
+                filed.discard(index)
+                if filed:
+                    continue
+            del indices[job_id]
+            where = self.places[job_id]
+            self.queues[where].live -= 1
+            thinned.add(where)
         for job_id, index in added:
-            filed = self.indices.get(job_id)
-            if filed is None:
-                filed = self.indices[job_id] = set()
+            now = indices.get(job_id)
+            if now is None:
+                indices[job_id] = index
                 self._file(job_id, place_of)
-            filed.add(index)
+            elif isinstance(now, int):
+                indices[job_id] = {now, index}
+            else:
+                now.add(index)
         for name in thinned:
             queue = self.queues[name]
             if len(queue.entries) - queue.start > 2 * queue.live + 64:
                 self._compact(queue)
 
     def _file(self, job_id: str, place_of: Callable[[str], Place]) -> None:
-        where = self.places.get(job_id)
-        if where is None:
-            where = self.places[job_id] = place_of(job_id)
-        queue = self.queues.setdefault((where.band, where.user), _Queue())
+        place = place_of(job_id)
+        name = (place.band, place.user)
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = _Queue(name)
+        self.places[job_id] = queue.name
         queue.live += 1
-        entry = (where.seq, job_id)
+        entry = (place.seq, job_id)
         at = bisect.bisect_left(queue.entries, entry)
         if job_id not in self.listed:
             queue.entries.insert(at, entry)  # at the end, unless it is a requeued task's

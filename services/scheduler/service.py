@@ -632,11 +632,11 @@ class Leader:
         now = time.time()
         held = task_rules.held_back(self.state.backoff, now)
         self.pending_queue.sync(self.state.pending, self._place_of)
-        pending = self.pending_queue.indices
+        pending = self.pending_queue.tasks
         fair = self.settings.fair_share
 
         def charge(job_id: str) -> float | None:
-            tasks = pending[job_id]
+            tasks = pending(job_id)
             n = len(tasks) if not held else sum((job_id, i) not in held for i in tasks)
             if not n:
                 return None
@@ -652,14 +652,13 @@ class Leader:
                     t.state in ATTEMPT_LIVE for t in job.tasks)):
                 continue
             t = self._unit_template(job)[1]
-            indices = tuple(sorted(i for i in pending[job_id] if (job_id, i) not in held))
+            indices = tuple(sorted(i for i in pending(job_id) if (job_id, i) not in held))
             # Built field by field: dataclasses.replace costs several times more.
             yield placement.Unit(t.job_id, indices, t.need, t.device_kind, t.constraints,
                                  t.ports, t.gang, t.user, t.tokens)
 
     def _place_of(self, job_id: str) -> pending_queue.Place:
-        w = self._unit_template(self.state.jobs[job_id])[0]
-        return pending_queue.Place(w.band, w.user, w.seq)
+        return pending_queue.place_of(self.state.jobs[job_id])
 
     def _unit_template(self, job: JobView) -> tuple[queue_order.Waiting, placement.Unit]:
         """A job as the placement order sees it (with the charge of one task) and its unit,
