@@ -70,6 +70,9 @@ PREEMPTION_IDS_KEPT = 4096
 MAX_LIMIT_VERSIONS = 32
 
 
+_ABSENT = object()
+
+
 class AttemptView(msgspec.Struct, kw_only=True, gc=False):
     attempt_id: int
     worker_id: str
@@ -322,6 +325,11 @@ class ClusterState:
         self.last_refused_seq = 0
         # Tasks waiting for placement, in the order they became schedulable.
         self.pending: dict[tuple[str, int], None] = {}
+        # What entered (True) or left (False) `pending` since a reader last cleared it, for
+        # a reader that keeps an index of its own (the scheduler's pending queue): diffing
+        # the whole of `pending` each tick was a sixth of the scheduler's CPU with 150,000
+        # waiting. None: not kept, at no cost.
+        self.pending_changes: dict[tuple[str, int], bool] | None = None
         # Those of them a retry policy's backoff holds back: key -> the time before which
         # they may not be placed (TaskView.retry_at). Empty without retry policies, so the
         # scheduler pays nothing for it then.
@@ -611,7 +619,7 @@ class ClusterState:
                 task.pending_reason = ""
                 # scheduling_timeout counts from when it could first be placed.
                 task.pending_since = ts
-                self.pending[task.key] = None
+                self._enqueue(task)
             else:
                 task.pending_reason = f"waiting for {about}"
 
@@ -1021,7 +1029,7 @@ class ClusterState:
         backoff), and its scheduling_timeout counts from then."""
         self._set_state(job, task, S.PENDING)
         task.pending_since = max(ts, at)
-        self.pending[task.key] = None
+        self._enqueue(task)
         task.retry_at = 0.0
         if at:
             self._hold_until(task, at)
@@ -1048,9 +1056,17 @@ class ClusterState:
         if task.retry_at:  # 0 holds nothing back (the backoff lists only real waits)
             self.backoff[task.key] = task.retry_at
 
+    def _enqueue(self, task: TaskView) -> None:
+        key = task.key
+        self.pending[key] = None
+        if self.pending_changes is not None:
+            self.pending_changes[key] = True
+
     def _unqueue(self, task: TaskView) -> None:
-        self.pending.pop(task.key, None)
-        self.backoff.pop(task.key, None)
+        key = task.key
+        if self.pending.pop(key, _ABSENT) is not _ABSENT and self.pending_changes is not None:
+            self.pending_changes[key] = False
+        self.backoff.pop(key, None)
 
     def _attempt_exited(
         self, attempt: AttemptView, job_id: str, task_index: int, effects: list[Effect]

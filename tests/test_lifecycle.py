@@ -508,8 +508,17 @@ def test_fold_invariants(events: list[AnyEvent]) -> None:
     state = ClusterState()
     finished: dict[tuple[str, int], TaskState] = {}
     ended: dict[str, JobState] = {}
+    # A reader's index of `pending` kept from the changes alone (as the scheduler's pending
+    # queue is), drained after some events and not others, always equals `pending`.
+    state.pending_changes = {}
+    kept: set[tuple[str, int]] = set()
     for seq, event in enumerate(events, start=1):
         state.apply(seq, event)
+        if seq % 3:
+            for key, now in state.pending_changes.items():
+                (kept.add if now else kept.discard)(key)
+            state.pending_changes = {}
+            assert kept == state.pending.keys()
         for job in state.jobs.values():
             spec = job.spec
             for task in job.tasks:

@@ -45,17 +45,31 @@ def test_kept_order_equals_the_order_built_from_scratch(
     specs = {f"j{n}": (band, user, 100 - 7 * n if n % 2 else 10 + n, charge)
              for n, (band, user, charge) in enumerate(specs_list)}
     queue = PendingQueue()
+    # The same queue kept from the fold's changes (ClusterState.pending_changes) instead.
+    kept = PendingQueue()
+    before: set[tuple[str, int]] = set()
     for tasks, held_raw in history:
         pending = {(f"j{j}", i): None for j, i in sorted(tasks)}
         held = {(f"j{j}", i) for j, i in held_raw} & pending.keys()
         queue.sync(pending, lambda j: Place(specs[j][0], specs[j][1], specs[j][2]))
+        # What the fold records: the last change of each key, including keys that left and
+        # came back (True, present before and after) or came and left (False, in neither).
+        changes = {key: key in pending for key in before ^ pending.keys()}
+        changes |= {key: True for key in sorted(before & pending.keys())[::2]}
+        changes |= {(f"j{n}", 9): False for n in range(2)}  # came and left in between
+        kept.apply(changes, lambda j: Place(specs[j][0], specs[j][1], specs[j][2]))
+        before = set(pending)
 
         def charge(job_id: str, held: set[tuple[str, int]] = held) -> float | None:
             n = sum((job_id, i) not in held for i in queue.tasks(job_id))
             return specs[job_id][3] * n if n else None
 
-        assert list(queue.ordered(used, charge)) == from_scratch(
-            set(pending), held, specs, used)
+        expected = from_scratch(set(pending), held, specs, used)
+        assert list(queue.ordered(used, charge)) == expected
+        assert list(kept.ordered(used, charge)) == expected
+        assert kept.known == queue.known == pending.keys()
+        assert {j: set(kept.tasks(j)) for j in kept.indices} == \
+            {j: set(queue.tasks(j)) for j in queue.indices}
         assert {j: set(queue.tasks(j)) for j in queue.indices} == {
             j: {i for jj, i in pending if jj == j} for j, _ in pending}
 

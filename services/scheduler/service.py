@@ -230,6 +230,8 @@ class Leader:
         # Each job's place in the last tick's placement order (the preemptions follow it).
         self.queue_rank: dict[str, int] = {}
         self.pending_queue = pending_queue.PendingQueue()
+        # The fold the pending queue was filed from: it follows that fold's pending_changes.
+        self.queue_follows: ClusterState | None = None
         # worker id -> (its view, its `used`, the rest of what its Host is made of, Host).
         self.host_cache: dict[str, tuple[WorkerView, Amounts, tuple[object, ...],
                                          placement.Host]] = {}
@@ -631,7 +633,14 @@ class Leader:
         retry backoff is left out until its retry_at (and a gang while any member is)."""
         now = time.time()
         held = task_rules.held_back(self.state.backoff, now)
-        self.pending_queue.sync(self.state.pending, self._place_of)
+        state = self.state
+        if self.queue_follows is state and state.pending_changes is not None:
+            self.pending_queue.apply(state.pending_changes, self._place_of)
+        else:  # a new term's fold (or the first tick): filed whole, then kept up to date
+            self.pending_queue = pending_queue.PendingQueue()
+            self.pending_queue.sync(state.pending, self._place_of)
+            self.queue_follows = state
+        state.pending_changes = {}
         pending = self.pending_queue.tasks
         fair = self.settings.fair_share
 
