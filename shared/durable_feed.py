@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from berth.shared import subjects
-from berth.shared.nats_io import RawEvent, raw_event
+from berth.shared import pull_fetch, subjects
+from berth.shared.nats_io import RawEvent, stream_seq
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,9 @@ CONSUMER_IDLE_LIMIT = 24 * 3600.0
 class DurableEventFeed:
     def __init__(self, js: JetStreamContext, name: str, batch: int = 5000,
                  fetch_wait: float = 0.1) -> None:
-        # nats-py's fetch, once a first message is in, waits up to `fetch_wait` for the
-        # batch to fill: that is the most a new event waits before it is folded.
+        # A fetch (shared/pull_fetch.py) returns what the stream has at once; with nothing
+        # there, it waits up to `fetch_wait` for the first event and returns it with what
+        # came along, without waiting for the batch to fill.
         self.js = js
         self.name = name
         self.batch = batch
@@ -83,7 +84,7 @@ class DurableEventFeed:
         while True:
             assert self._sub is not None
             try:
-                msgs = await self._sub.fetch(self.batch, timeout=self.fetch_wait)
+                msgs = await pull_fetch.fetch(self._sub, self.batch, self.fetch_wait)
             except TimeoutError:  # nothing new (nats-py raises the builtin one too)
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
@@ -94,7 +95,7 @@ class DurableEventFeed:
                 continue
             batch: list[RawEvent] = []
             for msg in msgs:
-                seq = msg.metadata.sequence.stream
+                seq = stream_seq(msg)
                 if seq < expected:
                     continue  # a redelivery of something already passed on
                 if seq > expected and await self._purged(expected, seq):
@@ -108,7 +109,7 @@ class DurableEventFeed:
                 elif seq > expected:
                     log.warning("events %d..%d are not in the stream; going on", expected,
                                 seq - 1)
-                batch.append(raw_event(msg))
+                batch.append(RawEvent(seq, msg.data, dict(msg.headers or {}), msg.subject))
                 self._unacked = msg
                 expected = seq + 1
             if batch:
