@@ -161,7 +161,8 @@ class JobView(msgspec.Struct, kw_only=True, gc=False):
     finished_at: float | None = None
     error: str = ""
     # Tuples, not lists: most jobs have none, and every empty tuple is the same object
-    # (docs/performance.md, memory per finished job).
+    # (docs/performance.md, memory per finished job). A new child copies its parent's
+    # tuple: 10,000 children of one job copy 50 million references in all (~0.1 s).
     children: tuple[str, ...] = ()
     # Jobs that name this one in `after`/`after_any` (re-checked when this one ends).
     dependents: tuple[str, ...] = ()

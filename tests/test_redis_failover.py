@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -122,6 +123,15 @@ async def test_a_sentinel_failover_mid_burst_loses_nothing(make_stack, nc: NATS,
         everything = get_json(stack, "/api/jobs?name_prefix=burst-&limit=1000")["jobs"]
         assert {j["state"] for j in everything} == {"succeeded"}
 
+        # The failover cost the leader its term, and the attempts that ended since then
+        # hold reservations until the next leader's take-over lets go of them (its
+        # reconcile, logged before "leading with epoch N"). The check is of the cluster as
+        # that leader leaves it: read sooner, those reservations show as owed releases
+        # (seen once in five runs, with the last jobs done 3 s after the kill).
+        await wait_until(lambda: any(int(n) > 1 for s in ("scheduler", "scheduler-2")
+                                     for n in re.findall(r"leading with epoch (\d+)",
+                                                         log_of(stack, s))),
+                         timeout=60, what="a leader after the failover")
         report = await check_after_failover(nc, cluster)
         assert report.violations() == [] and report.double_booked_hosts == 0, report
 
