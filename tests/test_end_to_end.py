@@ -24,7 +24,11 @@ async def test_three_replicas_succeed_on_two_workers(make_stack, nc: NATS) -> No
     await wait_until(lambda: len(get_json(stack, "/api/workers")) == 2, what="2 workers")
     assert set(stack.metrics_urls) == {"submitter", "scheduler", "dashboard", "local-0",
                                        "local-1"}
-    placed_before = scrape(stack.metrics_urls["scheduler"])["berth_scheduler_placements_total"]
+    # The workers register without the scheduler: on a loaded machine its endpoint may not
+    # be listening yet (seen once in CI).
+    placed_before = (await wait_until(lambda: scrape_when_up(stack.metrics_urls["scheduler"]),
+                                      what="the scheduler's metrics endpoint")
+                     )["berth_scheduler_placements_total"]
     spec = JobSpec(
         name="three", replicas=3, resources=Resources(cpu=0.5, memory_mb=64),
         command=["python3", "-c", "import os; print('task', os.environ['BERTH_TASK_INDEX'])"],
@@ -51,6 +55,14 @@ async def test_three_replicas_succeed_on_two_workers(make_stack, nc: NATS) -> No
     workers = get_json(stack, "/api/workers")
     assert all(w["cpu_free"] == 2.0 and w["running_attempts"] == [] for w in workers)
     check_metrics(stack, placed_before)
+
+
+def scrape_when_up(url: str) -> dict[str, float] | None:
+    """`scrape`, or None while nothing listens at `url` yet."""
+    try:
+        return scrape(url)
+    except httpx.ConnectError:
+        return None
 
 
 def scrape(url: str) -> dict[str, float]:
