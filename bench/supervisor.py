@@ -45,8 +45,8 @@ async def run(mode: str, attempts: int, concurrency: int, root: Path) -> dict[st
         p = AttemptProcess(["true"], dict(os.environ), str(root), sink, time.monotonic() + 60,
                            usage_file=root / f"usage-{os.urandom(4).hex()}", zygote=zygote)
         await p.start()
-        if await p.wait() != 0:
-            raise SystemExit(f"{mode}: `true` failed")
+        if (code := await p.wait()) != 0:
+            raise SystemExit(f"{mode}: `true` exited {code}")
 
     await one()  # the zygote's start is not per attempt
     zygote_pid = zygote.proc.pid if zygote is not None and zygote.proc is not None else 0

@@ -189,7 +189,10 @@ def test_the_supervisor_benchmark_runs_and_forking_costs_less_than_exec() -> Non
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "bench/supervisor.py", "--attempts", "8",
                            "--concurrency", "4"], cwd=root, capture_output=True, text=True,
-                          timeout=60, check=True)
+                          timeout=60)
+    # Its own words on a failure (an attempt of `true` that did not exit 0 failed it once
+    # in CI, without them).
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["mode"]: r for r in map(json.loads, done.stdout.splitlines())}
     assert rows["exec"]["attempts"] == rows["zygote"]["attempts"] == 8
     assert (rows["zygote"]["supervisor_cpu_ms_per_attempt"]

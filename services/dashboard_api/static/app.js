@@ -84,7 +84,7 @@ async function jobsPage() {
       <tbody>${rows || `<tr><td colspan="7" class="muted">no jobs</td></tr>`}</tbody></table>
     ${jobsCursor ? `<button id="newest">newest</button>` : ""}
     ${page.next_cursor ? `<button id="older" data-cursor="${esc(page.next_cursor)}">older →</button>` : ""}
-    <details id="submit-box" ${sessionStorage.getItem("submit-open") ? "open" : ""}>
+    <details id="submit-box" ${submitBoxOpen() ? "open" : ""}>
       <summary>Submit a job</summary>
       <p class="muted">The same JSON as a message on <code>berth.submit.job</code>
         (<a href="/schema">API schema</a>). Needs the API token.</p>
@@ -422,6 +422,14 @@ document.addEventListener("submit", (ev) => {
 document.addEventListener("input", (ev) => {
   if (ev.target.id === "spec") sessionStorage.setItem("spec", ev.target.value);
 });
+
+// Whether the submit box is drawn open: as it is on the page now, if it is there. A click on
+// its summary opens it at once, but the "toggle" event that remembers that comes a task
+// later: a page drawn in between (a live update) would have closed it again.
+function submitBoxOpen() {
+  const box = document.getElementById("submit-box");
+  return box ? box.open : Boolean(sessionStorage.getItem("submit-open"));
+}
 
 document.addEventListener("toggle", (ev) => {
   if (ev.target.id === "submit-box") {
