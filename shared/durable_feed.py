@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from berth.shared import pull_fetch, subjects
-from berth.shared.nats_io import RawEvent, stream_seq
+from berth.shared.nats_io import RawEvent, raw_event, stream_seq
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class DurableEventFeed:
                 elif seq > expected:
                     log.warning("events %d..%d are not in the stream; going on", expected,
                                 seq - 1)
-                batch.append(RawEvent(seq, msg.data, dict(msg.headers or {}), msg.subject))
+                batch.append(raw_event(msg, seq))
                 self._unacked = msg
                 expected = seq + 1
             if batch:

@@ -446,8 +446,10 @@ def stream_seq(msg: Msg) -> int:
     return msg.metadata.sequence.stream  # nats-py's reading, and its error for a non-JS one
 
 
-def raw_event(msg: Msg) -> RawEvent:
-    return RawEvent(stream_seq(msg), msg.data, dict(msg.headers or {}), msg.subject)
+def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
+    """`msg` as stored; `seq`: its stream sequence, if the caller has read it already."""
+    return RawEvent(stream_seq(msg) if seq is None else seq, msg.data,
+                    dict(msg.headers or {}), msg.subject)
 
 
 # Messages a follower buffers before its subscription callback waits for the reader (the
