@@ -71,7 +71,8 @@ async def fetch(psub: JetStreamContext.PullSubscription, batch: int,
                 if left <= 0:
                     break
                 try:
-                    msg = await asyncio.wait_for(queue.get(), left)
+                    async with asyncio.timeout(left):  # in this task: no task per wait
+                        msg = await queue.get()
                 except TimeoutError:
                     break
             else:

@@ -608,8 +608,7 @@ class Leader:
     async def _tick_loop(self) -> None:
         stats = TickStats()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.settings.tick_interval)
+            await service.wait_event(self.wake, self.settings.tick_interval)
             self.wake.clear()
             started = time.perf_counter()
             placed = await self.tick()

@@ -13,7 +13,7 @@ import time
 
 from nats.js import JetStreamContext
 
-from berth.shared import job_policy, nats_io, subjects
+from berth.shared import job_policy, nats_io, service, subjects
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import JobsCompacted, JobSpec, JobSubmitted
 
@@ -89,8 +89,7 @@ class JobIndex:
             self._folded.clear()
             if time.monotonic() > deadline:
                 raise SubmitOrderTimeout(f"the fold is at {self.state.last_seq}, not {target}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._folded.wait(), 0.5)
+            await service.wait_event(self._folded, 0.5)
         return job_policy.resolve(
             spec, self._known(self.by_name.get((spec.user, spec.name), [])),
             self._known(self.by_spec.get((spec.user, job_policy.spec_hash(spec)), [])))

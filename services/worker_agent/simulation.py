@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from berth.shared import service
 from berth.shared.messages import Resources, ResourceUse
 
 SIGNAL_KILLED = -15
@@ -90,11 +91,9 @@ class SimulatedProcess:
         return None
 
     async def wait(self) -> int:
-        try:
-            await asyncio.wait_for(self._stopped.wait(), self.duration)
-        except TimeoutError:
-            return self.exit_code
-        return SIGNAL_KILLED
+        if await service.wait_event(self._stopped, self.duration):
+            return SIGNAL_KILLED
+        return self.exit_code
 
     async def stop(self, grace: float) -> None:
         self._stopped.set()
