@@ -32,7 +32,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from berth.shared import credentials, metrics, subjects, telemetry
+from berth.shared import credentials, metrics, service, subjects, telemetry
 from berth.shared.config import Settings
 from berth.shared.credentials import Credentials, Role
 from berth.shared.event_origin import RefusedEvent, read_event
@@ -458,46 +458,78 @@ FOLLOW_BUFFER = 10_000
 FOLLOW_YIELD_EVERY = 64
 
 
+# A follower that has heard nothing for this long asks the server whether its consumer still
+# exists and has messages for it; if it is gone, or has some yet delivers none, the follower
+# subscribes again after the last message it got.
+FOLLOW_STALL_CHECK = 5.0
+
+
 async def follow_raw_events(
-    js: JetStreamContext, start_seq: int = 1, filter_subject: str = subjects.EVENTS_ALL
+    js: JetStreamContext, start_seq: int = 1, filter_subject: str = subjects.EVENTS_ALL,
+    stall_check: float = FOLLOW_STALL_CHECK,
 ) -> AsyncGenerator[RawEvent]:
     """Yields every events-stream message from `start_seq` on, in stream order, forever (an
     ordered consumer: the client detects gaps and re-creates it, so nothing is skipped).
 
     Read through a subscription callback into a buffer, drained by the reader as it comes:
     nats-py's message iterator starts a task and an `asyncio.wait` per message, about a
-    fifth of a busy follower's CPU (docs/performance.md)."""
+    fifth of a busy follower's CPU (docs/performance.md).
+
+    Watched, not only trusted to the client: after a leader stalled for 6 s at 10,000
+    hosts, its consumer was gone and nats-py never made another, so its fold stopped for
+    good while it kept the lease and placed nothing (docs/reliability.md). Silent for
+    `stall_check` seconds, the follower asks for its consumer's state, and subscribes again
+    after the last sequence it got if the consumer is gone or holds messages it does not
+    deliver. A message at or below that sequence (from the subscription it left) is
+    dropped, so none is yielded twice."""
     buffer: collections.deque[RawEvent] = collections.deque()
     arrived = asyncio.Event()
     room = asyncio.Event()
+    last_seq = start_seq - 1
 
     async def on_message(msg: Msg) -> None:
+        nonlocal last_seq
         while len(buffer) >= FOLLOW_BUFFER:
             room.clear()
             await room.wait()
-        buffer.append(raw_event(msg))
+        raw = raw_event(msg)
+        if raw.seq <= last_seq:
+            return  # delivered again after a re-subscription
+        last_seq = raw.seq
+        buffer.append(raw)
         arrived.set()
 
-    sub = await js.subscribe(
-        filter_subject,
-        stream=subjects.EVENTS_STREAM,
-        cb=on_message,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-        config=ConsumerConfig(opt_start_seq=start_seq, ack_policy=AckPolicy.NONE),
-        # The client re-creates an ordered consumer only once it has missed its idle
-        # heartbeats; a restarted nats-server forgets the consumer, so until then the
-        # follower folds nothing. At 5 s a leader lagged 10-14 s after a restart (its exited
-        # attempts kept their reservations: the fault suite's nats-restart); 1 s costs one
-        # small message a second per idle follower.
-        idle_heartbeat=1.0,
-        pending_msgs_limit=1_000_000,
-    )
+    async def subscribe(first: int) -> JetStreamContext.PushSubscription:
+        return await js.subscribe(
+            filter_subject,
+            stream=subjects.EVENTS_STREAM,
+            cb=on_message,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=first, ack_policy=AckPolicy.NONE),
+            # The client re-creates an ordered consumer only once it has missed its idle
+            # heartbeats; a restarted nats-server forgets the consumer, so until then the
+            # follower folds nothing. At 5 s a leader lagged 10-14 s after a restart (its
+            # exited attempts kept their reservations: the fault suite's nats-restart); 1 s
+            # costs one small message a second per idle follower.
+            idle_heartbeat=1.0,
+            pending_msgs_limit=1_000_000,
+        )
+
+    sub = await subscribe(start_seq)
     try:
         while True:
             while not buffer:
                 arrived.clear()
-                await arrived.wait()
+                if await service.wait_event(arrived, stall_check):
+                    continue
+                stall = await _stall(sub)
+                if stall:
+                    log.warning("event follower: %s after sequence %d; subscribing again",
+                                stall, last_seq)
+                    with contextlib.suppress(nats.errors.Error):
+                        await sub.unsubscribe()
+                    sub = await subscribe(last_seq + 1)
             # A reader that never awaits while the buffer holds messages would hold the
             # event loop for as long: ticks, heartbeats and lease renewals wait their turn
             # every FOLLOW_YIELD_EVERY messages at most (nats-py's iterator suspended on
@@ -510,6 +542,21 @@ async def follow_raw_events(
         # The connection may be closing under a cancelled reader: nothing left to undo.
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
+
+
+async def _stall(sub: JetStreamContext.PushSubscription) -> str:
+    """What is wrong with a follower's consumer, the caller having heard nothing for a
+    while: it is gone, or it has messages for the follower yet delivers none; "" if
+    nothing is, or if NATS does not answer (the client's reconnect is under way)."""
+    try:
+        info = await sub.consumer_info()
+    except nats.js.errors.NotFoundError:
+        return "its consumer is gone"
+    except (nats.errors.Error, TimeoutError):
+        return ""
+    if info.num_pending:
+        return f"its consumer {info.name} holds {info.num_pending} messages it does not deliver"
+    return ""
 
 
 async def follow_events(

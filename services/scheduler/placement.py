@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from berth.services.scheduler.matching import describe, matches, preference, required
 from berth.shared import limits as limit_rules
 from berth.shared.capacity import Amounts, GroupClaim
-from berth.shared.messages import Constraint, Coscheduling
+from berth.shared.messages import Constraint, ConstraintMode, Coscheduling
 
 PORT_RANGE = range(30000, 40000)
 
@@ -216,9 +216,13 @@ class _SingleTasks:
                 found = self.candidates[shape] = [h for h in candidates(unit, self.hosts)
                                                   if h.held_for is None]
             position = self.position
+            constraints = unit.constraints
+            # Without preferred constraints every host's preference is 0: not asked of
+            # each of 10,000 hosts every tick.
+            prefers = any(c.mode == ConstraintMode.PREFERRED for c in constraints)
             heap = self.heaps[(shape, needs_cpu)] = [
-                (-preference(h.attributes, unit.constraints), -h.free.cpu, h.worker_id,
-                 position[id(h)]) for h in found if h.free.cpu > 0 or not needs_cpu]
+                (-preference(h.attributes, constraints) if prefers else 0, -h.free.cpu,
+                 h.worker_id, position[id(h)]) for h in found if h.free.cpu > 0 or not needs_cpu]
             heapq.heapify(heap)
         best = self._best(heap, unit.need)
         if best is None:
