@@ -406,7 +406,7 @@ class EventRecord:
     refused: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class RawEvent:
     """An events-stream message as stored: its sequence, subject, JSON bytes and headers."""
 
@@ -448,8 +448,11 @@ def stream_seq(msg: Msg) -> int:
 
 def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
     """`msg` as stored; `seq`: its stream sequence, if the caller has read it already."""
+    # The message's own headers, not a copy: the message is dropped once read, and no
+    # reader of a record's headers writes to them (a copy per event was 3% of a
+    # catching-up dashboard's samples).
     return RawEvent(stream_seq(msg) if seq is None else seq, msg.data,
-                    dict(msg.headers or {}), msg.subject)
+                    msg.headers or {}, msg.subject)
 
 
 # Messages a follower buffers before its subscription callback waits for the reader (the
