@@ -532,7 +532,12 @@ async def follow_raw_events(
                                 stall, last_seq)
                     with contextlib.suppress(nats.errors.Error):
                         await sub.unsubscribe()
-                    sub = await subscribe(last_seq + 1)
+                    try:
+                        sub = await subscribe(last_seq + 1)
+                    except (nats.errors.Error, TimeoutError) as exc:
+                        # The next check finds the old one gone (or still stalled), and
+                        # tries again: a passing fault must not end the follower.
+                        log.warning("event follower: subscribing again failed (%s)", exc)
             # A reader that never awaits while the buffer holds messages would hold the
             # event loop for as long: ticks, heartbeats and lease renewals wait their turn
             # every FOLLOW_YIELD_EVERY messages at most (nats-py's iterator suspended on
