@@ -37,6 +37,7 @@ from berth.shared.config import Settings
 from berth.shared.credentials import Credentials, Role
 from berth.shared.event_origin import RefusedEvent, read_event
 from berth.shared.messages import AnyEvent, encode
+from berth.shared.nats_parser import FastParser
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,12 @@ class Client(NATS):
     """nats-py's client with a cheaper header parser. Every events-stream message carries
     headers (its dedup id, its trace context), and nats-py tests each header name for
     whitespace one character at a time through a generator: about 8% of a busy
-    scheduler's CPU under cProfile (docs/performance.md). Same result, one `split`."""
+    scheduler's CPU under cProfile (docs/performance.md). Same result, one `split`.
+    Its protocol parser is `nats_parser.FastParser`, for the same reason."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ps = FastParser(self)
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
