@@ -84,6 +84,14 @@ async def test_a_forked_supervisor_reports_exits_output_and_usage(tmp_path: Path
         assert isinstance(p.proc, Forked) and await p.wait() == 7
         with pytest.raises(FileNotFoundError):
             await attempt(tmp_path, ["no-such-program-here"], zygote).start()
+        # The task's environment is the request's, whole and alone: nothing of the zygote's.
+        out.clear()
+        p = attempt(tmp_path, ["env"], zygote, out=out)
+        p.env = {"PATH": os.environ["PATH"], "ONLY_THE_TASK": "a b=c"}
+        await p.start()
+        assert isinstance(p.proc, Forked) and await p.wait() == 0
+        assert sorted(b"".join(out).decode().splitlines()) == [
+            "ONLY_THE_TASK=a b=c", f"PATH={os.environ['PATH']}"]
     finally:
         zygote.close()
 

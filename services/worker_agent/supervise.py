@@ -177,10 +177,15 @@ class Usage:
             return
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         peak = max(self.peak_bytes, children.ru_maxrss * 1024)  # ru_maxrss is in KiB
-        with contextlib.suppress(OSError), open(self.path, "w") as f:
-            json.dump({"cpu_seconds": round(children.ru_utime + children.ru_stime, 3),
-                       "peak_rss_mb": round(peak / 2**20, 1),
-                       "samples": self.samples}, f)
+        # One write of C-encoded JSON: json.dump encodes in Python, a write per token.
+        text = json.dumps({"cpu_seconds": round(children.ru_utime + children.ru_stime, 3),
+                           "peak_rss_mb": round(peak / 2**20, 1), "samples": self.samples})
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
 
 
 def kill_tree(me: int) -> None:
@@ -412,12 +417,16 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
                 os.close(fd)
         request = json.loads(message)
         os.chdir(request["cwd"])
-        # The task's environment becomes ours, as an exec'd supervisor's is: posix_spawnp
-        # looks for the program on our PATH.
-        os.environ.clear()
-        os.environ.update(request["env"])
+        # posix_spawnp looks for the program on our own PATH: the task's becomes ours. The
+        # rest of its environment goes to the task alone (rewriting all of ours cost a
+        # forked supervisor a fifth of its CPU).
+        env: dict[str, str] = request["env"]
+        if "PATH" in env:
+            os.environ["PATH"] = env["PATH"]
+        else:
+            os.environ.pop("PATH", None)
         supervise(request["fence_file"], float(request["deadline"]), request["usage_file"],
-                  list(request["argv"]), None, status, prctl)
+                  list(request["argv"]), env, status, prctl)
     except BaseException as exc:  # whatever it was, the agent must hear of it
         with contextlib.suppress(OSError):
             os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
