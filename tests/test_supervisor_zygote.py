@@ -59,6 +59,8 @@ async def test_a_forked_supervisor_reports_exits_output_and_usage(tmp_path: Path
         assert await p.wait() == 3
         assert sorted(out) == [b"err\n", b"out\n"]
         assert p.usage is not None and p.usage.peak_rss_mb > 0
+        # A forked supervisor says it on its status pipe: no file per attempt.
+        assert not (tmp_path / "usage").exists()
         p = attempt(tmp_path, ["sh", "-c", "kill -TERM $$"], zygote)
         await p.start()
         assert await p.wait() == -signal.SIGTERM
@@ -176,7 +178,7 @@ async def test_a_supervisor_forked_after_the_agent_gave_up_never_starts_its_task
         marker = tmp_path / "ran"
         request = ZygoteRequest(argv=["sh", "-c", f"echo > {marker}"], env=dict(os.environ),
                                 cwd=str(tmp_path), fence_file=str(tmp_path / "fenced"),
-                                deadline=time.monotonic() + 60, usage_file="")
+                                deadline=time.monotonic() + 60, usage=False)
         stdin_r, stdin_w = os.pipe()
         os.close(stdin_w)  # the agent gave up on this start
         status_r, status_w = os.pipe()

@@ -87,16 +87,16 @@ class AttemptProcess:
         if found is None:
             raise FileNotFoundError(2, "No such file or directory", program)
         self.fence_file.unlink(missing_ok=True)
+        if self.zygote is not None:
+            self.proc = await self.zygote.spawn(ZygoteRequest(
+                argv=self.argv, env=self.env, cwd=self.cwd, fence_file=str(self.fence_file),
+                deadline=self.deadline, usage=self.usage_file is not None))
+            if self.proc is not None:
+                return
         usage = []
         if self.usage_file is not None:
             self.usage_file.unlink(missing_ok=True)
             usage = [str(self.usage_file)]
-        if self.zygote is not None:
-            self.proc = await self.zygote.spawn(ZygoteRequest(
-                argv=self.argv, env=self.env, cwd=self.cwd, fence_file=str(self.fence_file),
-                deadline=self.deadline, usage_file=usage[0] if usage else ""))
-            if self.proc is not None:
-                return
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", SUPERVISOR, str(self.fence_file), repr(self.deadline),
             *usage, "--", *self.argv,
@@ -130,6 +130,9 @@ class AttemptProcess:
         if self.usage_file is None:
             return None
         try:
+            if isinstance(self.proc, Forked):  # a forked supervisor says it on its status pipe
+                return msgspec.json.decode(self.proc.usage, type=ResourceUse) if (
+                    self.proc.usage) else None
             return msgspec.json.decode(self.usage_file.read_bytes(), type=ResourceUse)
         except (OSError, msgspec.DecodeError):
             return None

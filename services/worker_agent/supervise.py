@@ -42,8 +42,9 @@ docs/performance.md). The agent
 sends it one datagram per attempt, a JSON request (ZygoteRequest's fields) with four file
 descriptors: the read end of the supervisor's stdin (the agent keeps the only write end, so
 its death is still seen), the write ends of its stdout and stderr, and a *status* pipe, on
-which the supervisor writes its pid as it starts and, once the tree is gone, its exit as a
-return code (`-N`: signal N). It then stays, leading the group so that its pid is not
+which the supervisor writes its pid as it starts and, once the tree is gone, what the tree
+used (a JSON line, when the request asks for it) and its exit as a return code (`-N`:
+signal N). It then stays, leading the group so that its pid is not
 reused, until the agent closes its stdin. The forked supervisors do not depend on the
 zygote: its death (or pause) stops new starts only.
 """
@@ -150,42 +151,47 @@ reaped: dict[int, int] = {}
 
 
 class Usage:
-    """What the task's tree used: its peak resident memory, sampled."""
+    """What the task's tree used: its peak resident memory, sampled. Measured when wanted:
+    written to `path` (an exec'd supervisor), or else handed to `report` (a forked one)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, wanted: bool = False) -> None:
         self.path = path
+        self.wanted = wanted or bool(path)
         self.peak_bytes = 0
         self.samples = 0
         self.last = time.monotonic() - LONGEST_WAIT + FIRST_SAMPLE
 
     def due_in(self) -> float:
         """Seconds until the next sample is due (the wait below ends by then)."""
-        if not self.path:
+        if not self.wanted:
             return LONGEST_WAIT
         return max(0.0, self.last + LONGEST_WAIT - time.monotonic())
 
     def sample(self, me: int) -> None:
-        if not self.path or self.due_in() > 0:
+        if not self.wanted or self.due_in() > 0:
             return
         self.last = time.monotonic()
         self.peak_bytes = max(self.peak_bytes, resident_bytes(descendants(me)))
         self.samples += 1
 
-    def write(self) -> None:
-        """Once the tree is reaped: its CPU time is all in our children's count."""
-        if not self.path:
-            return
+    def write(self) -> str:
+        """Once the tree is reaped (its CPU time is all in our children's count): the
+        measure as a JSON line, also written to `path` if there is one; "" if unwanted."""
+        if not self.wanted:
+            return ""
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         peak = max(self.peak_bytes, children.ru_maxrss * 1024)  # ru_maxrss is in KiB
         # One write of C-encoded JSON: json.dump encodes in Python, a write per token.
         text = json.dumps({"cpu_seconds": round(children.ru_utime + children.ru_stime, 3),
                            "peak_rss_mb": round(peak / 2**20, 1), "samples": self.samples})
-        with contextlib.suppress(OSError):
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+        if self.path:
+            with contextlib.suppress(OSError):
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                try:
+                    os.write(fd, text.encode())
+                finally:
+                    os.close(fd)
+        return text
 
 
 def kill_tree(me: int) -> None:
@@ -284,12 +290,13 @@ def fence(fence_file: str, agent: Agent) -> None:
                 "no heartbeat acknowledged before the fence deadline\n")
 
 
-def report(status_fd: int, code: int) -> None:
-    """Tells the agent our exit (zygote mode), and stays until it has read it."""
+def report(status_fd: int, code: int, usage: str = "") -> None:
+    """Tells the agent our exit (zygote mode), after what the tree used if that was
+    measured (a JSON line), and stays until it has read it."""
     if status_fd < 0:
         return
     with contextlib.suppress(OSError):
-        os.write(status_fd, f"{code}\n".encode())
+        os.write(status_fd, (f"{usage}\n{code}\n" if usage else f"{code}\n").encode())
     # The agent reads its pipes to their ends: ours close now, not when we exit.
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (1, 2):
@@ -303,10 +310,10 @@ def report(status_fd: int, code: int) -> None:
 
 def supervise(fence_file: str, deadline: float, usage_path: str, command: list[str],
               env: dict[str, str] | None = None, status_fd: int = -1,
-              prctl: object = None) -> None:
+              prctl: object = None, usage_on_status: bool = False) -> None:
     """Runs `command` under this process's supervision until the end (never returns)."""
     me = os.getpid()
-    usage = Usage(usage_path)
+    usage = Usage(usage_path, usage_on_status)
     become_subreaper(prctl)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
@@ -342,16 +349,14 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
             setsigmask=())
     except OSError as exc:
         os.write(2, f"cannot start {command[0]!r}: {exc.strerror}\n".encode())
-        usage.write()
-        report(status_fd, 127)
+        report(status_fd, 127, usage.write())
         os._exit(127)
 
     while True:
         reap()
         if child in reaped:
             kill_tree(me)
-            usage.write()
-            report(status_fd, returncode(reaped[child]))
+            report(status_fd, returncode(reaped[child]), usage.write())
             exit_like(reaped[child])
         if asked:
             kill_tree(me)
@@ -360,8 +365,7 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
         if agent.gone or time.monotonic() > agent.deadline:
             fence(fence_file, agent)
             kill_tree(me)
-            usage.write()
-            report(status_fd, 137)
+            report(status_fd, 137, usage.write())
             os._exit(137)
         usage.sample(me)
         wait = min(LONGEST_WAIT, max(0.0, agent.deadline - time.monotonic()), usage.due_in())
@@ -425,8 +429,10 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
             os.environ["PATH"] = env["PATH"]
         else:
             os.environ.pop("PATH", None)
-        supervise(request["fence_file"], float(request["deadline"]), request["usage_file"],
-                  list(request["argv"]), env, status, prctl)
+        # What the tree used comes back on the status pipe: no file to create, read and
+        # remove per attempt (a file's creation alone was a fifth of a forked supervisor).
+        supervise(request["fence_file"], float(request["deadline"]), "",
+                  list(request["argv"]), env, status, prctl, bool(request["usage"]))
     except BaseException as exc:  # whatever it was, the agent must hear of it
         with contextlib.suppress(OSError):
             os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())

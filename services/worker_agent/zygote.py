@@ -32,7 +32,7 @@ class ZygoteRequest(msgspec.Struct):
     cwd: str
     fence_file: str
     deadline: float
-    usage_file: str
+    usage: bool  # measure what the tree used, and say it on the status pipe
 
 
 class PipeWriter:
@@ -74,12 +74,16 @@ class Forked:
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
+        self.usage = b""  # what the tree used (JSON), if the request asked for it
         self._exit = asyncio.ensure_future(self._collect(status))
 
     async def _collect(self, status: asyncio.StreamReader) -> int:
         last = b""
         while line := await status.readline():
-            last = line
+            if line.startswith(b"{"):
+                self.usage = line
+            else:
+                last = line
         try:
             # No status: the supervisor itself was SIGKILLed (the last resort of a stop).
             self.returncode = int(last) if last else -signal.SIGKILL
