@@ -104,7 +104,8 @@ class Projection:
         self._load_snapshot()
         if self.state.last_seq >= self._catch_up_to:
             self.caught_up.set()
-        await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
+        # In the reading task: one a second from every host (nats_io.subscribe_now).
+        await nats_io.subscribe_now(self.nc, subjects.HEARTBEATS_ALL, self._on_heartbeat)
         self._tasks = [asyncio.create_task(self._follow()),
                        asyncio.create_task(self._save_periodically())]
 
@@ -278,7 +279,7 @@ class Projection:
 
     # --- heartbeats -----------------------------------------------------------------------
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
+    def _on_heartbeat(self, msg: Msg) -> None:
         try:
             hb = read_heartbeat(msg.subject, msg.data)
         except RefusedEvent:

@@ -15,7 +15,14 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+)
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +224,11 @@ class Leader:
         self.leading = asyncio.Event()
         self.wake = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
+        # Heartbeats heard and to be answered (their reply subjects), for `_send_acks`; and
+        # the tasks of those that called for commands.
+        self.acks: list[str] = []
+        self.acks_queued = asyncio.Event()
+        self.heartbeat_work: set[asyncio.Task[None]] = set()
         # The last reset sent to each worker: (incarnation, when, CLOCK_MONOTONIC).
         self.resets_sent: dict[str, tuple[str, float]] = {}
         # Each unfinished job's trace context, from its submit's headers: its traceparent
@@ -285,7 +297,8 @@ class Leader:
                 return  # stopped while taking over
             tasks.remove(taking_over)
             assert self.events is not None  # set by the take-over
-            hb_sub = await self.nc.subscribe(subjects.HEARTBEATS_ALL, cb=self._on_heartbeat)
+            hb_sub = await nats_io.subscribe_now(self.nc, subjects.HEARTBEATS_ALL,
+                                                 self._on_heartbeat)
             compact_sub = await self.nc.subscribe(subjects.ADMIN_COMPACT,
                                                   cb=self.compactor.on_request)
             tasks += [
@@ -293,15 +306,16 @@ class Leader:
                                     name="compaction"),
                 asyncio.create_task(self._follow(self.events), name="follow"),
                 asyncio.create_task(self._tick_loop(), name="tick"),
+                asyncio.create_task(self._send_acks(), name="acks"),
                 asyncio.create_task(self._watch_workers(), name="watch"),
                 asyncio.create_task(schedule_fires.run(self.js, self.state, self._check_lease),
                                     name="schedules"),
             ]
             await self._until_first_ends(tasks)
         finally:
-            for t in tasks:
+            for t in [*tasks, *self.heartbeat_work]:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self.heartbeat_work, return_exceptions=True)
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
             if compact_sub is not None:
@@ -1088,20 +1102,61 @@ class Leader:
 
     # --- heartbeats ---------------------------------------------------------------------
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        # Past the lease, the lease task ends the term; nothing more is said in its name.
-        with contextlib.suppress(LostLeadership):
-            await self._heard(msg)
+    def _on_heartbeat(self, msg: Msg) -> None:
+        """In the reading task (nats_io.subscribe_now): one a second from every host, and
+        most need no task of their own: a live worker with nothing to reconcile. Its answer
+        goes out with the others of the same read (`_send_acks`); the rare heartbeat that
+        calls for commands gets a task."""
+        answer, work = self._hear(msg)
+        if answer:
+            self.acks.append(msg.reply)
+            self.acks_queued.set()
+        if work is not None:
+            task = asyncio.create_task(self._as_leader(work))
+            self.heartbeat_work.add(task)
+            task.add_done_callback(self.heartbeat_work.discard)
 
     async def _heard(self, msg: Msg) -> None:
+        """`_on_heartbeat`, awaited to its end (the answer included)."""
+        answer, work = self._hear(msg)
+        if answer:
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(self.ack)
+        if work is not None:
+            await work
+
+    @staticmethod
+    async def _as_leader(work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except LostLeadership:
+            pass  # past the lease, the lease task ends the term: nothing more is said
+        except Exception:
+            log.exception("acting on a heartbeat failed")
+
+    async def _send_acks(self) -> None:
+        """Answers the heartbeats `_on_heartbeat` heard, those of a read at a time."""
+        while True:
+            await self.acks_queued.wait()
+            self.acks_queued.clear()
+            replies, self.acks = self.acks, []
+            if time.monotonic() >= self.lease_until:
+                continue  # the lease is not surely ours now: no answer (see `_hear`)
+            for reply in replies:
+                with contextlib.suppress(nats.errors.Error):
+                    await self.nc.publish(reply, self.ack)
+
+    def _hear(self, msg: Msg) -> tuple[bool, Coroutine[Any, Any, None] | None]:
+        """A heartbeat's bookkeeping: whether it is to be answered, and the commands it
+        calls for (a coroutine to run), if any."""
         try:
             hb = read_heartbeat(msg.subject, msg.data)
         except RefusedEvent as exc:
             log.warning("heartbeat on %s refused: %s", msg.subject, exc)
-            return
+            return False, None
         worker = self.state.workers.get(hb.worker_id)
         if worker is None or worker.incarnation != hb.incarnation:
-            return  # unknown, or a newer incarnation whose registration is not folded yet
+            return False, None  # unknown, or a newer incarnation not folded yet
         if not worker.alive:
             # Declared dead, yet alive: its attempts were written off and their resources
             # given away, so it must stop them all and come back as a new incarnation.
@@ -1111,30 +1166,33 @@ class Leader:
             last = self.resets_sent.get(hb.worker_id)
             if last is not None and last[0] == hb.incarnation and \
                     now - last[1] < self.settings.worker_dead_after:
-                return
+                return False, None
             self.resets_sent[hb.worker_id] = (hb.incarnation, now)
             log.warning("worker %s declared dead is heartbeating; resetting it", hb.worker_id)
-            await self._send(worker.worker_id, ResetWorker(
+            return False, self._send(worker.worker_id, ResetWorker(
                 epoch=self.epoch, incarnation=hb.incarnation,
                 reason="this worker was declared dead; its attempts were rescheduled"))
-            return
-        self.last_heartbeat[hb.worker_id] = time.monotonic()
-        if msg.reply and time.monotonic() < self.lease_until:
-            # Heard: the worker's tasks may run on (its fence deadline moves). Only the
-            # leader answers, only while its lease is surely its own, and only a live
-            # incarnation (docs/reliability.md).
-            with contextlib.suppress(nats.errors.Error):
-                await msg.respond(self.ack)
-        await self._reconcile_worker(worker, hb)
+        now = time.monotonic()
+        self.last_heartbeat[hb.worker_id] = now
+        # Heard: the worker's tasks may run on (its fence deadline moves). Only the leader
+        # answers, only while its lease is surely its own, and only a live incarnation
+        # (docs/reliability.md).
+        answer = bool(msg.reply) and now < self.lease_until
+        verdict = self._judge(worker, hb)
+        if not (verdict.strays or verdict.unconfirmed_kills or verdict.lost_runs):
+            return answer, None
+        return answer, self._reconcile_worker(worker, verdict)
 
-    async def _reconcile_worker(self, worker: WorkerView, hb: Heartbeat) -> None:
+    def _judge(self, worker: WorkerView, hb: Heartbeat) -> heartbeats.Verdict:
         # As of when the worker listed its attempts, not when a busy leader reads the list.
         # Clamped: a worker clock running ahead only makes a harmless re-send come sooner,
         # one running far behind delays it by at most the dead-worker timeout.
         now = time.time()
         as_of = min(now, max(hb.ts, now - self.settings.worker_dead_after))
-        verdict = heartbeats.judge(self.state, worker, hb, as_of,
-                                   grace=2 * self.settings.heartbeat_interval)
+        return heartbeats.judge(self.state, worker, hb, as_of,
+                                grace=2 * self.settings.heartbeat_interval)
+
+    async def _reconcile_worker(self, worker: WorkerView, verdict: heartbeats.Verdict) -> None:
         for job_id, index, attempt_id in verdict.strays:
             task = self.state.task(job_id, index)
             attempt = task.attempt(attempt_id) if task is not None else None
