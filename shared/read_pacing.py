@@ -9,8 +9,9 @@ moderation, for the same reason (docs/performance.md).
 
 Pacing starts only when the connection is busy, so an idle or lightly used one answers at
 once: a window counts the messages the connection received; one of at least `busy_messages`
-makes the next window paced. A read that filled the buffer (`small` bytes or more) is never
-followed by a pause: the reader is behind, and a pause would only slow it.
+makes the next window paced, until a window passes without a read. A read that filled the
+buffer (`small` bytes or more) is never followed by a pause: the reader is behind, and a
+pause would only slow it.
 """
 
 from __future__ import annotations
@@ -39,18 +40,24 @@ class ReadPacer:
     small: int = SMALL
     _window_start: float = 0.0
     _messages_at_start: int = 0
+    _last_read: float = float("-inf")
     _paced: bool = False
 
     def pause_after(self, read_bytes: int, messages: int, now: float) -> float:
         """Seconds to wait before the next read, after a read of `read_bytes`; `messages`
         is the connection's count of messages received so far, `now` a monotonic time."""
-        if now - self._window_start >= self.window:
-            # A window as long as several ends in one step after a quiet spell: its count
-            # is spread over its length, so a quiet spell never reads as busy.
+        if now - self._last_read >= self.window:
+            # A whole window without a read: the busy spell, if any, is over.
+            self._paced = False
+            self._window_start = now
+            self._messages_at_start = messages
+        elif now - self._window_start >= self.window:
+            # A window stretched by slow reads: its count is spread over its length.
             windows = (now - self._window_start) / self.window
             self._paced = (messages - self._messages_at_start) / windows >= self.busy_messages
             self._window_start = now
             self._messages_at_start = messages
+        self._last_read = now
         if self._paced and read_bytes < self.small:
             return self.pause
         return 0.0
