@@ -39,7 +39,6 @@ from berth.shared.credentials import Credentials, Role
 from berth.shared.event_origin import RefusedEvent, read_event
 from berth.shared.messages import AnyEvent, encode
 from berth.shared.nats_parser import FastParser
-from berth.shared.read_pacing import ReadPacer
 
 log = logging.getLogger(__name__)
 
@@ -156,24 +155,7 @@ class Client(NATS):
     def __init__(self) -> None:
         super().__init__()
         self._ps = FastParser(self)
-        self._ps.after_read = self._after_read
-        self._pacer = ReadPacer()
         self._handlers: dict[int, Callable[[Msg], None]] = {}
-
-    async def _after_read(self, size: int) -> None:
-        # Read coalescing while the connection is busy (read_pacing.py): the socket is not
-        # watched during the pause, so what arrives meanwhile is read at once, after it.
-        pause = self._pacer.pause_after(size, self.stats["in_msgs"], time.monotonic())
-        if not pause:
-            return
-        transport = getattr(getattr(self._transport, "_io_writer", None), "transport", None)
-        if not isinstance(transport, asyncio.ReadTransport):
-            return
-        transport.pause_reading()
-        try:
-            await asyncio.sleep(pause)
-        finally:
-            transport.resume_reading()
 
     async def subscribe_now(self, subject: str, handler: Callable[[Msg], None]
                             ) -> Subscription:

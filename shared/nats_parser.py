@@ -16,8 +16,6 @@ operations stay nats-py's.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
 
 _CRLF = b"\r\n"
@@ -26,18 +24,9 @@ _M = ord("M")
 
 
 class FastParser(Parser):
-    """A drop-in for `nats.protocol.parser.Parser` (installed by `nats_io.Client`).
-    `after_read`, if set, is awaited after each read is handled, with the read's size:
-    the client's reader reads again once it returns (read_pacing.py)."""
-
-    after_read: Callable[[int], Awaitable[None]] | None = None
+    """A drop-in for `nats.protocol.parser.Parser` (installed by `nats_io.Client`)."""
 
     async def parse(self, data: bytes = b"") -> None:
-        await self._parse(data)
-        if self.after_read is not None:
-            await self.after_read(len(data))
-
-    async def _parse(self, data: bytes) -> None:
         buf = self.buf
         buf.extend(data)
         if self.state == AWAITING_MSG_PAYLOAD and len(buf) < self.needed + 2:
