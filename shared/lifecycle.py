@@ -55,9 +55,17 @@ from berth.shared.messages import (
     attempt_key,
     parse_attempt_key,
 )
-from berth.shared.states import ATTEMPT_LIVE, JOB_TERMINAL, JobState, TaskState
+from berth.shared.states import (
+    ATTEMPT_LIVE,
+    JOB_TERMINAL,
+    JobState,
+    JobStates,
+    TaskState,
+    TaskStates,
+)
 
-S = TaskState
+S = TaskStates  # TaskState's members, looked up faster (states.TaskStates)
+J = JobStates
 MAX_REFUSALS_KEPT = 20
 # Attempt keys assigned twice kept for the checker: one is already a violation.
 MAX_REUSES_KEPT = 20
@@ -392,6 +400,16 @@ class ClusterState:
                 for report in event.reports:  # exactly as that many reports, in order
                     self._attempt_reported(report, effects)
                     self._drain_cancellations(effects)
+            case TaskAssigned() if event.epoch < self.epoch:
+                self._void_assignment(event)  # a deposed leader's late assignment
+            case TaskAssigned():
+                self._task_assigned(event, effects)
+            case TasksAssigned():
+                for assigned in event.assignments:  # exactly as that many, in order
+                    if assigned.epoch < self.epoch:
+                        self._void_assignment(assigned)
+                    else:
+                        self._task_assigned(assigned, effects)
             case None:
                 self.refused_events += 1
                 self.last_refused_seq = seq
@@ -444,16 +462,6 @@ class ClusterState:
                 self.last_refused_seq = seq
             case LeaderElected():
                 self.epoch = event.epoch
-            case TaskAssigned() if event.epoch < self.epoch:
-                self._void_assignment(event)  # a deposed leader's late assignment
-            case TaskAssigned():
-                self._task_assigned(event, effects)
-            case TasksAssigned():
-                for assigned in event.assignments:  # exactly as that many, in order
-                    if assigned.epoch < self.epoch:
-                        self._void_assignment(assigned)
-                    else:
-                        self._task_assigned(assigned, effects)
             case TaskUnschedulable():
                 if event.epoch >= self.epoch:
                     self._task_unschedulable(event, effects)
@@ -588,7 +596,7 @@ class ClusterState:
                                         event.ts, ""))
             return
         parent.children = (*parent.children, job.job_id)
-        if parent.state in JOB_TERMINAL and parent.state != JobState.SUCCEEDED:
+        if parent.state in JOB_TERMINAL and parent.state != J.SUCCEEDED:
             self._cancellations.append(
                 (job.job_id, f"parent job {parent_id} is {parent.state.display}", event.ts, ""))
 
@@ -1232,11 +1240,11 @@ class ClusterState:
                 job.state_counts, len(job.tasks), job.spec.max_task_failures)
         if task_rules.master_done(job.spec.stop_criteria == StopCriteria.MASTER_DONE,
                                   job.tasks[0].state):
-            new_state = JobState.SUCCEEDED
+            new_state = J.SUCCEEDED
         if new_state == job.state:
             return
         job.state = new_state
-        if new_state == JobState.RUNNING and job.started_at is None:
+        if new_state == J.RUNNING and job.started_at is None:
             job.started_at = ts
         if new_state not in JOB_TERMINAL:
             return
@@ -1247,7 +1255,7 @@ class ClusterState:
             dep = self.jobs.get(dependent)
             if dep is not None and dep.waiting_for:
                 self._check_dependencies(dep, ts)
-        if new_state == JobState.SUCCEEDED:
+        if new_state == J.SUCCEEDED:
             # master-done: the job is done; its other tasks are stopped, not failed.
             self._kill_remaining(job, "job succeeded (stop_criteria master-done)", effects)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 
 class TaskState(enum.IntEnum):
@@ -36,6 +37,35 @@ class JobState(enum.IntEnum):
     @property
     def display(self) -> str:
         return self.name.lower()
+
+
+class TaskStates:
+    """TaskState's members as plain class attributes, for the fold's hot paths
+    (`lifecycle.S`, `task_rules.S`): on Python 3.11 looking up an enum member
+    (`TaskState.RUNNING`) costs ~70 ns, a plain class attribute ~17 ns, and the fold looks
+    up a dozen per event. The same objects: a test checks the two agree."""
+
+    UNSPECIFIED: Final = TaskState.UNSPECIFIED
+    PENDING: Final = TaskState.PENDING
+    BUILDING: Final = TaskState.BUILDING
+    RUNNING: Final = TaskState.RUNNING
+    SUCCEEDED: Final = TaskState.SUCCEEDED
+    FAILED: Final = TaskState.FAILED
+    KILLED: Final = TaskState.KILLED
+    WORKER_FAILED: Final = TaskState.WORKER_FAILED
+    UNSCHEDULABLE: Final = TaskState.UNSCHEDULABLE
+    ASSIGNED: Final = TaskState.ASSIGNED
+
+
+class JobStates:
+    """JobState's members as plain class attributes (see TaskStates)."""
+
+    PENDING: Final = JobState.PENDING
+    RUNNING: Final = JobState.RUNNING
+    SUCCEEDED: Final = JobState.SUCCEEDED
+    FAILED: Final = JobState.FAILED
+    KILLED: Final = JobState.KILLED
+    UNSCHEDULABLE: Final = JobState.UNSCHEDULABLE
 
 
 # States a worker may report for an attempt; everything else is decided by the scheduler.

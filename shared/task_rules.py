@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from berth.shared.messages import RetryEvent, RetryPolicy
-from berth.shared.states import JOB_TERMINAL, JobState, TaskState
+from berth.shared.states import JOB_TERMINAL, JobState, JobStates, TaskState, TaskStates
 
-S = TaskState
+S = TaskStates  # TaskState's members, looked up faster (states.TaskStates)
+J = JobStates
 
 # Task-level transitions, the seed's diagram: dispatch (PENDING -> ASSIGNED), the worker's
 # reports in order (ASSIGNED -> BUILDING -> RUNNING -> exit), a build that cannot start the
@@ -157,19 +158,19 @@ def job_state_from_counts(counts: Mapping[TaskState, int], total: int,
     # sixth of the fold's time, docs/performance.md).
     get = counts.get
     if total and get(S.SUCCEEDED, 0) == total:
-        return JobState.SUCCEEDED
+        return J.SUCCEEDED
     if get(S.FAILED, 0) > max_task_failures:
-        return JobState.FAILED
+        return J.FAILED
     if get(S.UNSCHEDULABLE, 0):
-        return JobState.UNSCHEDULABLE
+        return J.UNSCHEDULABLE
     if get(S.KILLED, 0):
-        return JobState.KILLED
+        return J.KILLED
     live = get(S.ASSIGNED, 0) + get(S.BUILDING, 0) + get(S.RUNNING, 0)
     if total and not live and not get(S.PENDING, 0):
-        return JobState.FAILED if get(S.WORKER_FAILED, 0) else JobState.SUCCEEDED
+        return J.FAILED if get(S.WORKER_FAILED, 0) else J.SUCCEEDED
     if live:
-        return JobState.RUNNING
-    return JobState.PENDING
+        return J.RUNNING
+    return J.PENDING
 
 
 @functools.cache
@@ -202,7 +203,7 @@ def dependency_outcome(
     is about: the first one still waited for (WAIT) or the `after` one that failed it
     (BROKEN, which wins over waiting: the job can never start, so it ends at once)."""
     for job_id, state in after.items():
-        if state is None or (state in JOB_TERMINAL and state != JobState.SUCCEEDED):
+        if state is None or (state in JOB_TERMINAL and state != J.SUCCEEDED):
             return DependencyOutcome.BROKEN, job_id
     for job_id, state in [*after.items(), *after_any.items()]:
         if state is not None and state not in JOB_TERMINAL:

@@ -23,6 +23,7 @@ from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.event_origin import RefusedEvent, read_heartbeat
 from berth.shared.lifecycle import AttemptView, ClusterState, JobView
 from berth.shared.messages import (
+    AttemptReported,
     DeviceStats,
     JobsCompacted,
     JobSubmitted,
@@ -152,7 +153,9 @@ class Projection:
             state.apply(raw.seq, event)
             self.recent.append((raw.seq, None))
             return
-        if isinstance(event, TaskAssigned | TasksAssigned):
+        if isinstance(event, AttemptReported):  # most events: nothing of the projection's own
+            state.apply(raw.seq, event)
+        elif isinstance(event, (TaskAssigned, TasksAssigned)):
             assigned = assignments_in(event)
             new = [a for a in assigned if self._attempt_of(a) is None]
             state.apply(raw.seq, event)
