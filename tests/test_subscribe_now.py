@@ -38,8 +38,9 @@ async def test_messages_reach_the_handler_in_order_and_a_failing_one_stops_nothi
         assert [data for _, _, data in got] == [b"%d" % i for i in range(300) if i != 7]
         assert got[0] == ("now.0", "", b"0") and got[1] == ("now.1", "back", b"1")
         assert "the handler of a message on now.1 failed" in caplog.text
-        # Unsubscribed: nothing more reaches it, and its entry goes with the next message.
+        # Unsubscribed: nothing more reaches it, and the client lets go of it.
         await sub.unsubscribe()
+        assert sub._id not in nc._handlers
         await publisher.publish("now.0", b"late")
         await publisher.flush()
         await nc.flush()
