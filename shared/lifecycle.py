@@ -66,6 +66,7 @@ from berth.shared.states import (
 
 S = TaskStates  # TaskState's members, looked up faster (states.TaskStates)
 J = JobStates
+MASTER_DONE = StopCriteria.MASTER_DONE  # looked up for every task's change of state
 MAX_REFUSALS_KEPT = 20
 # Attempt keys assigned twice kept for the checker: one is already a violation.
 MAX_REUSES_KEPT = 20
@@ -493,7 +494,8 @@ class ClusterState:
                 self._jobs_compacted(event.job_ids, effects)
                 if seq:  # counted as the log has it (a leader applies its own at seq 0 first)
                     self.compacted_jobs += len(event.job_ids)
-        self._drain_cancellations(effects)
+        if self._cancellations:  # rarely: a call per event saved
+            self._drain_cancellations(effects)
         return effects
 
     def _drain_cancellations(self, effects: list[Effect]) -> None:
@@ -1238,8 +1240,7 @@ class ClusterState:
         else:
             new_state = task_rules.job_state_from_counts(
                 job.state_counts, len(job.tasks), job.spec.max_task_failures)
-        if task_rules.master_done(job.spec.stop_criteria == StopCriteria.MASTER_DONE,
-                                  job.tasks[0].state):
+        if task_rules.master_done(job.spec.stop_criteria == MASTER_DONE, job.tasks[0].state):
             new_state = J.SUCCEEDED
         if new_state == job.state:
             return
