@@ -34,6 +34,7 @@ from berth.services.worker_agent import (
 from berth.services.worker_agent.bundle_cache import BundleCache, BundleUnavailable
 from berth.services.worker_agent.epochs import EpochView
 from berth.services.worker_agent.gpu_watch import GpuWatch
+from berth.services.worker_agent.pid_journal import PidJournal
 from berth.services.worker_agent.process import (
     AttemptProcess,
     Runnable,
@@ -138,6 +139,9 @@ class WorkerAgent:
         # Simulated hosts (--simulate): each attempt is a SimulatedProcess, not a process.
         self.simulate = simulate
         self.home = Path(settings.data_dir) / "workers" / worker_id
+        # The process groups of this worker's attempts (pid_journal.py); `pids/` held a file
+        # per attempt before, and is read once for what an older agent left.
+        self.pid_journal = PidJournal(self.home / "attempt-groups")
         self.pid_dir = self.home / "pids"
         # Forks each attempt's supervisor (services/worker_agent/zygote.py).
         self.zygote = Zygote()
@@ -253,13 +257,15 @@ class WorkerAgent:
     def _kill_orphans(self) -> None:
         """Processes a previous incarnation of this worker left behind are killed: the
         scheduler has already written their attempts off."""
-        self.pid_dir.mkdir(parents=True, exist_ok=True)
-        for pid_file in self.pid_dir.iterdir():
-            with contextlib.suppress(ValueError, OSError):
-                pgid = int(pid_file.read_text())
-                log.warning("killing orphaned process group %d (%s)", pgid, pid_file.name)
-                signal_group(pgid, signal.SIGKILL)
-            pid_file.unlink(missing_ok=True)
+        left = self.pid_journal.open()
+        with contextlib.suppress(OSError):
+            for pid_file in self.pid_dir.iterdir():
+                with contextlib.suppress(ValueError, OSError):
+                    left[pid_file.name] = int(pid_file.read_text())
+                pid_file.unlink(missing_ok=True)
+        for key, pgid in left.items():
+            log.warning("killing orphaned process group %d (%s)", pgid, key)
+            signal_group(pgid, signal.SIGKILL)
 
     async def _collect_task_dirs(self, stop: asyncio.Event) -> None:
         """Removes old task directories (and the oldest above the size cap) now and hourly."""
@@ -610,9 +616,8 @@ class WorkerAgent:
                                error=f"cannot start {cmd.command[0]!r}: {exc.strerror or exc}")
             return
         attempt.process = process
-        pid_file = self.pid_dir / key.replace("/", "_")
         if process.pid is not None:
-            pid_file.write_text(str(process.pid))
+            self._journal(self.pid_journal.started, key, process.pid)
         if attempt.killed.is_set():  # a kill that arrived while the process was starting
             self._spawn(process.stop(self.settings.kill_grace))
         timer = None
@@ -626,7 +631,7 @@ class WorkerAgent:
             if timer is not None:
                 timer.cancel()
             if process.pid is not None:
-                pid_file.unlink(missing_ok=True)
+                self._journal(self.pid_journal.ended, key)
         if why := process.fenced:
             # Killed by its supervisor: this incarnation lost the right to run. Its exit is
             # not reported; the next incarnation's registration accounts for it.
@@ -642,6 +647,13 @@ class WorkerAgent:
         else:
             await self._report(cmd, TaskState.FAILED, exit_code=code, error=describe_exit(code),
                                usage=usage)
+
+    def _journal(self, record: Callable[..., None], *args: object) -> None:
+        try:
+            record(*args)
+        except OSError as exc:  # a full disk: the attempt runs on without its backstop
+            log.warning("could not record an attempt's process group in %s: %s",
+                        self.pid_journal.path, exc)
 
     def _log_subject(self, cmd: RunAttempt) -> str:
         return subjects.attempt_logs(self.worker_id, cmd.job_id, cmd.task_index, cmd.attempt_id)
