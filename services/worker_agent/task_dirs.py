@@ -3,7 +3,7 @@
     <home>/tasks/<job>/<task>/                BERTH_TASK_DIR: the working directory, kept
                                               across the task's attempts on this worker
     <home>/tasks/<job>/<task>.bundle          the digest unpacked there last
-    <home>/scratch/<job>/<task>/<attempt>/    BERTH_SCRATCH_DIR: this attempt's own,
+    <home>/scratch/<job>/<task>.<attempt>/    BERTH_SCRATCH_DIR: this attempt's own,
                                               removed when it ends
 
 A resumed or retried attempt finds what the earlier ones left in BERTH_TASK_DIR (a
@@ -32,7 +32,9 @@ class TaskDirs:
     def of(cls, home: Path, job_id: str, task_index: int, attempt_id: int) -> TaskDirs:
         tasks = home / "tasks" / job_id
         return cls(task=tasks / str(task_index),
-                   scratch=home / "scratch" / job_id / str(task_index) / str(attempt_id),
+                   # One level per attempt, not two: a directory's creation is the dearest
+                   # file-system call an attempt makes (docs/performance.md).
+                   scratch=home / "scratch" / job_id / f"{task_index}.{attempt_id}",
                    bundle_marker=tasks / f"{task_index}.bundle")
 
     def create(self) -> None:
