@@ -45,13 +45,11 @@ class PidJournal:
         self._fd = -1
         self._lines = 0
 
-    def open(self) -> dict[str, int]:
-        """Starts an empty journal; returns the groups the last one left live (the caller
-        kills them)."""
-        left = read(self.path)
+    def open(self) -> None:
+        """Starts an empty journal, over the last one: `read` it first, and kill what it
+        lists, so that a crash in between forgets nothing."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._rewrite()
-        return left
 
     def started(self, key: str, pgid: int) -> None:
         self.live[key] = pgid

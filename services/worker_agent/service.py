@@ -27,6 +27,7 @@ from berth.services.worker_agent import (
     device_offer,
     gpus,
     metrics,
+    pid_journal,
     simulation,
     task_dirs,
     tpus,
@@ -257,15 +258,20 @@ class WorkerAgent:
     def _kill_orphans(self) -> None:
         """Processes a previous incarnation of this worker left behind are killed: the
         scheduler has already written their attempts off."""
-        left = self.pid_journal.open()
+        left = pid_journal.read(self.pid_journal.path)
+        old_files = []
         with contextlib.suppress(OSError):
             for pid_file in self.pid_dir.iterdir():
                 with contextlib.suppress(ValueError, OSError):
                     left[pid_file.name] = int(pid_file.read_text())
-                pid_file.unlink(missing_ok=True)
+                old_files.append(pid_file)
         for key, pgid in left.items():
             log.warning("killing orphaned process group %d (%s)", pgid, key)
             signal_group(pgid, signal.SIGKILL)
+        # Only now that they are killed are they forgotten.
+        self.pid_journal.open()
+        for pid_file in old_files:
+            pid_file.unlink(missing_ok=True)
 
     async def _collect_task_dirs(self, stop: asyncio.Event) -> None:
         """Removes old task directories (and the oldest above the size cap) now and hourly."""
