@@ -39,7 +39,8 @@ class FastParser(Parser):
         try:
             while pos < end:
                 if self.state == AWAITING_MSG_PAYLOAD:
-                    # A payload whose control line nats-py's parser read (after a fallback).
+                    # A payload whose control line was read before it had all come (here,
+                    # or by nats-py's parser after a fallback).
                     needed = self.needed
                     if end - pos < needed + 2:
                         return
@@ -60,45 +61,30 @@ class FastParser(Parser):
                     return  # a control line split across reads
                 op = view[pos]
                 if op == _H and view.startswith(b"HMSG ", pos):
-                    parts = view[pos + 5:line_end].split()
-                    if len(parts) == 4:
-                        subject, sid, header_bytes, size_bytes = parts
-                        reply = b""
-                    elif len(parts) == 5:
-                        subject, sid, reply, header_bytes, size_bytes = parts
-                    else:
+                    parts, sizes = view[pos + 5:line_end].split(), 2  # header, total
+                elif op == _M and view.startswith(b"MSG ", pos):
+                    parts, sizes = view[pos + 4:line_end].split(), 1  # total
+                else:
+                    parts, sizes = [], 0
+                if sizes:
+                    # subject, sid, [reply], then the sizes: all but subject and reply digits
+                    named = len(parts) - sizes
+                    if named not in (2, 3) or not (
+                            parts[1].isdigit() and parts[-1].isdigit()
+                            and (sizes == 1 or parts[-2].isdigit())):
                         handed_back = True
                         break
-                    if not (sid.isdigit() and header_bytes.isdigit() and size_bytes.isdigit()):
-                        handed_back = True
-                        break
-                    sid_n, header_size, size = int(sid), int(header_bytes), int(size_bytes)
+                    subject, sid_n = parts[0], int(parts[1])
+                    reply = parts[2] if named == 3 else b""
+                    size = int(parts[-1])
+                    header_size = int(parts[-2]) if sizes == 2 else 0
                     start = line_end + 2
                     if end - start < size + 2:
                         pos = self._await_payload(start, subject, sid_n, reply, size, header_size)
                         return
-                    headers = view[start:start + header_size]
+                    # As nats-py: no headers (None) unless the frame gives them bytes.
+                    headers = view[start:start + header_size] if header_size else None
                     payload = view[start + header_size:start + size]
-                elif op == _M and view.startswith(b"MSG ", pos):
-                    parts = view[pos + 4:line_end].split()
-                    if len(parts) == 3:
-                        subject, sid, size_bytes = parts
-                        reply = b""
-                    elif len(parts) == 4:
-                        subject, sid, reply, size_bytes = parts
-                    else:
-                        handed_back = True
-                        break
-                    if not (sid.isdigit() and size_bytes.isdigit()):
-                        handed_back = True
-                        break
-                    sid_n, size = int(sid), int(size_bytes)
-                    start = line_end + 2
-                    if end - start < size + 2:
-                        pos = self._await_payload(start, subject, sid_n, reply, size, 0)
-                        return
-                    headers = None
-                    payload = view[start:start + size]
                 else:
                     word = view[pos:line_end].rstrip()
                     if word == b"PING":

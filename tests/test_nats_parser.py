@@ -127,6 +127,14 @@ def test_a_malformed_control_line_is_nats_pys_protocol_error(line: bytes) -> Non
     assert run(Parser, [b"PING\r\n" + line + b"MSG a 1 0\r\n\r\n"])[2] == error
 
 
+@pytest.mark.parametrize("frame", [b"HMSG a 1 0 1\r\nx\r\n", b"HMSG a 1 r 0 0\r\n\r\n",
+                                   b"MSG a 1 r 0\r\n\r\n"])
+def test_an_empty_header_or_payload_is_handed_over_as_nats_py_hands_it(frame: bytes) -> None:
+    for chunks in ([frame], [frame[:9], frame[9:]]):
+        assert run(FastParser, chunks) == run(Parser, chunks)
+        assert len(run(FastParser, chunks)[0]) == 1
+
+
 def test_a_reset_while_a_message_is_handled_drops_the_rest_of_the_read() -> None:
     stream = b"MSG a 1 1\r\nx\r\nMSG b 2 1\r\ny\r\n"
     calls, rest, _ = run(FastParser, [stream], reset_on_msg=1)
