@@ -7,10 +7,12 @@ an overlap) checked bar by bar and pixel by pixel in a screenshot."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,42 @@ def chromium_or_skip() -> str:
     return path
 
 
+@contextlib.asynccontextmanager
+async def explained(page: Any) -> AsyncIterator[None]:
+    """A wait that times out says what the page showed then: its main part, the live
+    indicator and its console (a rare timeout is otherwise a bare 'Timeout exceeded')."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    console: list[str] = []
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+    page.on("requestfailed", lambda request: console.append(f"failed: {request.url}"))
+    try:
+        yield
+    except PlaywrightTimeout as exc:
+        shown = await page.evaluate("""() => ({
+          main: document.getElementById("main")?.innerHTML.slice(0, 3000),
+          live: document.getElementById("live")?.textContent,
+          url: location.href})""")
+        raise AssertionError(f"{exc}\npage: {shown}\nconsole: {console[-30:]}") from exc
+
+
+async def open_the_submit_box(page: Any) -> None:
+    """Click the submit box's summary until the box is open, as a user would.
+
+    A live update that changes the page redraws it; one landing between the press and the
+    release of a click loses that click (the page skips redraws that change nothing)."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(3):
+        await page.click("#submit-box summary")
+        try:
+            await page.wait_for_selector("#submit-box[open] #spec", timeout=3_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError("the submit box did not open after 3 clicks")
+
+
 async def test_submit_from_the_page_and_watch_it_succeed_without_reload(
         make_stack: Any, tmp_path: Path) -> None:
     chromium = chromium_or_skip()
@@ -53,67 +91,72 @@ async def test_submit_from_the_page_and_watch_it_succeed_without_reload(
         browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 900})
-            await page.goto(stack.api_url + "/")
-            await page.wait_for_selector("#live.on")  # the event stream is open
-            # The state filter offers exactly the states the API's filter accepts.
-            await page.wait_for_selector("select[name=state] option", state="attached")
-            offered = await page.eval_on_selector_all(
-                "select[name=state] option", "els => els.map((e) => e.value)")
-            assert offered == ["", *get_json(stack, "/api/states")["job"]]
-            await page.evaluate("window.__sameDocument = true")
-            await page.fill("#token", stack.api_token)
-            await page.dispatch_event("#token", "change")
-
-            await page.click("#submit-box summary")
-            await page.fill("#spec", SPEC)
-            await page.click("#submit")
-            link = page.locator("#submit-result a")
-            await link.wait_for()
-            job_id = (await link.inner_text()).strip()
-            # The new job shows up in the list by itself.
-            await page.wait_for_selector(f'tr[data-job="{job_id}"]')
-            await link.click()
-            await page.wait_for_selector("#job-state [data-state=running]")
-            await page.screenshot(path=str(tmp_path / "running.png"), full_page=True)
-
-            # Kill the worker running attempt 0: the page follows the failover live.
-            job = get_json(stack, f"/api/jobs/{job_id}")
-            victim = job["tasks"][0]["attempts"][0]["worker_id"]
-            stack.children.pop(victim).send_signal(signal.SIGKILL)
-            await page.wait_for_selector("#job-state [data-state=succeeded]", timeout=40_000)
-
-            assert await page.evaluate("window.__sameDocument") is True, "the page reloaded"
-            first = page.locator('tr.attempt[data-attempt="0"]')
-            assert "(worker failure)" in await first.inner_text()
-            assert await first.locator("[data-state=worker_failed]").count() == 1
-            second = page.locator('tr.attempt[data-attempt="1"]')
-            assert await second.locator("[data-state=succeeded]").count() == 1
-            # The seed's colours.
-            colour = await page.eval_on_selector(
-                "#job-state .badge", "el => getComputedStyle(el).backgroundColor")
-            assert colour == "rgb(26, 127, 55)"  # succeeded green #1a7f37
-            assert await first.locator(".badge").evaluate(
-                "el => getComputedStyle(el).backgroundColor") == "rgb(130, 80, 223)"
-
-            await page.click('a[data-logs="0/1"]')
-            await page.wait_for_function(
-                "document.getElementById('logs')?.textContent.includes('attempt 1')")
-            shot = tmp_path / "dashboard.png"
-            await page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-
-            await page.click("[data-nav=workers]")
-            await page.wait_for_selector(f'tr[data-worker="{victim}"] .error')  # dead
-            await page.screenshot(path=str(tmp_path / "workers.png"), full_page=True)
-            await page.click("[data-nav=schedules]")
-            await page.wait_for_selector("#schedules")  # drawn from /api/schedules (none here)
-            assert await page.evaluate("window.__sameDocument") is True
-
-            await check_the_timeline_of_the_job(page, stack, job_id, victim, tmp_path)
+            async with explained(page):
+                await submit_and_follow_a_failover(page, stack, tmp_path)
             await check_a_known_timeline(await browser.new_page(
                 viewport={"width": 1400, "height": 900}), stack, tmp_path)
         finally:
             await browser.close()
+
+
+async def submit_and_follow_a_failover(page: Any, stack: Stack, tmp_path: Path) -> None:
+    await page.goto(stack.api_url + "/")
+    await page.wait_for_selector("#live.on")  # the event stream is open
+    # The state filter offers exactly the states the API's filter accepts.
+    await page.wait_for_selector("select[name=state] option", state="attached")
+    offered = await page.eval_on_selector_all(
+        "select[name=state] option", "els => els.map((e) => e.value)")
+    assert offered == ["", *get_json(stack, "/api/states")["job"]]
+    await page.evaluate("window.__sameDocument = true")
+    await page.fill("#token", stack.api_token)
+    await page.dispatch_event("#token", "change")
+
+    await open_the_submit_box(page)
+    await page.fill("#spec", SPEC)
+    await page.click("#submit")
+    link = page.locator("#submit-result a")
+    await link.wait_for()
+    job_id = (await link.inner_text()).strip()
+    # The new job shows up in the list by itself.
+    await page.wait_for_selector(f'tr[data-job="{job_id}"]')
+    await link.click()
+    await page.wait_for_selector("#job-state [data-state=running]")
+    await page.screenshot(path=str(tmp_path / "running.png"), full_page=True)
+
+    # Kill the worker running attempt 0: the page follows the failover live.
+    job = get_json(stack, f"/api/jobs/{job_id}")
+    victim = job["tasks"][0]["attempts"][0]["worker_id"]
+    stack.children.pop(victim).send_signal(signal.SIGKILL)
+    await page.wait_for_selector("#job-state [data-state=succeeded]", timeout=40_000)
+
+    assert await page.evaluate("window.__sameDocument") is True, "the page reloaded"
+    first = page.locator('tr.attempt[data-attempt="0"]')
+    assert "(worker failure)" in await first.inner_text()
+    assert await first.locator("[data-state=worker_failed]").count() == 1
+    second = page.locator('tr.attempt[data-attempt="1"]')
+    assert await second.locator("[data-state=succeeded]").count() == 1
+    # The seed's colours.
+    colour = await page.eval_on_selector(
+        "#job-state .badge", "el => getComputedStyle(el).backgroundColor")
+    assert colour == "rgb(26, 127, 55)"  # succeeded green #1a7f37
+    assert await first.locator(".badge").evaluate(
+        "el => getComputedStyle(el).backgroundColor") == "rgb(130, 80, 223)"
+
+    await page.click('a[data-logs="0/1"]')
+    await page.wait_for_function(
+        "document.getElementById('logs')?.textContent.includes('attempt 1')")
+    shot = tmp_path / "dashboard.png"
+    await page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+    await page.click("[data-nav=workers]")
+    await page.wait_for_selector(f'tr[data-worker="{victim}"] .error')  # dead
+    await page.screenshot(path=str(tmp_path / "workers.png"), full_page=True)
+    await page.click("[data-nav=schedules]")
+    await page.wait_for_selector("#schedules")  # drawn from /api/schedules (none here)
+    assert await page.evaluate("window.__sameDocument") is True
+
+    await check_the_timeline_of_the_job(page, stack, job_id, victim, tmp_path)
 
 
 async def test_the_page_asks_for_a_token_where_reads_are_closed(make_stack: Any) -> None:
@@ -126,23 +169,24 @@ async def test_the_page_asks_for_a_token_where_reads_are_closed(make_stack: Any)
         browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page()
-            await page.goto(stack.api_url + "/")
-            error = page.locator("#main .error")
-            await error.wait_for()
-            assert "reads are closed" in await error.inner_text()
-            assert "enter an API token" in await error.inner_text()
-            await page.wait_for_selector("#live.off:has-text('token needed')")
+            async with explained(page):
+                await page.goto(stack.api_url + "/")
+                error = page.locator("#main .error")
+                await error.wait_for()
+                assert "reads are closed" in await error.inner_text()
+                assert "enter an API token" in await error.inner_text()
+                await page.wait_for_selector("#live.off:has-text('token needed')")
 
-            # A read token opens the page and its live stream; actions stay refused.
-            await page.fill("#token", rita)
-            await page.dispatch_event("#token", "change")
-            await page.wait_for_selector("#jobs")
-            await page.wait_for_selector("#live.on")
-            await page.click("#submit-box summary")
-            await page.click("#submit")
-            refused = page.locator("#submit-result .error")
-            await refused.wait_for()
-            assert "'rita' has role read" in await refused.inner_text()
+                # A read token opens the page and its live stream; actions stay refused.
+                await page.fill("#token", rita)
+                await page.dispatch_event("#token", "change")
+                await page.wait_for_selector("#jobs")
+                await page.wait_for_selector("#live.on")
+                await open_the_submit_box(page)
+                await page.click("#submit")
+                refused = page.locator("#submit-result .error")
+                await refused.wait_for()
+                assert "'rita' has role read" in await refused.inner_text()
         finally:
             await browser.close()
 

@@ -346,6 +346,7 @@ let again = false;
 let shown = null; // the page last rendered
 let deferred = false; // a re-render waiting for the user to leave a field
 let submitResult = ""; // kept across re-renders of the jobs page
+let drawn = null; // the HTML now in main, as its page rendered it
 main.addEventListener("focusout", () => { if (deferred) { deferred = false; render(); } });
 
 const typing = () => main.contains(document.activeElement)
@@ -367,12 +368,15 @@ async function render() {
     if (typing() && name === before) { deferred = true; return; }
     const spec = document.getElementById("spec");
     if (spec) sessionStorage.setItem("spec", spec.value);
-    main.innerHTML = html;
+    // A page drawn again exactly as it is stays as it is: replacing it under the pointer
+    // loses a click whose press and release land on different copies of the same button.
+    if (html !== drawn) { main.innerHTML = html; drawn = html; }
     const result = document.getElementById("submit-result");
     if (result) result.innerHTML = submitResult;
     if (logView && document.getElementById("logs")) await showLogs();
   } catch (e) {
     main.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+    drawn = null;
   } finally {
     rendering = false;
     if (again) { again = false; render(); }
@@ -496,7 +500,7 @@ async function connectEvents() {
       const resp = await fetch("/api/events", { headers, signal: controller.signal });
       if (!resp.ok) throw new Error(`${resp.status}`);
       setLive(true);
-      if (lastEventId !== null) soon(); // what changed while disconnected
+      soon(); // what changed while disconnected, or a page drawn before the token was
       const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {
