@@ -40,6 +40,7 @@ from berth.services.scheduler import (
     fencing,
     frameworks,
     heartbeats,
+    idle_tick,
     pending_queue,
     placement,
     preemption,
@@ -155,11 +156,15 @@ class TickStats:
         self.longest = 0.0
         self.placed = 0
         self.longest_placing = 0.0
+        self.skipped = 0
 
-    def add(self, seconds: float, placing: float, placed: int, pending: int) -> None:
+    def add(self, seconds: float, placing: float, placed: int, pending: int,
+            skipped: bool = False) -> None:
         """`placing`: the tick's synchronous part (ordering units, choosing hosts), which
-        holds the event loop."""
+        holds the event loop; `skipped`: nothing had changed since a tick that placed
+        nothing (idle_tick.py)."""
         self.ticks += 1
+        self.skipped += skipped
         self.seconds += seconds
         self.longest_placing = max(self.longest_placing, placing)
         self.longest = max(self.longest, seconds)
@@ -169,9 +174,10 @@ class TickStats:
             return
         if self.placed or pending:
             window = now - self.since
-            log.info("ticks: %d in %.0f s (%.0f%% busy, mean %.1f ms, longest %.0f ms, "
-                     "longest placing %.0f ms), placed %d (%.0f/s), %d pending", self.ticks,
-                     window, 100 * self.seconds / window, 1000 * self.seconds / self.ticks,
+            log.info("ticks: %d in %.0f s (%d skipped: nothing new; %.0f%% busy, mean %.1f "
+                     "ms, longest %.0f ms, longest placing %.0f ms), placed %d (%.0f/s), "
+                     "%d pending", self.ticks, window, self.skipped,
+                     100 * self.seconds / window, 1000 * self.seconds / self.ticks,
                      1000 * self.longest, 1000 * self.longest_placing, self.placed,
                      self.placed / window, pending)
         self._reset(now)
@@ -254,6 +260,15 @@ class Leader:
         # what the fold has already freed).
         self.unreleased: list[tuple[str, str]] = []
         self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
+        # The last tick, if it placed, committed and preempted nothing: the ticks after it
+        # are skipped while nothing it was given changes (idle_tick.py).
+        self.idle: idle_tick.IdleTick | None = None
+        self.skipped = False  # whether the last tick was skipped (TickStats)
+        # When what the last tick held back comes due (wall clock): a retry backoff's end,
+        # a waiting task's scheduling timeout, the pending reasons' next announcement.
+        self.backoff_due = idle_tick.NEVER
+        self.overdue_due = idle_tick.NEVER
+        self.reasons_due = idle_tick.NEVER
         # Events this term folded (a metric): a plain int, since a prometheus Counter's
         # lock costs microseconds per event in a take-over's fold of a long log.
         self.folded = 0
@@ -627,7 +642,8 @@ class Leader:
             started = time.perf_counter()
             placed = await self.tick()
             took = time.perf_counter() - started
-            stats.add(took, self.placing_seconds, placed, len(self.state.pending))
+            stats.add(took, self.placing_seconds, placed, len(self.state.pending),
+                      self.skipped)
             if self.placing_seconds:  # a tick with pending work
                 scheduler_metrics.tick_done(took, placed)
             # At most half the time in ticks: the fold of reports (which frees capacity)
@@ -646,6 +662,7 @@ class Leader:
         retry backoff is left out until its retry_at (and a gang while any member is)."""
         now = time.time()
         held = task_rules.held_back(self.state.backoff, now)
+        self.backoff_due = idle_tick.first_after(self.state.backoff.values(), now)
         state = self.state
         if self.queue_follows is state and state.pending_changes is not None:
             self.pending_queue.apply(state.pending_changes, self._place_of)
@@ -725,20 +742,28 @@ class Leader:
         return hosts
 
     async def tick(self) -> int:
-        """One round of placement; returns how many tasks it placed."""
+        """One round of placement; returns how many tasks it placed. Skipped (0) while
+        nothing it would be given changed since a tick that placed nothing (idle_tick.py)."""
         self.placing_seconds = 0.0
+        self.skipped = False
         if not self.state.pending:
+            self.idle = None
             if self.state.holds:  # e.g. a preemptor cancelled while its victims stopped
                 await self._let_go_of_holds(placement.Placement(), set())
             return 0
+        started = time.perf_counter()
+        hosts = self._hosts()
+        if self._may_skip(hosts):
+            self.skipped = True
+            return 0
+        self.idle = None
         with tracer.start_as_current_span("schedule.tick") as span:
-            started = time.perf_counter()
             # Preemptors all of whose victims had stopped when this placement was computed
             # (more may stop while the tick awaits its commit: no verdict on those).
             settled = {job_id for job_id, hold in self.state.holds.items()
                        if all(self._exited(k) for k in hold.victims)}
             self.tick_limits_seq = self.state.limits.seq
-            result = placement.place(self._units(), self._hosts(), limit=MAX_TICK_PLACEMENTS,
+            result = placement.place(self._units(), hosts, limit=MAX_TICK_PLACEMENTS,
                                      limits=(self.state.limits, self.state.usage))
             self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
@@ -750,14 +775,32 @@ class Leader:
             if result.truncated:
                 self.wake.set()  # more may fit: the next tick follows the pause
             await self._let_go_of_holds(result, settled)
-            await self._preempt(result)
+            preempted = await self._preempt(result)
             for key in result.pending_reasons:
                 hold = self.state.holds.get(key[0])
                 if hold is not None and hold.reason:
                     result.pending_reasons[key] = hold.reason
             await self._give_up_overdue(result.pending_reasons)
             await self._announce_pending_reasons(result.pending_reasons)
+            self._note_idle(hosts, result, preempted)
             return len(result.assignments)
+
+    def _may_skip(self, hosts: list[placement.Host]) -> bool:
+        """Whether a tick given `hosts` would surely place nothing (idle_tick.py)."""
+        state = self.state
+        changes = state.pending_changes
+        return idle_tick.may_skip(self.idle, hosts, state.limits.seq,
+                                  self.queue_follows is not state or changes is None
+                                  or bool(changes), time.time())
+
+    def _note_idle(self, hosts: list[placement.Host], result: placement.Placement,
+                   preempted: bool) -> None:
+        """Records a tick that placed, committed and preempted nothing: the ticks after it
+        are skipped while what it was given stays the same."""
+        if not (result.assignments or result.truncated or preempted):
+            self.idle = idle_tick.IdleTick(
+                hosts, self.tick_limits_seq,
+                min(self.backoff_due, self.overdue_due, self.reasons_due))
 
     def _running(self) -> list[preemption.Running]:
         """Every live attempt not already being stopped, as preemption sees it."""
@@ -774,11 +817,12 @@ class Leader:
                     spec.coscheduling is not None, spec.preemptible, attempt.assigned_at))
         return out
 
-    async def _preempt(self, result: placement.Placement) -> None:
+    async def _preempt(self, result: placement.Placement) -> bool:
         """Evicts lower-band attempts for units of a higher band this tick could not place
         (docs/placement.md, "Preemption"): each eviction and the hold of the hosts it frees
         for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
-        stopped by the fold's kills."""
+        stopped by the fold's kills. Returns whether it committed or refused any (False:
+        it found nothing to evict)."""
         # A unit held back by a quota or a token would gain nothing from evictions.
         waiting = {job_id for job_id, _ in result.pending_reasons} - result.held_by_limits
         # The lowest band running: a task may evict only below its band, a gang a
@@ -786,7 +830,7 @@ class Leader:
         # of one band, however much of it waits).
         lowest = max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
         if not waiting or lowest < 0:
-            return
+            return False
         eligible = []
         for job_id in waiting:
             if job_id in self.state.holds:
@@ -816,12 +860,12 @@ class Leader:
             if len(units) >= MAX_TICK_PREEMPTIONS:
                 break
         if not units:
-            return
+            return False
         running = self._running()
         where = {r.key: r.worker_id for r in running}
         plans = preemption.plan(units, self._hosts(), running, limit=MAX_TICK_PREEMPTIONS)
         if not plans:
-            return
+            return False
         evictions = [Eviction(p.job_id, p.hosts, tuple((where[k], k) for k in p.victims),
                               p.needs) for p in plans]
         self._check_lease()  # nothing committed that this term could not log
@@ -851,6 +895,7 @@ class Leader:
                 await self._carry_out(self.state.apply(0, event))
         if len(committed) < len(plans):
             await self._reconcile()
+        return True
 
     async def _let_go_of_holds(self, result: placement.Placement, settled: set[str]) -> None:
         """Lets go of hosts held for a preemptor that no longer waits (it ended), or that
@@ -961,13 +1006,20 @@ class Leader:
 
     async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
         """Tasks this tick could not place whose scheduling_timeout has run out become
-        UNSCHEDULABLE, with the last reason they could not be placed."""
+        UNSCHEDULABLE, with the last reason they could not be placed; notes when the next
+        of the others' timeouts runs out."""
         now = time.time()
+        self.overdue_due = idle_tick.NEVER
         for (job_id, index), reason in unplaced.items():
             job = self.state.jobs[job_id]
             limit = job.spec.scheduling_timeout
+            if limit is None:
+                continue
             task = job.tasks[index]
-            if limit is None or now - task.pending_since < limit or task.state != TaskState.PENDING:
+            if task.state != TaskState.PENDING:
+                continue
+            if now - task.pending_since < limit:
+                self.overdue_due = min(self.overdue_due, task.pending_since + limit)
                 continue
             event = TaskUnschedulable(
                 job_id=job_id, task_index=index, epoch=self.epoch, ts=now,
@@ -989,7 +1041,10 @@ class Leader:
         """Records why tasks wait in the event log (so the dashboard and `berth status` show
         it): only reasons that changed, at most once per BERTH_PENDING_REASON_INTERVAL."""
         now = time.monotonic()
-        if now - self.reasons_announced_at < self.settings.pending_reason_interval:
+        self.reasons_due = idle_tick.NEVER
+        wait = self.reasons_announced_at + self.settings.pending_reason_interval - now
+        if wait > 0:
+            self.reasons_due = time.time() + wait  # these may have changed: seen to then
             return
         if self.state.last_seq >= self.reasons_in_flight_seq:
             self.reasons_in_flight.clear()
