@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -97,6 +98,26 @@ def tune_gc() -> None:
     Objects alive at start-up (modules, settings) are frozen out of every collection."""
     gc.set_threshold(50_000, 20, 20)
     gc.freeze()
+    if _time_collections not in gc.callbacks:
+        gc.callbacks.append(_time_collections)
+
+
+# A collection that holds the event loop this long is logged: a leader's lease is renewed
+# every third of its TTL, so a pause of a second or more is what makes a renewal late.
+SLOW_COLLECTION = 0.25
+_collection_started = 0.0
+
+
+def _time_collections(phase: str, info: dict[str, int]) -> None:
+    global _collection_started
+    if phase == "start":
+        _collection_started = time.perf_counter()
+        return
+    took = time.perf_counter() - _collection_started
+    if took >= SLOW_COLLECTION:
+        logging.getLogger("berth.gc").warning(
+            "garbage collection of generation %d held the process %.2f s (%d collected)",
+            info.get("generation", -1), took, info.get("collected", 0))
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
