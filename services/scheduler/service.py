@@ -931,9 +931,17 @@ class Leader:
         trace leads to the ticks that considered it."""
         placed = {a.job_id for a in result.assignments}
         # A span keeps at most 128 links (OTEL_SPAN_LINK_COUNT_LIMIT): the placed jobs
-        # first, then the first of those left waiting.
-        waiting = sorted({j for j, _ in result.pending_reasons} - placed)
-        for job_id in (sorted(placed) + waiting)[:MAX_TICK_LINKS]:
+        # first, then those left waiting, in the order the tick considered them (taken
+        # lazily: tens of thousands may wait).
+        linked = sorted(placed)[:MAX_TICK_LINKS]
+        seen = set(placed)
+        for job_id, _ in result.pending_reasons if len(linked) < MAX_TICK_LINKS else ():
+            if job_id not in seen:
+                seen.add(job_id)
+                linked.append(job_id)
+                if len(linked) == MAX_TICK_LINKS:
+                    break
+        for job_id in linked:
             headers = telemetry.carrier_headers(self.trace_headers.get(job_id))
             if headers is None:
                 continue
