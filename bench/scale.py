@@ -3,7 +3,7 @@ dashboard) against simulated hosts (`berth run worker --simulate N`), measured t
 kube-scheduler's scheduler_perf, Armada's fake executor and Volcano's KWOK runs measure.
 
     .venv/bin/python bench/scale.py            # W1-W5 at full size (many minutes)
-    .venv/bin/python bench/scale.py --quick    # a small version of each, under a minute
+    .venv/bin/python bench/scale.py --quick    # a small version of each, about a minute
     .venv/bin/python bench/scale.py --only W2,W3
     .venv/bin/python bench/scale.py --only W1 --nats-nodes 3   # NATS as 3 nodes, R3 streams
 
@@ -18,6 +18,9 @@ Workloads (each on a fresh stack):
   P1 processes   real worker agents (8 x 8 cpu) running real processes: 500 `true` jobs at
                  once: jobs/s, submit->SUCCEEDED percentiles, CPU seconds per job across
                  every process of the stack.
+  W6 queue       1,000 hosts x 4 cpu filled with hour-long 1-cpu tasks and 36,000 more
+                 waiting: each process's CPU per second once the queue stands (nothing can
+                 be placed until a task ends, so a scheduler should cost what it does idle).
   W5 preemption  1,000 hosts in slices of 8, full of batch gangs; 100 production gangs of 8
                  arrive at once: time until all run, evictions/s, how long each waited
                  after its last victim exited (simulated victims exit at once: the grace
@@ -440,6 +443,32 @@ def slice_gaps(seen: Observed) -> list[float]:
     return gaps
 
 
+async def standing_queue(root: Path, hosts: int, waiting: int, settle: float,
+                         window: float) -> dict[str, Any]:
+    """W6: a full cluster with `waiting` more tasks queued; CPU per second of each process
+    over `window` seconds, `settle` seconds after the last slot was taken."""
+    slots = 4 * hosts
+    async with Cluster(root, f"W6-{hosts}", hosts, ["--cpu", "4", "--memory-mb", "4096",
+                                                    "--sim-runtime", "const:3600"]) as c:
+        seen = c.seen
+        jobs = slots + waiting
+        await submit_all(c.nc, seen, [single(i) for i in range(jobs)])
+        full = await wait_for(seen, lambda: len(seen.assigned) >= slots, 120,
+                              "W6: every slot to be taken")
+        await asyncio.sleep(settle)
+        before = c.cpu()
+        await asyncio.sleep(window)
+        rates = {k: round(v / window, 3) for k, v in cpu_used(before, c.cpu()).items()}
+        doctor = await c.doctor()
+        return {
+            "workload": "W6", "hosts": hosts, "slots": slots, "waiting": waiting,
+            "full": full, "placed": len(seen.assigned), "window_s": window,
+            "cores": rates, "scheduler_cores": rates.get("scheduler", 0.0),
+            "all_cores": round(sum(rates.values()), 3),
+            **{f"doctor_{k}": v for k, v in doctor.items()},
+        }
+
+
 async def latency(root: Path, hosts: int, jobs: int) -> dict[str, Any]:
     async with Cluster(root, "W3", hosts, ["--cpu", "4", "--memory-mb", "4096",
                                            "--sim-runtime", "const:0.05"]) as c:
@@ -570,6 +599,10 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"{r['scheduler_cpu_ms_per_job']}, berth {r['berth_cpu_ms_per_job']}, "
                     f"all {r['all_cpu_ms_per_job']}, doctor violations="
                     f"{r['doctor_violations']}")
+        elif r["workload"] == "W6":
+            what = (f"{r['placed']}/{r['slots']} slots taken, {r['waiting']} waiting: "
+                    f"scheduler {r['scheduler_cores']} cores, all processes "
+                    f"{r['all_cores']} cores, doctor violations={r['doctor_violations']}")
         elif r["workload"] == "W3":
             what = (f"submit->RUNNING p50 {r['submit_to_running_p50_ms']} ms, "
                     f"p99 {r['submit_to_running_p99_ms']} ms")
@@ -625,6 +658,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 emit(await throughput(root, "W4", hosts, 20 * hosts,
                                       8 if quick else args.w4_cap,
                                       "uniform:0.1:0.3" if quick else "uniform:0.5:1.5"))
+        if wanted("W6"):
+            emit(await standing_queue(root, 10 if quick else 1000,
+                                      400 if quick else 36_000, 1 if quick else 5,
+                                      2 if quick else 20))
         if wanted("P1"):
             emit(await processes(root, 1 if quick else 8, 4 if quick else 8,
                                  12 if quick else 500, 30 if quick else 300))

@@ -1,4 +1,4 @@
-"""`bench/scale.py --quick` (W1-W5 and P1) runs end to end against the real services and
+"""`bench/scale.py --quick` (W1-W6 and P1) runs end to end against the real services and
 simulated hosts (P1: real worker agents), prints one well-formed JSON line per workload,
 and every checker run finds zero violations. The numbers themselves are not asserted (they
 are the benchmark's to report)."""
@@ -28,7 +28,7 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     by_name: dict[str, list[dict[str, object]]] = {}
     for result in results:
         by_name.setdefault(str(result["workload"]), []).append(result)
-    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5", "P1"}
+    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5", "W6", "P1"}
     assert set(by_name["W1"][0]) >= THROUGHPUT_KEYS
     for result in (*by_name["W1"], *by_name["W4"], *by_name["P1"]):
         assert result["doctor_violations"] == 0 and result["doctor_double_booked_hosts"] == 0
@@ -48,6 +48,10 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     assert w5["gangs_running"] == w5["gangs"] and w5["evictions"] == w5["gangs"] * 8
     assert {"evictions_per_s", "time_to_all_running_s", "placed_after_last_victim_max_s",
             "exit_to_assigned_p50_s", "assigned_to_running_p50_s"} <= set(w5)
+    w6 = by_name["W6"][0]
+    assert w6["full"] and w6["placed"] == w6["slots"], w6  # not one task beyond the slots
+    assert w6["doctor_violations"] == 0 and w6["doctor_double_booked_hosts"] == 0
+    assert "scheduler" in w6["cores"]  # type: ignore[operator]
     assert "workload" in done.stderr and "placements/s" in done.stderr  # the table
 
 
