@@ -13,6 +13,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -126,6 +127,12 @@ class Projection:
         while True:
             try:
                 await self._fold_batches()
+            except (TimeoutError, nats.errors.Error) as exc:
+                # NATS slow or away for a moment (an ack unanswered on a loaded machine):
+                # one line, and on from where the state stands.
+                log.warning("folding the events stream paused (%s: %s); resuming in 1 s",
+                            type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
             except Exception:
                 # The projection must never stop silently: say why, and go on from where
                 # the state stands.
