@@ -2,7 +2,9 @@
 (services/scheduler/idle_tick.py): a skipped tick must be one that would have placed
 nothing. Table tests of the rule, then the leader's own check against a placement computed
 afresh after every event of drawn sequences (submits, assignments, exits with retries and
-backoffs, cordons, restarts, new workers, quotas), and the cases that must end a skip."""
+backoffs, cordons, restarts, new workers, quotas), and the cases that must end a skip. Then
+when a tick's walk of the queue may stop short (`Leader._stop_below`; placement's side is
+in tests/test_placement.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.services.scheduler import idle_tick, placement
-from berth.services.scheduler.service import MAX_TICK_PLACEMENTS, Leader
+from berth.services.scheduler.service import DEEP_WALK_EVERY, MAX_TICK_PLACEMENTS, Leader
 from berth.shared.capacity import Amounts
 from berth.shared.config import Settings
 from berth.shared.lifecycle import ClusterState
@@ -22,11 +24,13 @@ from berth.shared.messages import (
     AnyEvent,
     AttemptReported,
     Backoff,
+    Coscheduling,
     JobSpec,
     JobSubmitted,
     LeaderElected,
     NodeAction,
     NodeHealthChanged,
+    Priority,
     Quota,
     QuotaSet,
     Resources,
@@ -251,3 +255,44 @@ def test_what_ends_a_skip() -> None:
     assert one_tick(leader)[0] is True
     assert leader.idle is not None
     assert leader.idle.until == pytest.approx(state.jobs["j3"].tasks[0].pending_since + 60)
+
+
+def test_a_walk_stops_short_only_where_no_waiting_task_could_preempt() -> None:
+    """`Leader._stop_below`: the least need of the waiting tasks, except on a walk of the
+    whole queue (one per DEEP_WALK_EVERY) and while a waiting task might evict a running
+    one (a band above the lowest running, or a gang of that band)."""
+    leader = new_leader()
+    state = leader.state
+    seq = 0
+
+    def fold(event: AnyEvent) -> None:
+        nonlocal seq
+        seq += 1
+        state.apply(seq, event)
+
+    def job(n: int, priority: Priority, cpu: int = 1, gang: bool = False) -> JobSubmitted:
+        return JobSubmitted(job_id=f"j{n}", submit_seq=n + 1, ts=time.time(), spec=JobSpec(
+            name="t", command=["true"], priority=priority, replicas=2 if gang else 1,
+            resources=Resources(cpu=cpu, memory_mb=100),
+            coscheduling=Coscheduling(group_by="rack") if gang else None))
+
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=time.time()))
+    fold(register("w0", "i0", cpu=1))
+    fold(job(0, Priority.INTERACTIVE))
+    fold(TaskAssigned(job_id="j0", task_index=0, attempt_id=0, worker_id="w0",
+                      incarnation="i0", epoch=1, ts=time.time()))
+    fold(job(1, Priority.INTERACTIVE, cpu=2))
+    fold(job(2, Priority.BATCH))
+    leader._file_pending()
+    now = time.time()
+    assert leader._stop_below(now) is None  # the first walk is a whole one
+    assert leader.deep_walk_due == now + DEEP_WALK_EVERY
+    assert leader._stop_below(now) == Amounts(1000, 100)  # the least of 2 cpu and 1 cpu
+    assert leader._stop_below(now + DEEP_WALK_EVERY) is None  # a whole walk is due again
+
+    fold(job(3, Priority.INTERACTIVE, gang=True))  # a gang of the running band may evict
+    leader._file_pending()
+    assert leader._stop_below(now) is None
+    fold(job(4, Priority.PRODUCTION))  # a band above the running one may evict
+    leader._file_pending()
+    assert leader._stop_below(now) is None

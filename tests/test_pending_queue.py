@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from berth.services.scheduler.pending_queue import PendingQueue, Place
 from berth.shared import queue_order
+from berth.shared.capacity import Amounts
 
 JOBS = 12
 # job -> (band, user, seq, charge of one task); seqs unique, as submit sequences are.
@@ -44,9 +45,16 @@ def test_kept_order_equals_the_order_built_from_scratch(
         used: dict[str, float]) -> None:
     specs = {f"j{n}": (band, user, 100 - 7 * n if n % 2 else 10 + n, charge)
              for n, (band, user, charge) in enumerate(specs_list)}
-    queue = PendingQueue()
+    def need(job_id: str) -> Amounts:  # what one task of each job needs
+        n = int(job_id[1:])
+        return Amounts(250 * (n % 3 + 1), 100 * (n % 4), 0, n % 2)
+
+    def need_of(job_id: str) -> tuple[Amounts, bool]:
+        return need(job_id), int(job_id[1:]) % 5 == 0  # every fifth job a gang
+
+    queue = PendingQueue(need_of)
     # The same queue kept from the fold's changes (ClusterState.pending_changes) instead.
-    kept = PendingQueue()
+    kept = PendingQueue(need_of)
     before: set[tuple[str, int]] = set()
     for tasks, held_raw in history:
         pending = {(f"j{j}", i): None for j, i in sorted(tasks)}
@@ -72,6 +80,15 @@ def test_kept_order_equals_the_order_built_from_scratch(
             {j: set(queue.tasks(j)) for j in queue.indices}
         assert {j: set(queue.tasks(j)) for j in queue.indices} == {
             j: {i for jj, i in pending if jj == j} for j, _ in pending}
+        # The least need and the top band of what is filed, kept from the same changes.
+        needs = [need(j) for j in {j for j, _ in pending}]
+        least = Amounts(*(min(getattr(n, d) for n in needs) for d in ("cpu", "mem", "disk",
+                                                                        "dev"))) if needs else None
+        assert queue.least_need() == kept.least_need() == least
+        top = min((specs[j][0] for j, _ in pending), default=None)
+        assert queue.top_band() == kept.top_band() == top
+        gangs = any(int(j[1:]) % 5 == 0 for j, _ in pending)
+        assert queue.gang_waits() == kept.gang_waits() == gangs
 
 
 def test_a_long_consumed_front_is_dropped_and_a_requeued_job_found_again() -> None:
@@ -85,3 +102,22 @@ def test_a_long_consumed_front_is_dropped_and_a_requeued_job_found_again() -> No
     # A task of an early job waits again (a retry): it goes back to its place in the order.
     queue.sync({(f"j{n}", 0): None for n in [5, *range(9_000, 10_000)]}, place.__getitem__)
     assert list(queue.ordered({}, lambda j: 1.0))[:2] == ["j5", "j9000"]
+
+
+def test_the_least_need_is_unknown_once_a_job_left_the_fold() -> None:
+    needs = {"a": (Amounts(1000, 100), False), "b": (Amounts(500, 200), True)}
+    queue = PendingQueue(needs.get)
+    place = {"a": Place(0, "u", 1), "b": Place(0, "u", 2)}
+    queue.apply({("a", 0): True, ("b", 0): True, ("b", 1): True}, place.__getitem__)
+    assert queue.least_need() == Amounts(500, 100) and queue.gang_waits()
+    queue.apply({("b", 0): False}, place.__getitem__)  # b still has task 1 waiting
+    assert queue.least_need() == Amounts(500, 100)
+    queue.apply({("b", 1): False}, place.__getitem__)
+    assert queue.least_need() == Amounts(1000, 100) and not queue.gang_waits()
+    del needs["a"]  # compacted away before its tasks' departure was filed
+    queue.apply({("a", 0): False}, place.__getitem__)
+    assert queue.least_need() is None
+    queue.apply({("b", 0): True}, place.__getitem__)
+    assert queue.least_need() is None  # not trusted again in this queue's life
+    assert queue.gang_waits()
+    assert PendingQueue().least_need() is None  # without need_of

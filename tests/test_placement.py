@@ -410,3 +410,56 @@ def test_out_of_service_hosts_take_nothing_and_the_reason_says_why() -> None:
     assert place([gang], slice_hosts).pending_reasons[("g", 0)] == (
         "no slice group can take all 2 tasks: slice=s has 1 matching workers, needs 2 "
         "(out of service: s0 draining)")
+
+
+def least_need(units: list[Unit]) -> Amounts:
+    return Amounts(min(u.need.cpu for u in units), min(u.need.mem for u in units),
+                   min(u.need.disk for u in units), min(u.need.dev for u in units))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # Needs and capacities of a few sizes, so that capacity runs out mid-walk often.
+    st.lists(st.tuples(st.sampled_from([0, 250, 500, 1000, 2000]),
+                       st.sampled_from([1, 100, 1000]), st.integers(0, 2),
+                       st.sampled_from(["", "a", "b"]), st.integers(1, 3), st.booleans()),
+             min_size=1, max_size=40),
+    st.lists(st.tuples(st.sampled_from([0, 500, 1000, 2000, 4000]),
+                       st.sampled_from([0, 1000, 4000]), st.integers(0, 4),
+                       st.sampled_from(["a", "b"]), st.booleans()), max_size=12),
+    st.integers(1, 50),
+)
+def test_stopping_once_capacity_runs_out_places_exactly_what_the_full_walk_places(
+        tasks: list[tuple[int, int, int, str, int, bool]],
+        hosts: list[tuple[int, int, int, str, bool]], limit: int) -> None:
+    """`stop_below` (the least need of every unit) changes which units are examined, never
+    which are placed: the stopped walk's assignments are the full walk's, its reasons are
+    the full walk's for the units it examined, and it stops only where the full walk
+    places nothing more."""
+    units = [Unit(f"t{i}", tuple(range(n)), Amounts(c, m, 0, d), "gpu:x" if d else "",
+                  (Constraint(key="pool", op=Op.EQ, value=pool),) if pool else (), (),
+                  Coscheduling(group_by="pool") if gang and n > 1 else None)
+             for i, (c, m, d, pool, n, gang) in enumerate(tasks)]
+    caps = [Host(f"h{i:02d}", Amounts(c, m, 0, d), "gpu:x" if d else "", {"pool": pool},
+                 out_of_service="cordoned" if away else "")
+            for i, (c, m, d, pool, away) in enumerate(hosts)]
+    full = place(units, caps, limit=limit)
+    stopped = place(units, caps, limit=limit, stop_below=least_need(units))
+    assert stopped.assignments == full.assignments
+    assert stopped.groups == full.groups
+    assert stopped.truncated == full.truncated or stopped.exhausted
+    for key, reason in stopped.pending_reasons.items():
+        assert full.pending_reasons[key] == reason
+    if stopped.exhausted:
+        assert not full.truncated or len(full.assignments) >= limit
+        assert len(stopped.pending_reasons) <= len(full.pending_reasons)
+
+
+def test_a_full_cluster_stops_the_walk_at_the_first_unit_that_cannot_fit() -> None:
+    hosts = [Host("a", cpu(2000, 1000)), Host("b", cpu(1000, 1000))]
+    units = [task(f"j{i}", 0) for i in range(1000)]
+    result = place(units, hosts, stop_below=ONE_CORE)
+    assert [a.job_id for a in result.assignments] == ["j0", "j1", "j2"]
+    assert result.exhausted and not result.pending_reasons  # j3 on were never examined
+    walked = place(units, hosts)
+    assert walked.assignments == result.assignments and len(walked.pending_reasons) == 997

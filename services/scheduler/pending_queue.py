@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from berth.shared.capacity import Amounts
 from berth.shared.lifecycle import JobView
 
 Key = tuple[str, int]  # (job id, task index), as ClusterState.pending has them
@@ -63,7 +65,14 @@ class PendingQueue:
     burst waits at once): a job of one pending task keeps its index as a plain int (a set
     of one is 216 bytes), and a job's place is its queue's key, one tuple per queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, need_of: Callable[[str], tuple[Amounts, bool] | None] | None = None
+                 ) -> None:
+        # What one task of a job needs and whether the job is a gang (None: the job is not
+        # known any more), to keep `needs` and `gangs`; without it, both are unknown.
+        self.need_of = need_of
+        self.needs: Counter[Amounts] = Counter()  # jobs with a task pending, by need
+        self.gangs = 0  # gangs with a task pending
+        self.needs_known = need_of is not None
         self.known: set[Key] = set()
         # Job -> its pending task index, or a set of them when more than one is pending; a
         # job is here while one is pending. Read it with `tasks`.
@@ -108,6 +117,7 @@ class PendingQueue:
                 if filed:
                     continue
             del indices[job_id]
+            self._count_need(job_id, -1)
             where = self.places[job_id]
             self.queues[where].live -= 1
             thinned.add(where)
@@ -115,6 +125,7 @@ class PendingQueue:
             now = indices.get(job_id)
             if now is None:
                 indices[job_id] = index
+                self._count_need(job_id, 1)
                 self._file(job_id, place_of)
             elif isinstance(now, int):
                 indices[job_id] = {now, index}
@@ -124,6 +135,40 @@ class PendingQueue:
             queue = self.queues[name]
             if len(queue.entries) - queue.start > 2 * queue.live + 64:
                 self._compact(queue)
+
+    def _count_need(self, job_id: str, change: int) -> None:
+        if not self.needs_known or self.need_of is None:
+            return
+        known = self.need_of(job_id)
+        if known is None:  # gone from the fold: the least need is unknown from now on
+            self.needs_known = False
+            self.needs.clear()
+            return
+        need, gang = known
+        self.gangs += change if gang else 0
+        left = self.needs[need] + change
+        if left > 0:
+            self.needs[need] = left
+        else:
+            del self.needs[need]
+
+    def least_need(self) -> Amounts | None:
+        """No more than what one task of any job filed here needs, in each dimension (its
+        least): placement's `stop_below`. None when unknown or nothing is filed."""
+        if not self.needs_known or not self.needs:
+            return None
+        needs = self.needs.keys()
+        return Amounts(min(n.cpu for n in needs), min(n.mem for n in needs),
+                       min(n.disk for n in needs), min(n.dev for n in needs))
+
+    def gang_waits(self) -> bool:
+        """Whether a gang may have a task filed (True when unknown)."""
+        return not self.needs_known or self.gangs > 0
+
+    def top_band(self) -> int | None:
+        """The highest band (lowest rank) with a job filed, None if none is."""
+        return min((band for (band, _), queue in self.queues.items() if queue.live),
+                   default=None)
 
     def _file(self, job_id: str, place_of: Callable[[str], Place]) -> None:
         place = place_of(job_id)

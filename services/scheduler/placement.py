@@ -88,6 +88,9 @@ class Placement:
     truncated: bool = False
     # Jobs with tasks held back by a quota or a token (evicting others would not help).
     held_by_limits: set[str] = field(default_factory=set)
+    # Stopped because the free capacity left, summed over every host, fell below what any
+    # unit needs (`stop_below`): the units left unexamined could not be placed either.
+    exhausted: bool = False
 
 
 def group_name(attribute: str, value: str) -> str:
@@ -388,7 +391,8 @@ class _Admission:
 
 
 def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None,
-          limits: tuple[limit_rules.Limits, limit_rules.Usage] | None = None) -> Placement:
+          limits: tuple[limit_rules.Limits, limit_rules.Usage] | None = None,
+          stop_below: Amounts | None = None) -> Placement:
     """Places units in the given order. Single tasks go to the matching host satisfying the
     most preferred constraints, then with the most free cpu (spreading replicas), ties
     broken by worker id; a gang goes whole to one group,
@@ -397,7 +401,10 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     are chosen per address: the union of every given host's `ports_used` at that address
     is taken. With `limits` (the limits in force and what live attempts use), a unit that
     would take its user over quota, or a token over its limit, waits with that reason (a
-    gang admitted whole or not at all)."""
+    gang admitted whole or not at all). With `stop_below`, no more than every unit `units`
+    may yield needs in each dimension (the least of their needs), it stops as soon as the
+    free capacity summed over all hosts falls below it in some dimension: no host could
+    then hold any unit left (`exhausted`). Which units it placed is the same either way."""
     admission = None if limits is None else _Admission(*limits)
     taken: dict[str, set[int]] = {}
     for h in hosts:
@@ -419,7 +426,23 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     held_jobs = held_by_job.keys()
     gangs_failed: dict[tuple[object, ...], str] = {}
     group_orders: GroupOrders = {}
+    # An upper bound of what any host has free (their sum: one host has at most all of
+    # it), less what this call assigned.
+    left = Amounts(sum(h.free.cpu for h in free), sum(h.free.mem for h in free),
+                   sum(h.free.disk for h in free),
+                   sum(h.free.dev for h in free)) if stop_below is not None else None
+    counted, need = 0, Amounts()  # assignments taken off `left`, the last unit's need
     for unit in units:
+        if left is not None and stop_below is not None:
+            made = len(out.assignments) - counted
+            if made:  # each of the last unit's tasks placed took its need from some host
+                left = left - Amounts(need.cpu * made, need.mem * made, need.disk * made,
+                                      need.dev * made)
+                counted += made
+            if not stop_below.fits_in(left):
+                out.exhausted = True
+                break
+            need = unit.need
         if unit.gang is not None:
             if limit is not None and len(out.assignments) >= limit:
                 out.truncated = True

@@ -135,6 +135,10 @@ BUS_FRESH_TTLS = 1.0
 # Placements per tick: a tick runs without yielding, and the lease must be renewed (every
 # TTL/3) while thousands of hosts free up at once. The next tick follows at once.
 MAX_TICK_PLACEMENTS = 1000
+# How often a tick walks the whole queue even though the cluster's free capacity ran out
+# before its end (placement's `stop_below`): the waiting tasks it did not reach get their
+# pending reasons and scheduling timeouts looked at then (docs/placement.md).
+DEEP_WALK_EVERY = 10.0
 # Preemptions a tick commits at most (each is one Lua call and one logged event).
 MAX_TICK_PREEMPTIONS = 200
 # The lowest band: it never preempts anyone.
@@ -247,7 +251,7 @@ class Leader:
         self.unit_templates: dict[str, tuple[queue_order.Waiting, placement.Unit]] = {}
         # Each job's place in the last tick's placement order (the preemptions follow it).
         self.queue_rank: dict[str, int] = {}
-        self.pending_queue = pending_queue.PendingQueue()
+        self.pending_queue = pending_queue.PendingQueue(self._need_of)
         # The fold the pending queue was filed from: it follows that fold's pending_changes.
         self.queue_follows: ClusterState | None = None
         # worker id -> (its view, its `used`, the rest of what its Host is made of, Host).
@@ -269,6 +273,8 @@ class Leader:
         self.backoff_due = idle_tick.NEVER
         self.overdue_due = idle_tick.NEVER
         self.reasons_due = idle_tick.NEVER
+        # When the next tick walks the whole queue (wall clock; see DEEP_WALK_EVERY).
+        self.deep_walk_due = 0.0
         # Events this term folded (a metric): a plain int, since a prometheus Counter's
         # lock costs microseconds per event in a take-over's fold of a long log.
         self.folded = 0
@@ -663,14 +669,7 @@ class Leader:
         now = time.time()
         held = task_rules.held_back(self.state.backoff, now)
         self.backoff_due = idle_tick.first_after(self.state.backoff.values(), now)
-        state = self.state
-        if self.queue_follows is state and state.pending_changes is not None:
-            self.pending_queue.apply(state.pending_changes, self._place_of)
-        else:  # a new term's fold (or the first tick): filed whole, then kept up to date
-            self.pending_queue = pending_queue.PendingQueue()
-            self.pending_queue.sync(state.pending, self._place_of)
-            self.queue_follows = state
-        state.pending_changes = {}
+        self._file_pending()
         pending = self.pending_queue.tasks
         fair = self.settings.fair_share
 
@@ -695,6 +694,42 @@ class Leader:
             # Built field by field: dataclasses.replace costs several times more.
             yield placement.Unit(t.job_id, indices, t.need, t.device_kind, t.constraints,
                                  t.ports, t.gang, t.user, t.tokens)
+
+    def _file_pending(self) -> None:
+        """Files what entered or left the pending tasks since the last call."""
+        state = self.state
+        if self.queue_follows is state and state.pending_changes is not None:
+            if state.pending_changes:
+                self.pending_queue.apply(state.pending_changes, self._place_of)
+        else:  # a new term's fold (or the first tick): filed whole, then kept up to date
+            self.pending_queue = pending_queue.PendingQueue(self._need_of)
+            self.pending_queue.sync(state.pending, self._place_of)
+            self.queue_follows = state
+        state.pending_changes = {}
+
+    def _need_of(self, job_id: str) -> tuple[Amounts, bool] | None:
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            return None
+        return job.spec.resources.amounts, job.spec.coscheduling is not None
+
+    def _stop_below(self, now: float) -> Amounts | None:
+        """Placement's `stop_below` for this tick: the least need of any task waiting, or
+        None for a walk of the whole queue, which one tick in DEEP_WALK_EVERY seconds
+        makes, and every tick while a waiting task might preempt (a unit the walk never
+        reached would never be a preemptor)."""
+        if now >= self.deep_walk_due:
+            self.deep_walk_due = now + DEEP_WALK_EVERY
+            return None
+        # As _preempt decides who may evict: a band above the lowest one running, or a
+        # gang of that band.
+        queue = self.pending_queue
+        lowest = max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
+        top = queue.top_band()
+        if top is None or (top < LOWEST_BAND and (
+                top < lowest or (top == lowest and queue.gang_waits()))):
+            return None
+        return queue.least_need()
 
     def _place_of(self, job_id: str) -> pending_queue.Place:
         return pending_queue.place_of(self.state.jobs[job_id])
@@ -763,11 +798,15 @@ class Leader:
             settled = {job_id for job_id, hold in self.state.holds.items()
                        if all(self._exited(k) for k in hold.victims)}
             self.tick_limits_seq = self.state.limits.seq
+            self._file_pending()
+            stop_below = self._stop_below(time.time())
             result = placement.place(self._units(), hosts, limit=MAX_TICK_PLACEMENTS,
-                                     limits=(self.state.limits, self.state.usage))
+                                     limits=(self.state.limits, self.state.usage),
+                                     stop_below=stop_below)
             self.placing_seconds = time.perf_counter() - started
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
+            span.set_attribute("berth.walk_stopped", result.exhausted)
             span.set_attribute("berth.epoch", self.epoch)
             self._link_submits(span, result)
             if result.assignments and not await self._commit(result, span):
@@ -798,9 +837,12 @@ class Leader:
         """Records a tick that placed, committed and preempted nothing: the ticks after it
         are skipped while what it was given stays the same."""
         if not (result.assignments or result.truncated or preempted):
+            # A walk stopped short saw only some waiting tasks' timeouts: skipped only
+            # until the next walk of the whole queue.
+            deep = self.deep_walk_due if result.exhausted else idle_tick.NEVER
             self.idle = idle_tick.IdleTick(
                 hosts, self.tick_limits_seq,
-                min(self.backoff_due, self.overdue_due, self.reasons_due))
+                min(self.backoff_due, self.overdue_due, self.reasons_due, deep))
 
     def _running(self) -> list[preemption.Running]:
         """Every live attempt not already being stopped, as preemption sees it."""
