@@ -21,6 +21,8 @@ Workloads (each on a fresh stack):
   W6 queue       1,000 hosts x 4 cpu filled with hour-long 1-cpu tasks and 36,000 more
                  waiting: each process's CPU per second once the queue stands (nothing can
                  be placed until a task ends, so a scheduler should cost what it does idle).
+  W7 churn       W6 with tasks of 5-15 s: every freed slot is refilled from the queue;
+                 each process's CPU per second, placements/s and CPU per placement.
   W5 preemption  1,000 hosts in slices of 8, full of batch gangs; 100 production gangs of 8
                  arrive at once: time until all run, evictions/s, how long each waited
                  after its last victim exited (simulated victims exit at once: the grace
@@ -443,26 +445,31 @@ def slice_gaps(seen: Observed) -> list[float]:
     return gaps
 
 
-async def standing_queue(root: Path, hosts: int, waiting: int, settle: float,
-                         window: float) -> dict[str, Any]:
-    """W6: a full cluster with `waiting` more tasks queued; CPU per second of each process
-    over `window` seconds, `settle` seconds after the last slot was taken."""
+async def standing_queue(root: Path, name: str, hosts: int, waiting: int, settle: float,
+                         window: float, run_time: str) -> dict[str, Any]:
+    """W6 and W7: a full cluster with `waiting` more tasks queued; CPU per second of each
+    process over `window` seconds, `settle` seconds after the last slot was taken."""
     slots = 4 * hosts
-    async with Cluster(root, f"W6-{hosts}", hosts, ["--cpu", "4", "--memory-mb", "4096",
-                                                    "--sim-runtime", "const:3600"]) as c:
+    async with Cluster(root, f"{name}-{hosts}", hosts, ["--cpu", "4", "--memory-mb", "4096",
+                                                        "--sim-runtime", run_time]) as c:
         seen = c.seen
         jobs = slots + waiting
         await submit_all(c.nc, seen, [single(i) for i in range(jobs)])
         full = await wait_for(seen, lambda: len(seen.assigned) >= slots, 120,
                               "W6: every slot to be taken")
         await asyncio.sleep(settle)
-        before = c.cpu()
+        before, placed_before = c.cpu(), len(seen.assigned)
         await asyncio.sleep(window)
         rates = {k: round(v / window, 3) for k, v in cpu_used(before, c.cpu()).items()}
+        placed_in_window = len(seen.assigned) - placed_before
         doctor = await c.doctor()
         return {
-            "workload": "W6", "hosts": hosts, "slots": slots, "waiting": waiting,
+            "workload": name, "hosts": hosts, "slots": slots, "waiting": waiting,
             "full": full, "placed": len(seen.assigned), "window_s": window,
+            "placements_per_s_in_window": round(placed_in_window / window, 1),
+            "scheduler_cpu_ms_per_placement_in_window": round(
+                1000 * rates.get("scheduler", 0.0) * window / placed_in_window, 3)
+            if placed_in_window else None,
             "cores": rates, "scheduler_cores": rates.get("scheduler", 0.0),
             "all_cores": round(sum(rates.values()), 3),
             **{f"doctor_{k}": v for k, v in doctor.items()},
@@ -603,6 +610,13 @@ def table(results: list[dict[str, Any]]) -> str:
             what = (f"{r['placed']}/{r['slots']} slots taken, {r['waiting']} waiting: "
                     f"scheduler {r['scheduler_cores']} cores, all processes "
                     f"{r['all_cores']} cores, doctor violations={r['doctor_violations']}")
+        elif r["workload"] == "W7":
+            what = (f"{r['slots']} slots refilled from {r['waiting']} waiting: "
+                    f"{r['placements_per_s_in_window']} placements/s, scheduler "
+                    f"{r['scheduler_cores']} cores "
+                    f"({r['scheduler_cpu_ms_per_placement_in_window']} ms per placement), "
+                    f"all processes {r['all_cores']} cores, doctor violations="
+                    f"{r['doctor_violations']}")
         elif r["workload"] == "W3":
             what = (f"submit->RUNNING p50 {r['submit_to_running_p50_ms']} ms, "
                     f"p99 {r['submit_to_running_p99_ms']} ms")
@@ -659,9 +673,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                       8 if quick else args.w4_cap,
                                       "uniform:0.1:0.3" if quick else "uniform:0.5:1.5"))
         if wanted("W6"):
-            emit(await standing_queue(root, 10 if quick else 1000,
+            emit(await standing_queue(root, "W6", 10 if quick else 1000,
                                       400 if quick else 36_000, 1 if quick else 5,
-                                      2 if quick else 20))
+                                      2 if quick else 20, "const:3600"))
+        if wanted("W7"):
+            emit(await standing_queue(root, "W7", 10 if quick else 1000,
+                                      400 if quick else 36_000, 1 if quick else 5,
+                                      2 if quick else 20,
+                                      "uniform:0.5:1.5" if quick else "uniform:5:15"))
         if wanted("P1"):
             emit(await processes(root, 1 if quick else 8, 4 if quick else 8,
                                  12 if quick else 500, 30 if quick else 300))

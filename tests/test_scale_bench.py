@@ -1,4 +1,4 @@
-"""`bench/scale.py --quick` (W1-W6 and P1) runs end to end against the real services and
+"""`bench/scale.py --quick` (W1-W7 and P1) runs end to end against the real services and
 simulated hosts (P1: real worker agents), prints one well-formed JSON line per workload,
 and every checker run finds zero violations. The numbers themselves are not asserted (they
 are the benchmark's to report)."""
@@ -28,7 +28,7 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     by_name: dict[str, list[dict[str, object]]] = {}
     for result in results:
         by_name.setdefault(str(result["workload"]), []).append(result)
-    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5", "W6", "P1"}
+    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "P1"}
     assert set(by_name["W1"][0]) >= THROUGHPUT_KEYS
     for result in (*by_name["W1"], *by_name["W4"], *by_name["P1"]):
         assert result["doctor_violations"] == 0 and result["doctor_double_booked_hosts"] == 0
@@ -52,6 +52,9 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     assert w6["full"] and w6["placed"] == w6["slots"], w6  # not one task beyond the slots
     assert w6["doctor_violations"] == 0 and w6["doctor_double_booked_hosts"] == 0
     assert "scheduler" in w6["cores"]  # type: ignore[operator]
+    w7 = by_name["W7"][0]
+    assert w7["full"] and w7["placed"] > w7["slots"], w7  # freed slots were refilled
+    assert w7["doctor_violations"] == 0 and w7["doctor_double_booked_hosts"] == 0
     assert "workload" in done.stderr and "placements/s" in done.stderr  # the table
 
 
