@@ -9,7 +9,9 @@ in tests/test_placement.py)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -40,6 +42,7 @@ from berth.shared.messages import (
     WorkerRegistered,
 )
 from berth.shared.states import TaskState
+from tests.test_host_cache import _Bus, _Lease
 
 
 def host(name: str, cpu: int = 1000) -> placement.Host:
@@ -81,18 +84,14 @@ BACKOFF = 0.02
 RETRY = RetryPolicy(on_events=[RetryEvent.ERROR], backoff=Backoff(initial=BACKOFF, max=BACKOFF))
 
 
-class _Bus:
-    def jetstream(self, **_: object) -> None:
-        return None
-
-
-class _Lease:
-    epoch = 1
-    sent = time.monotonic()
-
-
 def new_leader() -> Leader:
     return Leader(Settings.from_env(), _Bus(), None, "s", _Lease())  # type: ignore[arg-type]
+
+
+def folder(state: ClusterState) -> Callable[[AnyEvent], None]:
+    """Folds events into `state` in sequence, as the leader's follower would."""
+    seq = itertools.count(1)
+    return lambda event: state.apply(next(seq), event)
 
 
 def register(worker: str, incarnation: str, cpu: int = 2) -> WorkerRegistered:
@@ -205,12 +204,7 @@ def test_what_ends_a_skip() -> None:
     limit changes, a backoff ends or a scheduling timeout comes due."""
     leader = new_leader()
     state = leader.state
-    seq = 0
-
-    def fold(event: AnyEvent) -> None:
-        nonlocal seq
-        seq += 1
-        state.apply(seq, event)
+    fold = folder(state)
 
     fold(LeaderElected(scheduler_id="s", epoch=1, ts=time.time()))
     fold(register("w0", "i0", cpu=1))
@@ -263,12 +257,7 @@ def test_a_walk_stops_short_only_where_no_waiting_task_could_preempt() -> None:
     one (a band above the lowest running, or a gang of that band)."""
     leader = new_leader()
     state = leader.state
-    seq = 0
-
-    def fold(event: AnyEvent) -> None:
-        nonlocal seq
-        seq += 1
-        state.apply(seq, event)
+    fold = folder(state)
 
     def job(n: int, priority: Priority, cpu: int = 1, gang: bool = False) -> JobSubmitted:
         return JobSubmitted(job_id=f"j{n}", submit_seq=n + 1, ts=time.time(), spec=JobSpec(
