@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.services.scheduler.placement import Host, Unit, place
-from berth.services.scheduler.preemption import Plan, Running, may_evict, plan
+from berth.services.scheduler.preemption import (
+    LOWEST_BAND,
+    Plan,
+    Running,
+    could_preempt,
+    may_evict,
+    plan,
+)
 from berth.shared.capacity import Amounts
 from berth.shared.lifecycle import PREEMPTION_IDS_KEPT, ClusterState, Kill
 from berth.shared.messages import (
@@ -315,3 +322,22 @@ def test_spec_fields_are_validated_with_one_line(spec: dict[str, object], error:
     with pytest.raises((msgspec.ValidationError, ValueError)) as info:
         msgspec.convert({"name": "x", "command": ["x"], **spec}, JobSpec)
     assert error in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("band", "lowest_running", "gang", "could"), [
+    (0, 2, False, True),  # production over batch
+    (1, 1, False, False),  # a task never evicts its own band
+    (1, 1, True, True),  # a gang may evict its band's squatters
+    (2, 2, True, False),  # the lowest band never preempts
+    (0, -1, True, False),  # nothing runs
+    (2, 1, False, False),  # only higher bands run
+])
+def test_who_could_preempt_agrees_with_may_evict(band: int, lowest_running: int, gang: bool,
+                                                 could: bool) -> None:
+    assert could_preempt(band, lowest_running, gang) is could
+    # Against a squatter of the lowest band running, may_evict agrees, except that the
+    # lowest band's units are never given the chance (the leader never plans for them).
+    if lowest_running >= 0 and band < LOWEST_BAND:
+        squatter = Running("v/0/0", "v", "w", lowest_running, Amounts(1000, 100), False,
+                           True, 0.0)
+        assert may_evict(band, gang, squatter) is could

@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 
 from berth.services.scheduler.placement import Host, Unit, candidates, free_amounts, order_key
 from berth.shared.capacity import Amounts
+from berth.shared.messages import Priority
+
+# The lowest band: it never preempts anyone.
+LOWEST_BAND = max(p.rank for p in Priority)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,15 @@ def may_evict(band: int, is_gang: bool, victim: Running) -> bool:
     if victim.band > band:
         return True
     return is_gang and not victim.gang and victim.band == band
+
+
+def could_preempt(band: int, lowest_running: int, gang: bool) -> bool:
+    """Whether a waiting unit of `band` (a gang or not) might find anyone `may_evict`
+    allows, `lowest_running` being the lowest band (highest rank) of any live attempt, -1
+    if none: something below its band, or for a gang something of its own band; never
+    from the lowest band."""
+    return band < LOWEST_BAND and (band < lowest_running
+                                   or (band == lowest_running and gang))
 
 
 @dataclass

@@ -90,7 +90,6 @@ from berth.shared.messages import (
     PendingReason,
     PendingReasonsChanged,
     PreemptionReleased,
-    Priority,
     QuotaSet,
     ResetWorker,
     RunAttempt,
@@ -141,8 +140,6 @@ MAX_TICK_PLACEMENTS = 1000
 DEEP_WALK_EVERY = 10.0
 # Preemptions a tick commits at most (each is one Lua call and one logged event).
 MAX_TICK_PREEMPTIONS = 200
-# The lowest band: it never preempts anyone.
-LOWEST_BAND = max(p.rank for p in Priority)
 TICK_STATS_EVERY = 10.0
 
 
@@ -721,15 +718,16 @@ class Leader:
         if now >= self.deep_walk_due:
             self.deep_walk_due = now + DEEP_WALK_EVERY
             return None
-        # As _preempt decides who may evict: a band above the lowest one running, or a
-        # gang of that band.
         queue = self.pending_queue
-        lowest = max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
         top = queue.top_band()
-        if top is None or (top < LOWEST_BAND and (
-                top < lowest or (top == lowest and queue.gang_waits()))):
+        if top is None or preemption.could_preempt(top, self._lowest_band_running(),
+                                                   queue.gang_waits()):
             return None
         return queue.least_need()
+
+    def _lowest_band_running(self) -> int:
+        """The lowest band (highest rank) of any live attempt; -1 if none is live."""
+        return max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
 
     def _place_of(self, job_id: str) -> pending_queue.Place:
         return pending_queue.place_of(self.state.jobs[job_id])
@@ -870,7 +868,7 @@ class Leader:
         # The lowest band running: a task may evict only below its band, a gang a
         # squatter of its own band too. Nothing to evict, nothing to plan (e.g. all work
         # of one band, however much of it waits).
-        lowest = max((rank for rank, n in self.state.live_by_rank.items() if n), default=-1)
+        lowest = self._lowest_band_running()
         if not waiting or lowest < 0:
             return False
         eligible = []
@@ -879,8 +877,7 @@ class Leader:
                 continue
             order, template = self._unit_template(self.state.jobs[job_id])
             band = order.band
-            if band < LOWEST_BAND and (band < lowest
-                                       or (band == lowest and template.gang is not None)):
+            if preemption.could_preempt(band, lowest, template.gang is not None):
                 eligible.append((self.queue_rank.get(job_id, len(self.queue_rank)), band,
                                  job_id))
         units = []
