@@ -428,9 +428,7 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     group_orders: GroupOrders = {}
     # An upper bound of what any host has free (their sum: one host has at most all of
     # it), less what this call assigned.
-    left = Amounts(sum(h.free.cpu for h in free), sum(h.free.mem for h in free),
-                   sum(h.free.disk for h in free),
-                   sum(h.free.dev for h in free)) if stop_below is not None else None
+    left = sum((h.free for h in free), Amounts()) if stop_below is not None else None
     counted, need = 0, Amounts()  # assignments taken off `left`, the last unit's need
     for unit in units:
         if left is not None and stop_below is not None:
