@@ -424,10 +424,20 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
             "submit_to_succeeded_p90_ms": pct(to_done, 0.9),
             "submit_to_succeeded_p99_ms": pct(to_done, 0.99),
             "submit_to_running_p50_ms": pct(seen.latencies(seen.running), 0.5),
+            "submit_to_assigned_p50_ms": pct(seen.latencies(seen.assigned), 0.5),
+            # Where a job's time goes once placed: on its worker (the report stamps).
+            "assigned_to_running_p50_ms": pct(between(seen.assigned, seen.running), 0.5),
+            "running_to_finished_p50_ms": pct(between(seen.running, seen.finished), 0.5),
             "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             **cpu_cost(used, len(done_times), "job"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
+
+
+def between(earlier: dict[tuple[str, int], float], later: dict[tuple[str, int], float]
+            ) -> list[float]:
+    """Per task stamped in both, the seconds from the one to the other."""
+    return [max(0.0, later[k] - ts) for k, ts in earlier.items() if k in later]
 
 
 def slice_gaps(seen: Observed) -> list[float]:

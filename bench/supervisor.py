@@ -1,10 +1,11 @@
-"""CPU per attempt of starting `true` under its supervisor, exec'd vs forked from the
-zygote (services/worker_agent/zygote.py), without the rest of the worker agent.
+"""CPU per attempt of starting `true` under its supervisor, without the rest of the worker
+agent: exec'd, forked from the zygote for each attempt (`forked`), or forked once and then
+taking attempt after attempt (`pooled`, what the agent does: services/worker_agent/zygote.py).
 
     .venv/bin/python bench/supervisor.py [--attempts 200] [--concurrency 8]
 
 Prints one JSON line per mode: the agent's own CPU per attempt (AttemptProcess's work) and
-the supervisor's, its task's included (exec'd: the agent's reaped children; forked: the
+the supervisor's, its task's included (exec'd: the agent's reaped children; otherwise the
 zygote's tree, less the zygote's own start).
 """
 
@@ -36,7 +37,7 @@ def children_cpu() -> float:
 
 
 async def run(mode: str, attempts: int, concurrency: int, root: Path) -> dict[str, object]:
-    zygote = Zygote() if mode == "zygote" else None
+    zygote = None if mode == "exec" else Zygote(keep_idle=0 if mode == "forked" else 32)
 
     async def sink(stream: str, chunk: bytes) -> None:
         pass
@@ -73,7 +74,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("exec", "zygote"):
+        for mode in ("exec", "forked", "pooled"):
             print(json.dumps(await run(mode, args.attempts, args.concurrency, Path(tmp))),
                   flush=True)
 

@@ -196,6 +196,7 @@ async def test_a_supervisor_forked_after_the_agent_gave_up_never_starts_its_task
 
 
 def test_the_supervisor_benchmark_runs_and_forking_costs_less_than_exec() -> None:
+    """Pooled or forked per attempt (its first attempts are forked in both)."""
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "bench/supervisor.py", "--attempts", "8",
                            "--concurrency", "4"], cwd=root, capture_output=True, text=True,
@@ -204,6 +205,151 @@ def test_the_supervisor_benchmark_runs_and_forking_costs_less_than_exec() -> Non
     # in CI, without them).
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["mode"]: r for r in map(json.loads, done.stdout.splitlines())}
-    assert rows["exec"]["attempts"] == rows["zygote"]["attempts"] == 8
-    assert (rows["zygote"]["supervisor_cpu_ms_per_attempt"]
-            < rows["exec"]["supervisor_cpu_ms_per_attempt"])
+    assert rows["exec"]["attempts"] == rows["forked"]["attempts"] == 8
+    assert rows["pooled"]["attempts"] == 8
+    for mode in ("forked", "pooled"):
+        assert (rows[mode]["supervisor_cpu_ms_per_attempt"]
+                < rows["exec"]["supervisor_cpu_ms_per_attempt"])
+
+
+async def test_a_pooled_supervisor_takes_the_next_attempt_with_nothing_of_the_last(
+        tmp_path: Path) -> None:
+    zygote = Zygote()
+    try:
+        # An attempt whose main process exits leaving a child in a session of its own: the
+        # tree is gone before the exit is reported, as with a supervisor of its own.
+        out: list[bytes] = []
+        a = attempt(tmp_path, ["sh", "-c", "setsid sleep 30 & echo $!"], zygote, out=out)
+        await a.start()
+        assert await a.wait() == 0
+        escaped = int(b"".join(out))
+        await until(lambda: not alive(escaped))
+        supervisor = a.pid
+        # The next attempt goes to the same supervisor, measured alone (a CPU-heavy attempt
+        # first: what the next one used is not added to it).
+        heavy = attempt(tmp_path, [sys.executable, "-c", "sum(range(10**7))"], zygote)
+        await heavy.start()
+        assert heavy.pid == supervisor and await heavy.wait() == 0
+        assert heavy.usage is not None and heavy.usage.cpu_seconds >= 0.05
+        light = attempt(tmp_path, ["true"], zygote)
+        await light.start()
+        assert light.pid == supervisor and await light.wait() == 0
+        assert light.usage is not None and light.usage.cpu_seconds < heavy.usage.cpu_seconds
+        # An attempt ended by SIGUSR1 (it ignored SIGTERM): the next is not ended by it.
+        stubborn = attempt(tmp_path, ["sh", "-c", "trap '' TERM; sleep 30"], zygote)
+        await stubborn.start()
+        await asyncio.sleep(0.2)
+        await stubborn.stop(0.3)
+        assert stubborn.proc is not None and stubborn.proc.returncode == -signal.SIGKILL
+        after = attempt(tmp_path, ["sh", "-c", "sleep 0.3"], zygote)
+        await after.start()
+        assert after.pid == supervisor and await after.wait() == 0
+        # Nor by one that reaches the supervisor between attempts (sent late).
+        os.kill(supervisor, signal.SIGUSR1)
+        await asyncio.sleep(0.1)
+        late = attempt(tmp_path, ["sh", "-c", "sleep 0.3"], zygote)
+        await late.start()
+        assert late.pid == supervisor and await late.wait() == 0
+        # The task holds its three pipes and nothing else: not the supervisor's socket.
+        out.clear()
+        fds = attempt(tmp_path, ["sh", "-c", "ls /proc/$$/fd"], zygote, out=out)
+        await fds.start()
+        assert fds.pid == supervisor and await fds.wait() == 0
+        assert b"".join(out).split() == [b"0", b"1", b"2"]
+    finally:
+        zygote.close()
+    await until(lambda: not alive(supervisor))  # an idle one ends with the pool
+
+
+async def test_a_pooled_supervisor_that_died_or_paused_costs_no_double_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zygote_module, "START_TIMEOUT", 0.3)
+    zygote = Zygote()
+    try:
+        first = attempt(tmp_path, ["true"], zygote)
+        await first.start()
+        await first.wait()
+        assert first.pid is not None
+        os.kill(first.pid, signal.SIGKILL)  # idle in the pool (the OOM killer, say)
+        await until(lambda: not alive(first.pid))  # type: ignore[arg-type]
+        started = time.monotonic()
+        second = attempt(tmp_path, ["true"], zygote)
+        await second.start()
+        assert isinstance(second.proc, Forked) and second.pid != first.pid
+        assert await second.wait() == 0
+        assert time.monotonic() - started < 2  # no wait for an answer from the dead one
+        # A paused one takes the request and does not answer: the start is exec'd, and
+        # the task runs once, though the paused one wakes up later.
+        assert second.pid is not None
+        os.kill(second.pid, signal.SIGSTOP)
+        marker = tmp_path / "ran"
+        third = attempt(tmp_path, ["sh", "-c", f"echo >> {marker}"], zygote)
+        await third.start()
+        assert not isinstance(third.proc, Forked)
+        assert await third.wait() == 0
+        os.kill(second.pid, signal.SIGCONT)
+        await until(lambda: not alive(second.pid))  # type: ignore[arg-type]
+        assert marker.read_text() == "\n"
+    finally:
+        zygote.close()
+
+
+async def test_supervisors_beyond_the_pool_exit_and_none_are_kept_without_one(
+        tmp_path: Path) -> None:
+    zygote = Zygote(keep_idle=1)
+    try:
+        both = [attempt(tmp_path, ["sh", "-c", "sleep 0.2"], zygote) for _ in range(2)]
+        for p in both:
+            await p.start()
+        assert both[0].pid != both[1].pid
+        for p in both:
+            assert await p.wait() == 0
+        await until(lambda: sum(alive(p.pid) for p in both) == 1)  # type: ignore[arg-type]
+    finally:
+        zygote.close()
+    unpooled = Zygote(keep_idle=0)
+    try:
+        one = attempt(tmp_path, ["true"], unpooled)
+        await one.start()
+        await one.wait()
+        await until(lambda: not alive(one.pid))  # type: ignore[arg-type]
+        other = attempt(tmp_path, ["true"], unpooled)
+        await other.start()
+        assert isinstance(other.proc, Forked) and other.pid != one.pid
+        assert await other.wait() == 0
+    finally:
+        unpooled.close()
+
+
+IDLE_AGENT = textwrap.dedent("""
+    import asyncio, os, sys, time
+    from berth.services.worker_agent.process import AttemptProcess
+    from berth.services.worker_agent.zygote import Zygote
+
+    async def main():
+        async def sink(stream, chunk):
+            pass
+        p = AttemptProcess(["true"], dict(os.environ), sys.argv[1], sink,
+                           time.monotonic() + 60, zygote=Zygote())
+        await p.start()
+        await p.wait()
+        print(p.pid, flush=True)
+        await asyncio.sleep(60)
+
+    asyncio.run(main())
+""")
+
+
+async def test_a_sigkilled_agent_takes_its_idle_supervisors_with_it(tmp_path: Path) -> None:
+    agent = await asyncio.create_subprocess_exec(sys.executable, "-c", IDLE_AGENT,
+                                                 str(tmp_path), stdout=subprocess.PIPE)
+    try:
+        assert agent.stdout is not None
+        supervisor = int(await agent.stdout.readline())
+        assert alive(supervisor)  # pooled, waiting for an attempt
+        agent.kill()
+        await until(lambda: not alive(supervisor))
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+        await agent.wait()

@@ -266,6 +266,29 @@ def test_task_directories_are_removed_from_disk(tmp_path: Path) -> None:
     assert task_dirs.remove_stale(tmp_path, 3600, 500, []) == ["j2-bbbb"]
 
 
+def test_an_attempts_directories_are_made_and_its_job_marked_used(tmp_path: Path) -> None:
+    first = task_dirs.TaskDirs.of(tmp_path, "j1-aaaa", 0, 0)
+    first.create()  # nothing there yet: parents made too
+    assert first.task.is_dir() and first.scratch.is_dir()
+    job_dir = tmp_path / "tasks" / "j1-aaaa"
+    os.utime(job_dir, (0, 0))
+    task_dirs.TaskDirs.of(tmp_path, "j1-aaaa", 1, 0).create()  # a new task dir marks it
+    assert job_dir.stat().st_mtime > 0
+    os.utime(job_dir, (0, 0))
+    retry = task_dirs.TaskDirs.of(tmp_path, "j1-aaaa", 0, 1)
+    (first.task / "ckpt").write_bytes(b"x")
+    retry.create()  # the task directory is kept across attempts, and the job marked used
+    assert (retry.task / "ckpt").read_bytes() == b"x" and retry.scratch.is_dir()
+    assert job_dir.stat().st_mtime > 0
+    # An empty scratch directory goes at once; one with files is left to rmtree.
+    assert first.remove_scratch_if_empty() and not first.scratch.exists()
+    assert first.remove_scratch_if_empty()  # gone already
+    (retry.scratch / "tmp").write_bytes(b"x")
+    assert not retry.remove_scratch_if_empty() and retry.scratch.exists()
+    retry.remove_scratch()
+    assert not retry.scratch.exists()
+
+
 def test_status_shows_a_build_failures_output_tail_below_its_attempt() -> None:
     error = "build failed: make exited 2\nstep one\noops"
     attempt = {"attempt_id": 0, "worker_id": "local-0", "state": "failed",

@@ -159,12 +159,19 @@ class AttemptProcess:
                 await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace)
                 return
             except TimeoutError:
+                if self._exited():
+                    # It ended as the wait timed out: its supervisor may be running
+                    # another attempt by now (zygote.py), which no signal of ours is for.
+                    return
                 if last_resort:
                     signal_group(self.proc.pid, signal.SIGKILL)
                 else:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(self.proc.pid, signal.SIGUSR1)
                     grace = 1.0
+
+    def _exited(self) -> bool:
+        return self.proc is not None and self.proc.returncode is not None
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -517,7 +517,8 @@ class WorkerAgent:
                 env["BERTH_DEADLINE"] = f"{time.time() + cmd.timeout:.3f}"
             await self._run_process(key, attempt, self._process(cmd, dirs, env))
         finally:
-            await asyncio.to_thread(dirs.remove_scratch)
+            if not dirs.remove_scratch_if_empty():
+                await asyncio.to_thread(dirs.remove_scratch)
 
     async def _build_phase(self, key: str, attempt: RunningAttempt, dirs: TaskDirs,
                            env: dict[str, str]) -> bool:

@@ -36,17 +36,26 @@ installing.
 
 Started by exec, a supervisor costs an attempt 45-65 ms of CPU (a Python start, and its
 imports: ctypes and json alone are ~25 ms). So the agent keeps one **zygote** (`--zygote`):
-a supervisor with everything imported that forks a supervisor per attempt: about 8 ms of
-CPU with a `true` task included, on a loaded 2-core machine (bench/supervisor.py,
-docs/performance.md). The agent
-sends it one datagram per attempt, a JSON request (ZygoteRequest's fields) with four file
+a supervisor with everything imported that forks supervisors. The agent sends it a
+datagram per supervisor wanted, a JSON request (ZygoteRequest's fields) with four file
 descriptors: the read end of the supervisor's stdin (the agent keeps the only write end, so
 its death is still seen), the write ends of its stdout and stderr, and a *status* pipe, on
 which the supervisor writes its pid as it starts and, once the tree is gone, what the tree
 used (a JSON line, when the request asks for it) and its exit as a return code (`-N`:
-signal N). It then stays, leading the group so that its pid is not
-reused, until the agent closes its stdin. The forked supervisors do not depend on the
-zygote: its death (or pause) stops new starts only.
+signal N). It then stays, leading the group so that its pid is not reused, until the agent
+closes its stdin.
+
+A fifth descriptor, if sent, is a socket of the supervisor's own: once the agent has closed
+its stdin, it waits there for the agent's next request (the same datagram, four pipes) and
+runs that attempt, one at a time, until the agent closes the socket. A fork, and the pages
+a new process copies as it first runs its Python, cost ~2.5 ms of CPU per attempt; a
+supervisor that takes attempt after attempt costs ~0.1 ms beyond its task's own start
+(bench/supervisor.py, docs/performance.md). What makes one attempt's supervision
+independent of the last: every descendant of an attempt is gone before its exit is reported
+(as a subreaper, its orphans are ours), what the tree used is counted from the children
+reaped during the attempt, a SIGUSR1 received before the next pid line is dropped, and the
+task gets only its three pipes. The forked supervisors do not depend on the zygote: its
+death (or pause) stops new forks only.
 """
 
 from __future__ import annotations
@@ -56,12 +65,16 @@ import ctypes
 import gc
 import json
 import os
-import resource
 import select
 import signal
 import socket
 import sys
 import time
+
+# Not imported for real: a supervisor starts with the standard library's bare minimum.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 PR_SET_CHILD_SUBREAPER = 36
 # The longest sleep between looks at the deadline (a wait ends sooner on a child's exit, a
@@ -146,8 +159,14 @@ def resident_bytes(pids: list[int]) -> int:
     return total * os.sysconf("SC_PAGE_SIZE")
 
 
-# Exit statuses of the children reaped so far, by pid.
+# Exit statuses of the children reaped during this attempt, by pid, and what they used: the
+# CPU seconds, and the largest peak resident KiB of one of them (its own reaped children's
+# included). A supervisor may run attempts one after another, so not the kernel's count of
+# all our children's use, which only grows.
 reaped: dict[int, int] = {}
+used = [0.0, 0]
+# SIGUSR1s received (the agent asking for the tree's end) not yet acted on.
+asked: list[bool] = []
 
 
 class Usage:
@@ -179,10 +198,10 @@ class Usage:
         measure as a JSON line, also written to `path` if there is one; "" if unwanted."""
         if not self.wanted:
             return ""
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        peak = max(self.peak_bytes, children.ru_maxrss * 1024)  # ru_maxrss is in KiB
+        cpu, peak_kib = used
+        peak = max(self.peak_bytes, peak_kib * 1024)
         # One write of C-encoded JSON: json.dump encodes in Python, a write per token.
-        text = json.dumps({"cpu_seconds": round(children.ru_utime + children.ru_stime, 3),
+        text = json.dumps({"cpu_seconds": round(cpu, 3),
                            "peak_rss_mb": round(peak / 2**20, 1), "samples": self.samples})
         if self.path:
             with contextlib.suppress(OSError):
@@ -212,12 +231,14 @@ def reap() -> None:
     """Collects exited children (orphans re-parented to us included) so none is a zombie."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
         reaped[pid] = status
+        used[0] += usage.ru_utime + usage.ru_stime
+        used[1] = max(used[1], usage.ru_maxrss)
 
 
 def returncode(status: int) -> int:
@@ -291,10 +312,9 @@ def fence(fence_file: str, agent: Agent) -> None:
 
 
 def report(status_fd: int, code: int, usage: str = "") -> None:
-    """Tells the agent our exit (zygote mode), after what the tree used if that was
-    measured (a JSON line), and stays until it has read it."""
-    if status_fd < 0:
-        return
+    """Tells the agent the attempt's exit (a forked supervisor), after what the tree used if
+    that was measured (a JSON line), and returns once the agent has closed our stdin: until
+    then we lead the attempt's process group, so that its id is not reused."""
     with contextlib.suppress(OSError):
         os.write(status_fd, (f"{usage}\n{code}\n" if usage else f"{code}\n").encode())
     # The agent reads its pipes to their ends: ours close now, not when we exit.
@@ -305,28 +325,35 @@ def report(status_fd: int, code: int, usage: str = "") -> None:
     with contextlib.suppress(OSError):
         while os.read(0, 4096):
             pass
-    os._exit(0)
+    os.dup2(devnull, 0)
+    os.close(devnull)
 
 
-def supervise(fence_file: str, deadline: float, usage_path: str, command: list[str],
-              env: dict[str, str] | None = None, status_fd: int = -1,
-              prctl: object = None, usage_on_status: bool = False) -> None:
-    """Runs `command` under this process's supervision until the end (never returns)."""
-    me = os.getpid()
-    usage = Usage(usage_path, usage_on_status)
+def prepare(prctl: object = None) -> int:
+    """What a supervisor process sets up once, for every attempt it runs: it becomes a
+    subreaper, leaves the group's signals to the task, and hears SIGUSR1 and its children's
+    exits. Returns the read end of the pipe those signals wake the wait below through, so
+    that an attempt's exit is reported without a polling delay."""
     become_subreaper(prctl)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    asked = []
     signal.signal(signal.SIGUSR1, lambda *_: asked.append(True))
-    # A child's exit (SIGCHLD) and SIGUSR1 wake the wait below at once, through this pipe:
-    # the attempt's exit is reported without a polling delay.
     wake, woken = os.pipe()
     os.set_blocking(wake, False)
     os.set_blocking(woken, False)
     signal.set_wakeup_fd(woken)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake
 
+
+def run_attempt(fence_file: str, deadline: float, usage: Usage, command: list[str],
+                env: dict[str, str] | None, wake: int) -> tuple[int, int | None, str]:
+    """Runs `command` under this process's supervision until its whole tree is gone (our
+    stdin: the agent's). Returns the code to report, the task's wait status (None if it
+    was not started, or was fenced off) and what the tree used (usage.write)."""
+    me = os.getpid()
+    reaped.clear()
+    used[:] = [0.0, 0]
     agent = Agent(0, deadline)
     agent.poll()
     if agent.gone or time.monotonic() > agent.deadline:
@@ -334,8 +361,7 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
         # fence file to write: the same name may be an exec'd supervisor's by now).
         if not agent.gone:
             fence(fence_file, agent)
-        report(status_fd, 137)
-        os._exit(137)
+        return 137, None, ""
 
     # posix_spawn (a vfork underneath): no copy of this process's memory map to make.
     # Signals this process ignores or handles, and the ones Python ignores (SIGPIPE,
@@ -349,15 +375,13 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
             setsigmask=())
     except OSError as exc:
         os.write(2, f"cannot start {command[0]!r}: {exc.strerror}\n".encode())
-        report(status_fd, 127, usage.write())
-        os._exit(127)
+        return 127, None, usage.write()
 
     while True:
         reap()
         if child in reaped:
             kill_tree(me)
-            report(status_fd, returncode(reaped[child]), usage.write())
-            exit_like(reaped[child])
+            return returncode(reaped[child]), reaped[child], usage.write()
         if asked:
             kill_tree(me)
             asked.clear()
@@ -365,8 +389,7 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
         if agent.gone or time.monotonic() > agent.deadline:
             fence(fence_file, agent)
             kill_tree(me)
-            report(status_fd, 137, usage.write())
-            os._exit(137)
+            return 137, None, usage.write()
         usage.sample(me)
         wait = min(LONGEST_WAIT, max(0.0, agent.deadline - time.monotonic()), usage.due_in())
         try:
@@ -378,6 +401,15 @@ def supervise(fence_file: str, deadline: float, usage_path: str, command: list[s
                 os.read(wake, 4096)
         if 0 in ready:
             agent.read()
+
+
+def supervise(fence_file: str, deadline: float, usage_path: str, command: list[str]) -> None:
+    """An exec'd supervisor: runs `command` to its end and exits as it did (never returns)."""
+    code, status, _ = run_attempt(fence_file, deadline, Usage(usage_path), command, None,
+                                  prepare())
+    if status is None:
+        os._exit(code)
+    exit_like(status)
 
 
 def serve(sock: socket.socket) -> None:
@@ -394,10 +426,10 @@ def serve(sock: socket.socket) -> None:
     # copies) the pages it shares with us.
     gc.freeze()
     while True:
-        message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, ZYGOTE_FDS)
+        message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, ZYGOTE_FDS + 1)
         if not message and not fds:
             return  # the agent is gone
-        if len(fds) == ZYGOTE_FDS:
+        if len(fds) in (ZYGOTE_FDS, ZYGOTE_FDS + 1):
             # A failed fork closes the fds below: the agent sees no pid and execs instead.
             with contextlib.suppress(OSError):
                 if os.fork() == 0:
@@ -407,11 +439,40 @@ def serve(sock: socket.socket) -> None:
 
 
 def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: object) -> None:
-    """In the zygote's child: becomes the attempt's supervisor (never returns)."""
-    stdin, stdout, stderr, status = fds
+    """In the zygote's child: becomes a supervisor and runs the request's attempt; then, if
+    the request came with a socket of its own (a fifth fd), each attempt the agent sends on
+    it, one at a time, until the agent closes it (never returns)."""
+    own = socket.socket(fileno=fds.pop()) if len(fds) > ZYGOTE_FDS else None
     try:
-        sock.close()
+        sock.close()  # fd 0: it stays taken (each attempt's stdin goes there), not the
+        null = os.open(os.devnull, os.O_RDONLY)  # pipe prepare() makes
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
         os.setsid()
+        wake = prepare(prctl)
+        if own is not None:
+            own.set_inheritable(False)  # not the task's: only the agent sends on it
+    except BaseException as exc:
+        failed(fds[3], exc)
+    while True:
+        run_forked(message, fds, wake)
+        if own is None:
+            os._exit(0)
+        message, fds = next_request(own)
+        if not fds:
+            os._exit(0)  # the agent closed it (it is gone, or keeps fewer of us)
+
+
+def run_forked(message: bytes, fds: list[int], wake: int) -> None:
+    """One attempt of a forked supervisor: `message` (a ZygoteRequest's JSON) with its
+    stdin, stdout, stderr and status pipes. Returns once it is reported and the agent has
+    closed its stdin."""
+    stdin, stdout, stderr, status = fds
+    # The agent signals this attempt only once it has our pid from the line below: a
+    # SIGUSR1 that came before it was for an attempt of ours that has ended.
+    asked.clear()
+    try:
         os.write(status, f"{os.getpid()}\n".encode())
         os.set_inheritable(status, False)
         for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
@@ -431,13 +492,38 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
             os.environ.pop("PATH", None)
         # What the tree used comes back on the status pipe: no file to create, read and
         # remove per attempt (a file's creation alone was a fifth of a forked supervisor).
-        supervise(request["fence_file"], float(request["deadline"]), "",
-                  list(request["argv"]), env, status, prctl, bool(request["usage"]))
-    except BaseException as exc:  # whatever it was, the agent must hear of it
-        with contextlib.suppress(OSError):
-            os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
-            os.write(status, b"127\n")
-        os._exit(127)
+        code, _, usage = run_attempt(request["fence_file"], float(request["deadline"]),
+                                     Usage("", bool(request["usage"])),
+                                     list(request["argv"]), env, wake)
+    except BaseException as exc:
+        failed(status, exc)
+    report(status, code, usage)
+    with contextlib.suppress(OSError):
+        os.chdir("/")  # not the attempt's directory, which may be removed
+
+
+def failed(status: int, exc: BaseException) -> NoReturn:
+    """Whatever went wrong, the agent must hear of it, and nothing of the attempt stays."""
+    with contextlib.suppress(BaseException):
+        kill_tree(os.getpid())
+    with contextlib.suppress(OSError):
+        os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
+        os.write(status, b"127\n")
+    os._exit(127)
+
+
+def next_request(own: socket.socket) -> tuple[bytes, list[int]]:
+    """The next attempt the agent sends a pooled supervisor, with its four pipes; no fds
+    once the agent has closed the socket (or sent something else: we end)."""
+    try:
+        message, fds, _, _ = socket.recv_fds(own, MAX_REQUEST, ZYGOTE_FDS)
+    except OSError:
+        return b"", []
+    if len(fds) != ZYGOTE_FDS:
+        for fd in fds:
+            os.close(fd)
+        return b"", []
+    return message, fds
 
 
 def main(argv: list[str]) -> None:

@@ -38,11 +38,20 @@ class TaskDirs:
                    bundle_marker=tasks / f"{task_index}.bundle")
 
     def create(self) -> None:
-        self.task.mkdir(parents=True, exist_ok=True)
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        # Marks the job's directory used now, for the age-based clean-up.
-        with contextlib.suppress(OSError):
-            os.utime(self.task.parent)
+        """Both directories, and the job's directory marked used now (its mtime, for the
+        age-based clean-up). One `mkdir` each when their parents are there (pathlib's
+        `mkdir(parents=True)` was most of an attempt's start in the agent's profile)."""
+        fresh = True
+        for path in (self.task, self.scratch):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                fresh = path is not self.task
+            except FileNotFoundError:
+                path.mkdir(parents=True, exist_ok=True)
+        if not fresh:  # a task directory created in it has marked it already
+            with contextlib.suppress(OSError):
+                os.utime(self.task.parent)
 
     def env(self) -> dict[str, str]:
         return {"BERTH_TASK_DIR": str(self.task), "BERTH_SCRATCH_DIR": str(self.scratch)}
@@ -56,6 +65,17 @@ class TaskDirs:
 
     def mark_unpacked(self, digest: str) -> None:
         self.bundle_marker.write_text(digest + "\n")
+
+    def remove_scratch_if_empty(self) -> bool:
+        """Removes the scratch directory if the attempt left nothing in it (most leave
+        nothing): one system call, not worth a thread. False if it still holds files."""
+        try:
+            os.rmdir(self.scratch)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
 
     def remove_scratch(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,7 +1,9 @@
 """The agent's end of the supervisor zygote (supervise.py --zygote, whose docstring gives the
-protocol): one pre-started supervisor that forks a supervisor per attempt, so an attempt's
-start costs no Python start. Whatever goes wrong with the zygote (it died, is paused, the
-request is too large) makes `spawn` answer None, and the caller execs a supervisor instead."""
+protocol): one pre-started supervisor that forks supervisors, so an attempt's start costs no
+Python start. A forked supervisor whose attempt has ended waits for the next one (a *pooled*
+supervisor, on a socket of its own), so most attempts cost no fork either. Whatever goes
+wrong with the zygote or a pooled supervisor (it died, is paused, the request is too large)
+makes `spawn` answer None, and the caller execs a supervisor instead."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -24,6 +27,8 @@ SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 # How long a forked supervisor may take to say its pid; a zygote slower than that (paused,
 # or starved) is killed and started again, and this attempt's supervisor is exec'd.
 START_TIMEOUT = 5.0
+# Supervisors kept waiting for an attempt once theirs has ended; one more than that exits.
+KEEP_IDLE = 32
 
 
 class ZygoteRequest(msgspec.Struct):
@@ -68,13 +73,17 @@ class Forked:
     AttemptProcess uses. Not our child: its exit comes on its status pipe."""
 
     def __init__(self, pid: int, stdin: PipeWriter, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader, status: asyncio.StreamReader) -> None:
+                 stderr: asyncio.StreamReader, status: asyncio.StreamReader,
+                 ended: Callable[[bool], None] = lambda reported: None) -> None:
         self.pid = pid
         self.stdin = stdin
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
         self.usage = b""  # what the tree used (JSON), if the request asked for it
+        # Called once the supervisor is done with this attempt: whether it reported the
+        # exit (it lives on, and may take another), or not (it was SIGKILLed).
+        self.ended = ended
         self._exit = asyncio.ensure_future(self._collect(status))
 
     async def _collect(self, status: asyncio.StreamReader) -> int:
@@ -89,8 +98,10 @@ class Forked:
             self.returncode = int(last) if last else -signal.SIGKILL
         except ValueError:
             self.returncode = -signal.SIGKILL
-        # It stays (its pid, our process group id, not reused) until this closes.
+        # It stays (its pid, our process group id, not reused) until this closes. Only then
+        # may it take another attempt: no signal of ours for this one can reach the next.
         self.stdin.close()
+        self.ended(bool(last))
         return self.returncode
 
     async def wait(self) -> int:
@@ -98,14 +109,18 @@ class Forked:
 
 
 class Zygote:
-    def __init__(self) -> None:
+    def __init__(self, keep_idle: int = KEEP_IDLE) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
+        self.keep_idle = keep_idle
+        # Our ends of the pooled supervisors' sockets, the one used last at the end.
+        self.idle: list[socket.socket] = []
+        self.closed = False
 
     def _socket(self) -> socket.socket | None:
         if self.sock is not None and self.proc is not None and self.proc.poll() is None:
             return self.sock
-        self.close()
+        self._end_zygote()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
@@ -127,9 +142,46 @@ class Zygote:
         try:
             socket.send_fds(sock, [request], fds)
         except OSError:
-            self.close()
+            self._end_zygote()
             return False
         return True
+
+    def _send_pooled(self, request: bytes, fds: list[int]) -> socket.socket | None:
+        """Sends `request` to a pooled supervisor; the socket of the one that took it."""
+        while self.idle:
+            own = self.idle.pop()
+            try:
+                socket.send_fds(own, [request], fds)
+                return own
+            except OSError:  # it has exited since (killed, or out of memory)
+                own.close()
+        return None
+
+    def _send_new(self, request: bytes, fds: list[int]) -> tuple[bool, socket.socket | None]:
+        """Asks the zygote to fork a supervisor for `request`: whether it was sent, and our
+        end of the socket the supervisor takes later attempts on (none if none are kept)."""
+        if not self.keep_idle:
+            return self._send(request, fds), None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sent = self._send(request, [*fds, theirs.fileno()])
+        finally:
+            theirs.close()
+        if not sent:
+            ours.close()
+            return False, None
+        ours.setblocking(False)  # a paused supervisor must not stop the agent's loop
+        return True, ours
+
+    def _ended(self, own: socket.socket | None, reported: bool) -> None:
+        """A supervisor is done with its attempt: kept for the next, or let go (closing our
+        end of its socket ends it)."""
+        if own is None:
+            return
+        if reported and not self.closed and len(self.idle) < self.keep_idle:
+            self.idle.append(own)
+        else:
+            own.close()
 
     async def spawn(self, request: ZygoteRequest) -> Forked | None:
         """A supervisor for `request`, or None: exec one instead."""
@@ -144,8 +196,13 @@ class Zygote:
             theirs.append(w)
         # stdin is the other way round: they read, we write.
         ours[0], theirs[0] = theirs[0], ours[0]
+        self.closed = False
         try:
-            sent = self._send(message, theirs)
+            own = self._send_pooled(message, theirs)
+            forked = own is None
+            sent = not forked
+            if forked:
+                sent, own = self._send_new(message, theirs)
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -155,7 +212,7 @@ class Zygote:
             for fd in ours[1:]:
                 os.close(fd)
             return None
-        pipes = [await read_pipe(fd) for fd in ours[1:]]
+        pipes = await asyncio.gather(*(read_pipe(fd) for fd in ours[1:]))
         readers = [reader for reader, _ in pipes]
         status = readers[2]
         try:
@@ -163,16 +220,20 @@ class Zygote:
         except (TimeoutError, ValueError):
             pid = 0
         if not pid:
-            # Closing stdin first: a supervisor forked late sees the agent gone, and does
-            # not start the task.
+            # Closing stdin first: a supervisor that takes the request late sees the agent
+            # gone, and does not start the task.
             stdin.close()
-            self.close()
+            if own is not None:
+                own.close()
+            if forked:  # the zygote did not answer: it is started again for the next
+                self._end_zygote()
             for _, transport in pipes:
                 transport.close()
             return None
-        return Forked(pid, stdin, readers[0], readers[1], status)
+        return Forked(pid, stdin, readers[0], readers[1], status,
+                      lambda reported: self._ended(own, reported))
 
-    def close(self) -> None:
+    def _end_zygote(self) -> None:
         """Ends the zygote (SIGKILL: a paused one too). Its supervisors carry on."""
         if self.sock is not None:
             self.sock.close()
@@ -182,3 +243,12 @@ class Zygote:
                 self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def close(self) -> None:
+        """Ends the zygote and the pooled supervisors waiting for an attempt; those running
+        one carry on to its end."""
+        self._end_zygote()
+        for own in self.idle:
+            own.close()
+        self.idle.clear()
+        self.closed = True
