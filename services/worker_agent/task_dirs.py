@@ -47,8 +47,10 @@ class TaskDirs:
                 os.mkdir(path)
             except FileExistsError:
                 fresh = path is not self.task
-            except FileNotFoundError:
-                path.mkdir(parents=True, exist_ok=True)
+            except FileNotFoundError:  # the job's first task here: its directory too
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path)
         if not fresh:  # a task directory created in it has marked it already
             with contextlib.suppress(OSError):
                 os.utime(self.task.parent)
