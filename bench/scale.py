@@ -13,6 +13,8 @@ Workloads (each on a fresh stack):
                  and submit->RUNNING, scheduler peak RSS.
   W2 gangs       64 hosts in 8 slices of 8; 200 coscheduled 8-task jobs submitted at once:
                  time to place all, gang placements/s, the checker's (`berth doctor`) result.
+  W8 gang burst  W2 with a slice for every gang (200 slices of 8, 1,600 hosts): all fit at
+                 once, so the time to place them all is the scheduler's gang placement rate.
   W3 latency     an idle cluster; 200 single-task jobs one after another: submit->RUNNING.
   W4 growth      W1 at 1,000, 5,000 and 10,000 hosts, tasks = 20 x hosts (capped by time).
   P1 processes   real worker agents (8 x 8 cpu) running real processes: 500 `true` jobs at
@@ -357,10 +359,10 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
         }
 
 
-async def gangs(root: Path, slices: int, size: int, count: int, cap: float,
+async def gangs(root: Path, name: str, slices: int, size: int, count: int, cap: float,
                 run_time: str) -> dict[str, Any]:
     hosts = slices * size
-    async with Cluster(root, "W2", hosts, [
+    async with Cluster(root, name, hosts, [
             "--cpu", "4", "--memory-mb", "4096", "--tpu", "v5p:2x2x1:4",
             "--sim-slice-size", str(size), "--sim-runtime", run_time]) as c:
         seen = c.seen
@@ -374,15 +376,16 @@ async def gangs(root: Path, slices: int, size: int, count: int, cap: float,
         await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
         tasks = count * size
         complete = await wait_for(seen, lambda: len(seen.assigned) >= tasks, cap,
-                                  f"W2: all {count} gangs placed")
+                                  f"{name}: all {count} gangs placed")
         place_all = max(seen.assigned.values()) - t0 if seen.assigned else None
-        await wait_for(seen, lambda: len(seen.finished) >= tasks, cap, "W2: gangs finished")
+        await wait_for(seen, lambda: len(seen.finished) >= tasks, cap,
+                       f"{name}: gangs finished")
         used = cpu_used(cpu0, c.cpu())
         doctor = await c.doctor()
         gangs_placed = len({job for job, _ in seen.assigned})
         gaps = slice_gaps(seen)
         return {
-            "workload": "W2", "hosts": hosts, "slices": slices, "gangs": count,
+            "workload": name, "hosts": hosts, "slices": slices, "gangs": count,
             "gang_size": size, "complete": complete, "gangs_placed": gangs_placed,
             "time_to_place_all_s": round(place_all, 2) if place_all is not None else None,
             "gang_placements_per_s": round(gangs_placed / place_all, 1) if place_all else None,
@@ -593,7 +596,7 @@ async def preemption(root: Path, slices: int, size: int, count: int, cap: float
 def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'workload':<10}{'hosts':>7}  result"]
     for r in results:
-        if r["workload"] == "W2":
+        if r["workload"] in ("W2", "W8"):
             what = (f"{r['gangs_placed']}/{r['gangs']} gangs placed in "
                     f"{r['time_to_place_all_s']} s ({r['gang_placements_per_s']}/s), "
                     f"slice free->next gang p50 {r['slice_free_to_next_gang_p50_ms']} ms, "
@@ -669,7 +672,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                   "uniform:0.1:0.3" if quick else "uniform:0.5:1.5",
                                   rate=args.rate))
         if wanted("W2"):
-            emit(await gangs(root, 4 if quick else 8, 8, 20 if quick else 200,
+            emit(await gangs(root, "W2", 4 if quick else 8, 8, 20 if quick else 200,
+                             20 if quick else 300, "uniform:0.05:0.15"))
+        if wanted("W8"):
+            # A slice for every gang: none waits for another to end, so the time to place
+            # them all is the scheduler's alone.
+            emit(await gangs(root, "W8", 20 if quick else 200, 8, 20 if quick else 200,
                              20 if quick else 300, "uniform:0.05:0.15"))
         if wanted("W3"):
             emit(await latency(root, 10 if quick else 100, 20 if quick else 200))

@@ -1,4 +1,4 @@
-"""`bench/scale.py --quick` (W1-W7 and P1) runs end to end against the real services and
+"""`bench/scale.py --quick` (W1-W8 and P1) runs end to end against the real services and
 simulated hosts (P1: real worker agents), prints one well-formed JSON line per workload,
 and every checker run finds zero violations. The numbers themselves are not asserted (they
 are the benchmark's to report)."""
@@ -28,7 +28,7 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     by_name: dict[str, list[dict[str, object]]] = {}
     for result in results:
         by_name.setdefault(str(result["workload"]), []).append(result)
-    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "P1"}
+    assert set(by_name) == {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "P1"}
     assert set(by_name["W1"][0]) >= THROUGHPUT_KEYS
     for result in (*by_name["W1"], *by_name["W4"], *by_name["P1"]):
         assert result["doctor_violations"] == 0 and result["doctor_double_booked_hosts"] == 0
@@ -37,11 +37,14 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     p1 = by_name["P1"][0]
     assert p1["finished"] == p1["jobs"] and p1["failed"] == 0, p1
     assert p1["berth_cpu_ms_per_job"] > 0 and p1["submit_to_succeeded_p50_ms"] is not None
+    assert p1["assigned_to_running_p50_ms"] is not None
+    assert p1["running_to_finished_p50_ms"] is not None
     assert by_name["W2"][0]["slice_free_to_next_gang_p50_ms"] is not None
     assert len(by_name["W4"]) >= 1 and all(set(r) >= THROUGHPUT_KEYS for r in by_name["W4"])
-    w2 = by_name["W2"][0]
-    assert w2["doctor_violations"] == 0 and w2["doctor_double_booked_hosts"] == 0
-    assert w2["gangs_placed"] == w2["gangs"]
+    for w2 in (*by_name["W2"], *by_name["W8"]):
+        assert w2["doctor_violations"] == 0 and w2["doctor_double_booked_hosts"] == 0
+        assert w2["gangs_placed"] == w2["gangs"]
+    assert by_name["W8"][0]["slices"] == by_name["W8"][0]["gangs"]  # a slice each
     assert {"submit_to_running_p50_ms", "submit_to_running_p99_ms"} <= set(by_name["W3"][0])
     w5 = by_name["W5"][0]
     assert w5["doctor_violations"] == 0 and w5["doctor_double_booked_hosts"] == 0
