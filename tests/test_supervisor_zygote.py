@@ -353,3 +353,26 @@ async def test_a_sigkilled_agent_takes_its_idle_supervisors_with_it(tmp_path: Pa
         if agent.returncode is None:
             agent.kill()
         await agent.wait()
+
+
+async def test_a_supervisor_that_cannot_start_an_attempt_is_sent_no_other(
+        tmp_path: Path) -> None:
+    zygote = Zygote()
+    try:
+        first = attempt(tmp_path, ["true"], zygote)
+        await first.start()
+        assert await first.wait() == 0
+        out: list[bytes] = []
+        # Its working directory is gone by the time the supervisor takes the attempt.
+        lost = attempt(tmp_path / "removed", ["true"], zygote, out=out)
+        await lost.start()
+        assert lost.pid == first.pid and await lost.wait() == 127
+        assert b"cannot start the attempt" in b"".join(out)
+        started = time.monotonic()
+        after = attempt(tmp_path, ["true"], zygote)
+        await after.start()
+        assert isinstance(after.proc, Forked) and after.pid != first.pid
+        assert await after.wait() == 0
+        assert time.monotonic() - started < 2
+    finally:
+        zygote.close()

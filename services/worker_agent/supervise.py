@@ -454,9 +454,9 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
         if own is not None:
             own.set_inheritable(False)  # not the task's: only the agent sends on it
     except BaseException as exc:
-        failed(fds[3], exc)
+        failed(fds[3], exc, own)
     while True:
-        run_forked(message, fds, wake)
+        run_forked(message, fds, wake, own)
         if own is None:
             os._exit(0)
         message, fds = next_request(own)
@@ -464,7 +464,7 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
             os._exit(0)  # the agent closed it (it is gone, or keeps fewer of us)
 
 
-def run_forked(message: bytes, fds: list[int], wake: int) -> None:
+def run_forked(message: bytes, fds: list[int], wake: int, own: socket.socket | None) -> None:
     """One attempt of a forked supervisor: `message` (a ZygoteRequest's JSON) with its
     stdin, stdout, stderr and status pipes. Returns once it is reported and the agent has
     closed its stdin."""
@@ -496,15 +496,19 @@ def run_forked(message: bytes, fds: list[int], wake: int) -> None:
                                      Usage("", bool(request["usage"])),
                                      list(request["argv"]), env, wake)
     except BaseException as exc:
-        failed(status, exc)
+        failed(status, exc, own)
     report(status, code, usage)
     with contextlib.suppress(OSError):
         os.chdir("/")  # not the attempt's directory, which may be removed
 
 
-def failed(status: int, exc: BaseException) -> NoReturn:
-    """Whatever went wrong, the agent must hear of it, and nothing of the attempt stays."""
+def failed(status: int, exc: BaseException, own: socket.socket | None = None) -> NoReturn:
+    """Whatever went wrong, the agent must hear of it, and nothing of the attempt stays.
+    Our socket closes first: by the time the agent reads the exit, a request sent to us
+    fails at once instead of waiting for a pid that never comes."""
     with contextlib.suppress(BaseException):
+        if own is not None:
+            own.close()
         kill_tree(os.getpid())
     with contextlib.suppress(OSError):
         os.write(2, f"berth supervisor: cannot start the attempt: {exc!r}\n".encode())
