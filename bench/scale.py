@@ -85,6 +85,7 @@ class Observed:
     submitted_at: dict[int, float] = field(default_factory=dict)  # submit seq -> publish time
     job_seq: dict[str, int] = field(default_factory=dict)  # job id -> submit seq
     assigned: dict[tuple[str, int], float] = field(default_factory=dict)  # first assignment
+    worker_of: dict[tuple[str, int], str] = field(default_factory=dict)  # its worker
     running: dict[tuple[str, int], float] = field(default_factory=dict)
     finished: dict[tuple[str, int], float] = field(default_factory=dict)
     group_of: dict[str, str] = field(default_factory=dict)  # gang job id -> its group
@@ -120,6 +121,8 @@ async def observe(nc: NATS, seen: Observed) -> None:
             seen.preemptions.append((event.ts, event.job_id, event.victims))
         for assigned in assignments_in(event):
             seen.assigned.setdefault((assigned.job_id, assigned.task_index), assigned.ts)
+            seen.worker_of.setdefault((assigned.job_id, assigned.task_index),
+                                      assigned.worker_id)
             if assigned.group:
                 seen.group_of.setdefault(assigned.job_id, assigned.group)
         for report in reports_in(event):
@@ -431,10 +434,29 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
             # Where a job's time goes once placed: on its worker (the report stamps).
             "assigned_to_running_p50_ms": pct(between(seen.assigned, seen.running), 0.5),
             "running_to_finished_p50_ms": pct(between(seen.running, seen.finished), 0.5),
+            "exit_to_slot_refilled_p50_ms": pct(slot_refills(seen, int(cpu)), 0.5),
             "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             **cpu_cost(used, len(done_times), "job"),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
+
+
+def slot_refills(seen: Observed, slots: int) -> list[float]:
+    """Per worker running `slots` tasks at a time, all alike: the seconds from each exit to
+    the assignment that took its slot (the n-th exit frees the slot of the n+slots-th
+    assignment there). How long the scheduler left a slot empty, the exit report's trip
+    to it included."""
+    by_worker: dict[str, tuple[list[float], list[float]]] = {}
+    for key, ts in seen.assigned.items():
+        by_worker.setdefault(seen.worker_of[key], ([], []))[0].append(ts)
+        if key in seen.finished:
+            by_worker[seen.worker_of[key]][1].append(seen.finished[key])
+    gaps = []
+    for assigned, finished in by_worker.values():
+        assigned.sort()
+        finished.sort()
+        gaps += [max(0.0, a - f) for a, f in zip(assigned[slots:], finished, strict=False)]
+    return gaps
 
 
 def between(earlier: dict[tuple[str, int], float], later: dict[tuple[str, int], float]
