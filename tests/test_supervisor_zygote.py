@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -38,6 +39,14 @@ async def until(condition: object, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.fixture
+def zygote() -> Iterator[Zygote]:
+    """A zygote, closed at the test's end (its idle supervisors end with it)."""
+    z = Zygote()
+    yield z
+    z.close()
+
+
 def attempt(tmp_path: Path, argv: list[str], zygote: Zygote, deadline: float = 60.0,
             out: list[bytes] | None = None) -> AttemptProcess:
     async def sink(stream: str, chunk: bytes) -> None:
@@ -49,71 +58,64 @@ def attempt(tmp_path: Path, argv: list[str], zygote: Zygote, deadline: float = 6
                           zygote=zygote)
 
 
-async def test_a_forked_supervisor_reports_exits_output_and_usage(tmp_path: Path) -> None:
-    zygote = Zygote()
-    try:
-        out: list[bytes] = []
-        p = attempt(tmp_path, ["sh", "-c", "echo out; echo err >&2; exit 3"], zygote, out=out)
-        await p.start()
-        assert isinstance(p.proc, Forked)
-        assert await p.wait() == 3
-        assert sorted(out) == [b"err\n", b"out\n"]
-        assert p.usage is not None and p.usage.peak_rss_mb > 0
-        # A forked supervisor says it on its status pipe: no file per attempt.
-        assert not (tmp_path / "usage").exists()
-        p = attempt(tmp_path, ["sh", "-c", "kill -TERM $$"], zygote)
-        await p.start()
-        assert await p.wait() == -signal.SIGTERM
-        # SIGPIPE is the task's default again (Python ignores it, and an ignored signal
-        # stays ignored in a shell).
-        p = attempt(tmp_path, ["sh", "-c", "kill -PIPE $$"], zygote)
-        await p.start()
-        assert await p.wait() == -signal.SIGPIPE
-        # A task that ignores SIGTERM: SIGUSR1 to its supervisor at the grace's end.
-        p = attempt(tmp_path, ["sh", "-c", "trap '' TERM; sleep 30"], zygote)
-        await p.start()
-        await asyncio.sleep(0.2)
-        await p.stop(0.3)
-        assert p.proc is not None and p.proc.returncode == -signal.SIGKILL
-        # The program is looked for on the task's PATH, not the agent's.
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "only-here").write_text("#!/bin/sh\nexit 7\n")
-        (bin_dir / "only-here").chmod(0o755)
-        p = attempt(tmp_path, ["only-here"], zygote)
-        p.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
-        await p.start()
-        assert isinstance(p.proc, Forked) and await p.wait() == 7
-        with pytest.raises(FileNotFoundError):
-            await attempt(tmp_path, ["no-such-program-here"], zygote).start()
-        # The task's environment is the request's, whole and alone: nothing of the zygote's.
-        out.clear()
-        p = attempt(tmp_path, ["env"], zygote, out=out)
-        p.env = {"PATH": os.environ["PATH"], "ONLY_THE_TASK": "a b=c"}
-        await p.start()
-        assert isinstance(p.proc, Forked) and await p.wait() == 0
-        assert sorted(b"".join(out).decode().splitlines()) == [
-            "ONLY_THE_TASK=a b=c", f"PATH={os.environ['PATH']}"]
-    finally:
-        zygote.close()
+async def test_a_forked_supervisor_reports_exits_output_and_usage(
+        tmp_path: Path, zygote: Zygote) -> None:
+    out: list[bytes] = []
+    p = attempt(tmp_path, ["sh", "-c", "echo out; echo err >&2; exit 3"], zygote, out=out)
+    await p.start()
+    assert isinstance(p.proc, Forked)
+    assert await p.wait() == 3
+    assert sorted(out) == [b"err\n", b"out\n"]
+    assert p.usage is not None and p.usage.peak_rss_mb > 0
+    # A forked supervisor says it on its status pipe: no file per attempt.
+    assert not (tmp_path / "usage").exists()
+    p = attempt(tmp_path, ["sh", "-c", "kill -TERM $$"], zygote)
+    await p.start()
+    assert await p.wait() == -signal.SIGTERM
+    # SIGPIPE is the task's default again (Python ignores it, and an ignored signal
+    # stays ignored in a shell).
+    p = attempt(tmp_path, ["sh", "-c", "kill -PIPE $$"], zygote)
+    await p.start()
+    assert await p.wait() == -signal.SIGPIPE
+    # A task that ignores SIGTERM: SIGUSR1 to its supervisor at the grace's end.
+    p = attempt(tmp_path, ["sh", "-c", "trap '' TERM; sleep 30"], zygote)
+    await p.start()
+    await asyncio.sleep(0.2)
+    await p.stop(0.3)
+    assert p.proc is not None and p.proc.returncode == -signal.SIGKILL
+    # The program is looked for on the task's PATH, not the agent's.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "only-here").write_text("#!/bin/sh\nexit 7\n")
+    (bin_dir / "only-here").chmod(0o755)
+    p = attempt(tmp_path, ["only-here"], zygote)
+    p.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    await p.start()
+    assert isinstance(p.proc, Forked) and await p.wait() == 7
+    with pytest.raises(FileNotFoundError):
+        await attempt(tmp_path, ["no-such-program-here"], zygote).start()
+    # The task's environment is the request's, whole and alone: nothing of the zygote's.
+    out.clear()
+    p = attempt(tmp_path, ["env"], zygote, out=out)
+    p.env = {"PATH": os.environ["PATH"], "ONLY_THE_TASK": "a b=c"}
+    await p.start()
+    assert isinstance(p.proc, Forked) and await p.wait() == 0
+    assert sorted(b"".join(out).decode().splitlines()) == [
+        "ONLY_THE_TASK=a b=c", f"PATH={os.environ['PATH']}"]
 
 
 async def test_the_zygote_dying_leaves_running_tasks_fenced_and_the_next_start_works(
-        tmp_path: Path) -> None:
-    zygote = Zygote()
-    try:
-        p = attempt(tmp_path, ["sh", "-c", "sleep 30 & wait"], zygote, deadline=1.0)
-        await p.start()
-        assert zygote.proc is not None
-        os.kill(zygote.proc.pid, signal.SIGKILL)
-        # Not renewed: the deadline passes, and the forked supervisor still kills its tree.
-        assert await asyncio.wait_for(p.wait(), 5) == 137
-        assert "fence deadline" in p.fenced
-        q = attempt(tmp_path, ["true"], zygote)
-        await q.start()
-        assert isinstance(q.proc, Forked) and await q.wait() == 0
-    finally:
-        zygote.close()
+        tmp_path: Path, zygote: Zygote) -> None:
+    p = attempt(tmp_path, ["sh", "-c", "sleep 30 & wait"], zygote, deadline=1.0)
+    await p.start()
+    assert zygote.proc is not None
+    os.kill(zygote.proc.pid, signal.SIGKILL)
+    # Not renewed: the deadline passes, and the forked supervisor still kills its tree.
+    assert await asyncio.wait_for(p.wait(), 5) == 137
+    assert "fence deadline" in p.fenced
+    q = attempt(tmp_path, ["true"], zygote)
+    await q.start()
+    assert isinstance(q.proc, Forked) and await q.wait() == 0
 
 
 async def test_a_paused_zygote_makes_the_start_exec_and_never_runs_the_task_late(
@@ -141,28 +143,42 @@ AGENT = textwrap.dedent("""
     from berth.services.worker_agent.process import AttemptProcess
     from berth.services.worker_agent.zygote import Zygote
 
-    async def main():
+    async def main(home, busy):
         async def sink(stream, chunk):
             pass
-        p = AttemptProcess(["sh", "-c", "sleep 30 & echo $!; wait"], dict(os.environ),
-                           sys.argv[1], sink, time.monotonic() + 60, zygote=Zygote())
+        argv = ["sh", "-c", "sleep 30 & echo $!; wait"] if busy else ["true"]
+        p = AttemptProcess(argv, dict(os.environ), home, sink, time.monotonic() + 60,
+                           zygote=Zygote())
         await p.start()
         assert type(p.proc).__name__ == "Forked"
+        if not busy:
+            await p.wait()  # its supervisor then waits in the pool
         print(p.pid, flush=True)
-        await p.wait()
+        await (p.wait() if busy else asyncio.sleep(60))
 
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1], sys.argv[2] == "busy"))
 """)
 
 
-async def test_a_sigkilled_agent_takes_its_forked_tasks_with_it(tmp_path: Path) -> None:
-    agent = await asyncio.create_subprocess_exec(sys.executable, "-c", AGENT, str(tmp_path),
-                                                 stdout=subprocess.PIPE)
+async def start_agent(tmp_path: Path, busy: bool) -> tuple[asyncio.subprocess.Process, int]:
+    """An agent (AGENT) with one supervisor: running a task tree, or idle in the pool."""
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", AGENT, str(tmp_path), "busy" if busy else "idle",
+        stdout=subprocess.PIPE)
+    assert agent.stdout is not None
+    return agent, int(await agent.stdout.readline())
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["running", "idle"])
+async def test_a_sigkilled_agent_takes_its_supervisors_with_it(tmp_path: Path,
+                                                               busy: bool) -> None:
+    """Running a task tree (which dies with it), or waiting in the pool."""
+    agent, supervisor = await start_agent(tmp_path, busy)
     try:
-        assert agent.stdout is not None
-        supervisor = int(await agent.stdout.readline())
-        await until(lambda: len(descendants(supervisor)) >= 2)  # sh, and its sleep
+        if busy:
+            await until(lambda: len(descendants(supervisor)) >= 2)  # sh, and its sleep
         tree = [supervisor, *descendants(supervisor)]
+        assert all(alive(pid) for pid in tree)
         agent.kill()
         await until(lambda: not any(alive(pid) for pid in tree))
     finally:
@@ -172,27 +188,23 @@ async def test_a_sigkilled_agent_takes_its_forked_tasks_with_it(tmp_path: Path) 
 
 
 async def test_a_supervisor_forked_after_the_agent_gave_up_never_starts_its_task(
-        tmp_path: Path) -> None:
-    zygote = Zygote()
-    try:
-        marker = tmp_path / "ran"
-        request = ZygoteRequest(argv=["sh", "-c", f"echo > {marker}"], env=dict(os.environ),
-                                cwd=str(tmp_path), fence_file=str(tmp_path / "fenced"),
-                                deadline=time.monotonic() + 60, usage=False)
-        stdin_r, stdin_w = os.pipe()
-        os.close(stdin_w)  # the agent gave up on this start
-        status_r, status_w = os.pipe()
-        out_r, out_w = os.pipe()
-        assert zygote._send(msgspec.json.encode(request), [stdin_r, out_w, out_w, status_w])
-        for fd in (stdin_r, out_w, status_w):
-            os.close(fd)
-        with os.fdopen(status_r, "rb") as status:
-            lines = await asyncio.to_thread(status.read)
-        os.close(out_r)
-        assert lines.split()[1:] == [b"137"]
-        assert not marker.exists() and not (tmp_path / "fenced").exists()
-    finally:
-        zygote.close()
+        tmp_path: Path, zygote: Zygote) -> None:
+    marker = tmp_path / "ran"
+    request = ZygoteRequest(argv=["sh", "-c", f"echo > {marker}"], env=dict(os.environ),
+                            cwd=str(tmp_path), fence_file=str(tmp_path / "fenced"),
+                            deadline=time.monotonic() + 60, usage=False)
+    stdin_r, stdin_w = os.pipe()
+    os.close(stdin_w)  # the agent gave up on this start
+    status_r, status_w = os.pipe()
+    out_r, out_w = os.pipe()
+    assert zygote._send(msgspec.json.encode(request), [stdin_r, out_w, out_w, status_w])
+    for fd in (stdin_r, out_w, status_w):
+        os.close(fd)
+    with os.fdopen(status_r, "rb") as status:
+        lines = await asyncio.to_thread(status.read)
+    os.close(out_r)
+    assert lines.split()[1:] == [b"137"]
+    assert not marker.exists() and not (tmp_path / "fenced").exists()
 
 
 def test_the_supervisor_benchmark_runs_and_forking_costs_less_than_exec() -> None:
@@ -321,58 +333,20 @@ async def test_supervisors_beyond_the_pool_exit_and_none_are_kept_without_one(
         unpooled.close()
 
 
-IDLE_AGENT = textwrap.dedent("""
-    import asyncio, os, sys, time
-    from berth.services.worker_agent.process import AttemptProcess
-    from berth.services.worker_agent.zygote import Zygote
-
-    async def main():
-        async def sink(stream, chunk):
-            pass
-        p = AttemptProcess(["true"], dict(os.environ), sys.argv[1], sink,
-                           time.monotonic() + 60, zygote=Zygote())
-        await p.start()
-        await p.wait()
-        print(p.pid, flush=True)
-        await asyncio.sleep(60)
-
-    asyncio.run(main())
-""")
-
-
-async def test_a_sigkilled_agent_takes_its_idle_supervisors_with_it(tmp_path: Path) -> None:
-    agent = await asyncio.create_subprocess_exec(sys.executable, "-c", IDLE_AGENT,
-                                                 str(tmp_path), stdout=subprocess.PIPE)
-    try:
-        assert agent.stdout is not None
-        supervisor = int(await agent.stdout.readline())
-        assert alive(supervisor)  # pooled, waiting for an attempt
-        agent.kill()
-        await until(lambda: not alive(supervisor))
-    finally:
-        if agent.returncode is None:
-            agent.kill()
-        await agent.wait()
-
-
 async def test_a_supervisor_that_cannot_start_an_attempt_is_sent_no_other(
-        tmp_path: Path) -> None:
-    zygote = Zygote()
-    try:
-        first = attempt(tmp_path, ["true"], zygote)
-        await first.start()
-        assert await first.wait() == 0
-        out: list[bytes] = []
-        # Its working directory is gone by the time the supervisor takes the attempt.
-        lost = attempt(tmp_path / "removed", ["true"], zygote, out=out)
-        await lost.start()
-        assert lost.pid == first.pid and await lost.wait() == 127
-        assert b"cannot start the attempt" in b"".join(out)
-        started = time.monotonic()
-        after = attempt(tmp_path, ["true"], zygote)
-        await after.start()
-        assert isinstance(after.proc, Forked) and after.pid != first.pid
-        assert await after.wait() == 0
-        assert time.monotonic() - started < 2
-    finally:
-        zygote.close()
+        tmp_path: Path, zygote: Zygote) -> None:
+    first = attempt(tmp_path, ["true"], zygote)
+    await first.start()
+    assert await first.wait() == 0
+    out: list[bytes] = []
+    # Its working directory is gone by the time the supervisor takes the attempt.
+    lost = attempt(tmp_path / "removed", ["true"], zygote, out=out)
+    await lost.start()
+    assert lost.pid == first.pid and await lost.wait() == 127
+    assert b"cannot start the attempt" in b"".join(out)
+    started = time.monotonic()
+    after = attempt(tmp_path, ["true"], zygote)
+    await after.start()
+    assert isinstance(after.proc, Forked) and after.pid != first.pid
+    assert await after.wait() == 0
+    assert time.monotonic() - started < 2
