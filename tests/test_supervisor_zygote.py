@@ -350,3 +350,19 @@ async def test_a_supervisor_that_cannot_start_an_attempt_is_sent_no_other(
     assert isinstance(after.proc, Forked) and after.pid != first.pid
     assert await after.wait() == 0
     assert time.monotonic() - started < 2
+
+
+async def test_a_supervisor_idle_too_long_is_let_go(
+        tmp_path: Path, zygote: Zygote, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zygote_module, "IDLE_FOR", 0.3)
+    first = attempt(tmp_path, ["true"], zygote)
+    await first.start()
+    assert await first.wait() == 0
+    await asyncio.sleep(0.5)  # idle past IDLE_FOR: the next start lets it go
+    second = attempt(tmp_path, ["true"], zygote)
+    await second.start()
+    assert second.pid != first.pid and await second.wait() == 0
+    await until(lambda: not alive(first.pid))  # type: ignore[arg-type]
+    third = attempt(tmp_path, ["true"], zygote)  # not idle long: taken again
+    await third.start()
+    assert third.pid == second.pid and await third.wait() == 0

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +28,10 @@ SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 # How long a forked supervisor may take to say its pid; a zygote slower than that (paused,
 # or starved) is killed and started again, and this attempt's supervisor is exec'd.
 START_TIMEOUT = 5.0
-# Supervisors kept waiting for an attempt once theirs has ended; one more than that exits.
+# Supervisors kept waiting for an attempt once theirs has ended; one more than that exits,
+# and so does one left waiting for IDLE_FOR seconds (a burst's supervisors do not stay).
 KEEP_IDLE = 32
+IDLE_FOR = 300.0
 
 
 class ZygoteRequest(msgspec.Struct):
@@ -113,8 +116,9 @@ class Zygote:
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.keep_idle = keep_idle
-        # Our ends of the pooled supervisors' sockets, the one used last at the end.
-        self.idle: list[socket.socket] = []
+        # Our ends of the pooled supervisors' sockets, with when each became idle
+        # (time.monotonic), the one used last at the end.
+        self.idle: list[tuple[socket.socket, float]] = []
         self.closed = False
 
     def _socket(self) -> socket.socket | None:
@@ -148,8 +152,9 @@ class Zygote:
 
     def _send_pooled(self, request: bytes, fds: list[int]) -> socket.socket | None:
         """Sends `request` to a pooled supervisor; the socket of the one that took it."""
+        self._let_go_of_old()
         while self.idle:
-            own = self.idle.pop()
+            own, _ = self.idle.pop()
             try:
                 socket.send_fds(own, [request], fds)
                 return own
@@ -179,9 +184,15 @@ class Zygote:
         if own is None:
             return
         if reported and not self.closed and len(self.idle) < self.keep_idle:
-            self.idle.append(own)
+            self.idle.append((own, time.monotonic()))
         else:
             own.close()
+
+    def _let_go_of_old(self) -> None:
+        """Ends the supervisors idle for IDLE_FOR or longer (the longest idle come first)."""
+        too_old = time.monotonic() - IDLE_FOR
+        while self.idle and self.idle[0][1] <= too_old:
+            self.idle.pop(0)[0].close()
 
     async def spawn(self, request: ZygoteRequest) -> Forked | None:
         """A supervisor for `request`, or None: exec one instead."""
@@ -248,7 +259,7 @@ class Zygote:
         """Ends the zygote and the pooled supervisors waiting for an attempt; those running
         one carry on to its end."""
         self._end_zygote()
-        for own in self.idle:
+        for own, _ in self.idle:
             own.close()
         self.idle.clear()
         self.closed = True
