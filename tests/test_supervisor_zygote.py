@@ -363,6 +363,7 @@ async def test_a_supervisor_idle_too_long_is_let_go(
     await second.start()
     assert second.pid != first.pid and await second.wait() == 0
     await until(lambda: not alive(first.pid))  # type: ignore[arg-type]
+    monkeypatch.setattr(zygote_module, "IDLE_FOR", 60.0)
     third = attempt(tmp_path, ["true"], zygote)  # not idle long: taken again
     await third.start()
     assert third.pid == second.pid and await third.wait() == 0

@@ -438,12 +438,15 @@ def serve(sock: socket.socket) -> None:
             os.close(fd)
 
 
-def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: object) -> None:
+def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: object
+                 ) -> NoReturn:
     """In the zygote's child: becomes a supervisor and runs the request's attempt; then, if
     the request came with a socket of its own (a fifth fd), each attempt the agent sends on
     it, one at a time, until the agent closes it (never returns)."""
-    own = socket.socket(fileno=fds.pop()) if len(fds) > ZYGOTE_FDS else None
+    own = None
     try:
+        if len(fds) > ZYGOTE_FDS:
+            own = socket.socket(fileno=fds.pop())
         sock.close()  # fd 0: it stays taken (each attempt's stdin goes there), not the
         null = os.open(os.devnull, os.O_RDONLY)  # pipe prepare() makes
         if null != 0:
@@ -455,13 +458,16 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
             own.set_inheritable(False)  # not the task's: only the agent sends on it
     except BaseException as exc:
         failed(fds[3], exc, own)
-    while True:
-        run_forked(message, fds, wake, own)
-        if own is None:
-            os._exit(0)
-        message, fds = next_request(own)
-        if not fds:
-            os._exit(0)  # the agent closed it (it is gone, or keeps fewer of us)
+    try:
+        while True:
+            run_forked(message, fds, wake, own)
+            if own is None:
+                break
+            message, fds = next_request(own)
+            if not fds:
+                break  # the agent closed it (it is gone, or keeps fewer of us)
+    finally:
+        os._exit(0)  # whatever happened, never back into the zygote's loop
 
 
 def run_forked(message: bytes, fds: list[int], wake: int, own: socket.socket | None) -> None:
