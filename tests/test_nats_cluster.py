@@ -173,6 +173,26 @@ class Fold:
             self.seq = record.seq
 
 
+async def why_no_outcome(exc: TimeoutError, js: Any, fold: Fold, stack: Stack,
+                         acked: dict[int, str]) -> str:
+    """What to look at when an acknowledged submit's outcome cannot be read (seen once in
+    CI, with nothing else to go on): whether the stream holds it (the test's own fold reads
+    the stream through a consumer, not the direct get the client uses), the submitter's
+    consumer, and the submitter's last log lines."""
+    unseen = sorted(seq for seq in acked if seq not in fold.state.job_by_submit)
+    try:
+        info = await js.consumer_info(subjects.SUBMIT_STREAM, subjects.SUBMITTER_DURABLE)
+        consumer = (f"pending {info.num_pending}, ack pending {info.num_ack_pending}, "
+                    f"redelivered {info.num_redelivered}, delivered {info.delivered}")
+    except Exception as err:  # the diagnosis must not hide the failure
+        consumer = f"unreadable ({err!r})"
+    log = stack.data_dir / "logs" / "submitter.log"
+    tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else []
+    return (f"{exc}; submits without a JobSubmitted in the test's fold: {unseen[:10]} "
+            f"({len(unseen)} of {len(acked)}); the test's fold at {fold.seq}; the "
+            f"submitter's consumer: {consumer}; its log's last lines:\n" + "\n".join(tail))
+
+
 async def submit_burst(nc: NATS, user: str, count: int, acked: dict[int, str],
                        halfway: asyncio.Event) -> int:
     """Publishes `count` submits, 25 in flight at a time; each that fails is published again
@@ -238,8 +258,11 @@ async def test_a_burst_of_submits_survives_a_node_killed_mid_burst(
         assert len(set(acked.values())) == JOBS  # every submit acknowledged (once)
 
         # 0 acknowledged submits lost: each has its verdict, and each was accepted.
-        outcomes = await asyncio.gather(*(wait_for_outcome(client, seq, user, 90)
-                                          for seq in acked))
+        try:
+            outcomes = await asyncio.gather(*(wait_for_outcome(client, seq, user, 90)
+                                              for seq in acked))
+        except TimeoutError as exc:
+            raise AssertionError(await why_no_outcome(exc, js, fold, stack, acked)) from None
         rejected = [o.reason for o in outcomes if not o.accepted]
         assert not rejected, rejected[:3]
         job_ids = {str(o.job_id) for o in outcomes}
