@@ -280,6 +280,9 @@ def test_an_attempts_directories_are_made_and_its_job_marked_used(tmp_path: Path
     retry.create()  # the task directory is kept across attempts, and the job marked used
     assert (retry.task / "ckpt").read_bytes() == b"x" and retry.scratch.is_dir()
     assert job_dir.stat().st_mtime > 0
+    os.utime(job_dir, (0, 0))
+    retry.create()  # both there already (the same attempt again): still marked used
+    assert job_dir.stat().st_mtime > 0
     # An empty scratch directory goes at once; one with files is left to rmtree.
     assert first.remove_scratch_if_empty() and not first.scratch.exists()
     assert first.remove_scratch_if_empty()  # gone already

@@ -41,17 +41,17 @@ class TaskDirs:
         """Both directories, and the job's directory marked used now (its mtime, for the
         age-based clean-up). One `mkdir` each when their parents are there (pathlib's
         `mkdir(parents=True)` was most of an attempt's start in the agent's profile)."""
-        fresh = True
+        task_existed = False
         for path in (self.task, self.scratch):
             try:
                 os.mkdir(path)
             except FileExistsError:
-                fresh = path is not self.task
+                task_existed = task_existed or path is self.task
             except FileNotFoundError:  # the job's first task here: its directory too
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)
-        if not fresh:  # a task directory created in it has marked it already
+        if task_existed:  # else the task directory just made in it has marked it
             with contextlib.suppress(OSError):
                 os.utime(self.task.parent)
 
