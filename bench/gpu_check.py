@@ -17,6 +17,8 @@ can span them. Then, each check printing PASS, FAIL, SKIP or NOT BUILT with what
       all-reduces a tensor (gloo, since one host with one GPU has no GPU for each rank)
   (g) two JAX processes of a gang initialise jax.distributed from berth's variables (SKIP
       where JAX is not installed)
+  (h) gpu0's heartbeats carry each GPU's utilisation, memory in use and temperature (NVML),
+      shown by the API and as the dashboard's Prometheus gauges
 
 Then `berth doctor`'s checker must find no device, port or host double-booked.
 
@@ -132,10 +134,10 @@ class Check:
     def api(self, path: str) -> Any:
         return api_get(self.stack.api_url, path)
 
-    def probe(self, name: str, hold: str = "") -> list[str]:
+    def probe(self, name: str, hold: str = "") -> tuple[str, ...]:
         mode = "torch" if self.torch else "env"
-        return [self.python, "-c", PROBE, str(self.out / f"{name}.json"), mode,
-                *([str(self.out / hold)] if hold else [])]
+        return (self.python, "-c", PROBE, str(self.out / f"{name}.json"), mode,
+                *([str(self.out / hold)] if hold else []))
 
     def seen(self, name: str) -> dict[str, Any] | None:
         path = self.out / f"{name}.json"
@@ -277,7 +279,7 @@ class Check:
         if not self.torch:
             return "SKIP", "PyTorch is not installed for the task's python"
         job = await self.ended(await self.submit(JobSpec(
-            name="e-10gib", command=[self.python, "-c", ALLOCATE_10_GIB],
+            name="e-10gib", command=(self.python, "-c", ALLOCATE_10_GIB),
             resources=self.one_gpu())))
         gpu = job["tasks"][0]["attempts"][-1].get("gpu")
         if not gpu:
@@ -288,8 +290,8 @@ class Check:
                          f"utilisation mean {gpu['mean_utilization']} peak "
                          f"{gpu['peak_utilization']} over {gpu['samples']} samples")
 
-    def gang_spec(self, name: str, command: list[str], env: dict[str, str]) -> JobSpec:
-        return JobSpec(name=name, replicas=2, command=command, env=env, ports=["rendezvous"],
+    def gang_spec(self, name: str, command: tuple[str, ...], env: dict[str, str]) -> JobSpec:
+        return JobSpec(name=name, replicas=2, command=command, env=env, ports=("rendezvous",),
                        coscheduling=Coscheduling(group_by="rack"),
                        resources=Resources(cpu=1, memory_mb=2048))
 
@@ -298,7 +300,7 @@ class Check:
             return "SKIP", "PyTorch is not installed for the task's python"
         example = msgspec.json.decode(load_spec(str(ROOT / "examples" / "torch_ddp.yaml")),
                                       type=JobSpec)
-        spec = self.gang_spec("f-torch-gang", [self.python, *example.command[1:]],
+        spec = self.gang_spec("f-torch-gang", (self.python, *example.command[1:]),
                               {"BACKEND": "gloo"})
         job = await self.ended(await self.submit(spec))
         out = " | ".join(self.logs(job["job_id"], i).strip() for i in (0, 1))
@@ -308,8 +310,27 @@ class Check:
         if not self.jax:
             return "SKIP", "JAX is not installed for the task's python"
         job = await self.ended(await self.submit(self.gang_spec(
-            "g-jax-gang", [self.python, "-c", JAX_PROBE], {"JAX_PLATFORMS": "cpu"})))
+            "g-jax-gang", (self.python, "-c", JAX_PROBE), {"JAX_PLATFORMS": "cpu"})))
         return "PASS", " | ".join(self.logs(job["job_id"], i).strip() for i in (0, 1))
+
+    async def h_device_figures(self, quick: bool) -> tuple[str, str]:
+        if quick:
+            return "SKIP", "--quick: no NVML, so no figures to send"
+
+        def reported() -> dict[str, Any] | None:
+            first: dict[str, Any] = self.gpu_worker()["devices"][0]
+            figures = ("utilization", "memory_used_mb", "temperature_c")
+            return first if all(first.get(f) is not None for f in figures) else None
+
+        first = await self.until("device figures in a heartbeat", reported, 30)
+        gauges = [line for line in self.api_text("/metrics").splitlines()
+                  if line.startswith("berth_gpu_") and 'worker="gpu0"' in line]
+        names = {line.split("{")[0] for line in gauges}
+        wanted = {"berth_gpu_utilization_percent", "berth_gpu_memory_used_bytes",
+                  "berth_gpu_temperature_celsius"}
+        detail = (f"device 0: {first['utilization']}% busy, {first['memory_used_mb']} MiB "
+                  f"used, {first['temperature_c']} C; dashboard gauges: {', '.join(gauges)}")
+        return ("PASS" if names >= wanted else "FAIL"), detail
 
     async def doctor(self) -> tuple[str, str]:
         client = redis_io.connect(self.stack.redis.url_for(redis_auth.DOCTOR))
@@ -373,6 +394,8 @@ async def main_async(args: argparse.Namespace) -> int:
                                 check.f_torch_gang)
                 await check.run("(g) jax.distributed gang from berth's variables",
                                 check.g_jax_gang)
+                await check.run("(h) device figures in heartbeats",
+                                lambda: check.h_device_figures(args.quick))
                 await check.run("doctor", check.doctor)
             finally:
                 await nats_io.close(nc)

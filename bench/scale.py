@@ -54,7 +54,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from procstat import cpu_by_process, cpu_seconds, cpu_used, status_mib  # bench/procstat.py
 
-from berth.shared import nats_io, redis_auth, redis_io, subjects
+from berth.shared import nats_io, redis_auth, redis_io, redis_keys, subjects
 from berth.shared.checker import check_cluster
 from berth.shared.messages import (
     Coscheduling,
@@ -235,6 +235,18 @@ class Cluster:
         if not await wait_for(seen, lambda: len(seen.registered) >= self.hosts, 120,
                               "hosts to register"):
             raise SystemExit(f"only {len(seen.registered)} of {self.hosts} hosts registered")
+        # The scheduler may still be folding the registrations (each records the host's
+        # capacity in Redis) when the events stream has them all: a workload submitted
+        # then would time that catch-up, not placement.
+        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
+        try:
+            deadline = time.monotonic() + 120
+            while await redis.scard(redis_keys.HOSTS) < self.hosts:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the scheduler did not record every host in Redis")
+                await asyncio.sleep(0.02)
+        finally:
+            await redis.aclose()
 
     def scheduler_pid(self) -> int:
         return self.stack.children["scheduler"].pid

@@ -16,9 +16,15 @@ operations stay nats-py's.
 
 from __future__ import annotations
 
+import re
+
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
 
 _CRLF = b"\r\n"
+# nats-py's PING_RE, PONG_RE and OK_RE (`\APING\s*\r\n`, ...) as one pattern matched at a
+# position: its greedy `\s*` also takes blank lines after the word (up to the last CRLF in
+# the run of whitespace), so this does too.
+_SIMPLE = re.compile(rb"(PING|PONG|\+OK)\s*\r\n")
 _H = ord("H")
 _M = ord("M")
 
@@ -86,18 +92,16 @@ class FastParser(Parser):
                     headers = view[start:start + header_size] if header_size else None
                     payload = view[start + header_size:start + size]
                 else:
-                    word = view[pos:line_end].rstrip()
-                    if word == b"PING":
-                        pos = line_end + 2
-                        await nc._process_ping()
-                    elif word == b"PONG":
-                        pos = line_end + 2
-                        await nc._process_pong()
-                    elif word == b"+OK":
-                        pos = line_end + 2
-                    else:
+                    simple = _SIMPLE.match(view, pos)
+                    if simple is None:
                         handed_back = True
                         break
+                    pos = simple.end()
+                    word = simple.group(1)
+                    if word == b"PING":
+                        await nc._process_ping()
+                    elif word == b"PONG":
+                        await nc._process_pong()
                     if self.buf is not buf:
                         return
                     continue

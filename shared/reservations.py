@@ -18,6 +18,9 @@ from berth.shared import redis_keys
 from berth.shared.capacity import Amounts, GroupClaim
 from berth.shared.redis_io import load_script
 
+# Hosts registered per pipeline (register_hosts): ~150 bytes of arguments each.
+REGISTER_BATCH = 500
+
 
 class StaleEpochError(Exception):
     """This scheduler's epoch is no longer current: another leader has taken over."""
@@ -71,6 +74,16 @@ class Allocation:
     devices: tuple[int, ...] = ()
     user: str | None = None  # None: reserved before quotas were tracked
     tokens: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What register_hosts records of a host."""
+
+    worker_id: str
+    capacity: Amounts
+    device_kind: str
+    devices: tuple[int, ...] | None = None  # its device indices; None: 0..capacity.dev-1
 
 
 @dataclass(frozen=True)
@@ -157,11 +170,36 @@ class ReservationStore:
     async def register_host(self, epoch: int, worker_id: str, capacity: Amounts,
                             device_kind: str, devices: Sequence[int] | None = None) -> None:
         """`devices`: its device indices (default 0..capacity.dev-1)."""
-        keys = [redis_keys.EPOCH, redis_keys.host(worker_id), redis_keys.HOSTS]
-        ids = list(range(capacity.dev)) if devices is None else list(devices)
-        args: list[str | int] = [epoch, worker_id, capacity.cpu, capacity.mem, capacity.disk,
-                                 capacity.dev, device_kind, json.dumps(ids)]
-        _check(await self._fenced(self._register, keys, args))
+        await self.register_hosts(epoch, [HostRecord(worker_id, capacity, device_kind,
+                                                     None if devices is None else
+                                                     tuple(devices))])
+
+    async def register_hosts(self, epoch: int, hosts: Sequence[HostRecord]) -> None:
+        """Records many hosts' capacities, each by its own fenced script, in pipelines of
+        REGISTER_BATCH: one round trip per batch, not per host (a fleet registering at once,
+        or a new leader's reconcile, was thousands of round trips with the fold waiting on
+        each). Raises on the first refusal; those before it are recorded, which is
+        harmless: registering a host again only sets its capacity again."""
+        for start in range(0, len(hosts), REGISTER_BATCH):
+            batch = hosts[start:start + REGISTER_BATCH]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for h in batch:
+                    ids = list(range(h.capacity.dev)) if h.devices is None else list(h.devices)
+                    keys = [redis_keys.EPOCH, redis_keys.host(h.worker_id), redis_keys.HOSTS]
+                    args: list[str | int] = [
+                        epoch, h.worker_id, h.capacity.cpu, h.capacity.mem, h.capacity.disk,
+                        h.capacity.dev, h.device_kind, json.dumps(ids)]
+                    await self._register(keys=keys, args=args, client=pipe)
+                if self.wait_replicas:
+                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+                results = await pipe.execute()
+            if self.wait_replicas:
+                acked = results.pop()
+                if int(acked) < self.wait_replicas:
+                    raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged "
+                                     f"within {self.wait_timeout_ms} ms")
+            for result in results:
+                _check(result)
 
     async def set_limits(self, epoch: int, fields: dict[str, str]) -> None:
         """Replaces the quotas and token limits reserve.lua enforces (limits.redis_fields)."""

@@ -3,6 +3,7 @@ follows a refused reservation, and reports keep arriving): on a real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -30,7 +31,8 @@ async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
         for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
                                      report(0, TaskState.RUNNING)], start=1):
             leader.state.apply(seq, event)
-        await leader._register_host(leader.state.workers["w1"])
+        leader._register_host(leader.state.workers["w1"])
+        await leader._flush_registrations()
         key = attempt_key("j1", 0, 0)
         await store.reserve(epoch, [leader._reservation("w1", key)])
         read = store.host_usage
@@ -48,5 +50,31 @@ async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
         # Before: it was "missing from Redis" and reserved again, for good (nothing would
         # release it: its release had been carried out already).
         assert [list(h.allocations) for h in await store.host_usage()] == [[]]
+    finally:
+        await client.aclose()
+
+
+async def test_a_host_whose_registration_is_still_queued_is_recorded_before_a_commit(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts are recorded in Redis in the background (many per round trip), so a tick may
+    place on a host whose registration has not gone out yet: its commit sends it first,
+    or reserve.lua would refuse the unknown host."""
+    client = redis_io.connect(clean_servers[1].url_for(redis_auth.SCHEDULER))
+    store = ReservationStore(client)
+    try:
+        epoch = await store.acquire_lease("s1", 60_000)
+        leader = Leader(Settings.from_env(), nc, store, "s1",
+                        fencing.Lease(epoch=epoch, after_seq=0, sent=time.monotonic()))
+        for seq, event in enumerate([registered(), submitted()], start=1):
+            leader.state.apply(seq, event)
+        held_back = asyncio.get_running_loop().create_future()  # no background flush
+        leader.register_task = held_back  # type: ignore[assignment]
+        leader._register_host(leader.state.workers["w1"])
+        assert await store.host_usage() == []
+        assert await leader.tick() == 1
+        (usage,) = await store.host_usage()
+        assert usage.worker_id == "w1" and list(usage.allocations) == [attempt_key("j1", 0, 0)]
+        held_back.cancel()
     finally:
         await client.aclose()

@@ -11,7 +11,9 @@ import pytest
 from berth.shared import redis_auth, redis_io
 from berth.shared.capacity import Amounts, GroupClaim
 from berth.shared.reservations import (
+    REGISTER_BATCH,
     Eviction,
+    HostRecord,
     Reservation,
     ReservationConflict,
     ReservationStore,
@@ -294,3 +296,24 @@ async def test_a_gang_holding_a_held_host_is_evicted_whole(store: ReservationSto
         await store.preempt(epoch, Eviction("p", ("s0", "s1"), (("s0", "g/0/0"),), needs))
     assert await store.preempt(epoch, Eviction(
         "p", ("s0", "s1"), (("s0", "g/0/0"), ("s1", "g/1/0")), needs)) == 2
+
+
+async def test_many_hosts_are_registered_in_batches_and_fenced(store: ReservationStore) -> None:
+    epoch = await store.acquire_lease("a", 60_000)
+    count = REGISTER_BATCH * 2 + 3  # three pipelines, the last a short one
+    gpu = [HostRecord(f"g{i}", HOST, "gpu:h100", (0, 2)) for i in range(3)]
+    plain = [HostRecord(f"h{i}", HOST, "") for i in range(count - 3)]
+    await store.register_hosts(epoch, gpu + plain)
+    usage = {u.worker_id: u for u in await store.host_usage()}
+    assert len(usage) == count and all(u.capacity == HOST for u in usage.values())
+    # Each host's own device list: only the devices it registered can be pinned.
+    await store.reserve(epoch, [replace(res("g0", "j/0/0", 10, dev=1, kind="gpu:h100"),
+                                        devices=(2,))])
+    with pytest.raises(ReservationConflict, match="has no device 1"):
+        await store.reserve(epoch, [replace(res("g1", "j/1/0", 10, dev=1, kind="gpu:h100"),
+                                            devices=(1,))])
+    await store.client.delete("berth:leader")
+    assert await store.acquire_lease("b", 60_000) > epoch
+    with pytest.raises(StaleEpochError):
+        await store.register_hosts(epoch, [HostRecord("late", HOST, "")])
+    assert "late" not in {u.worker_id for u in await store.host_usage()}
