@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -19,15 +21,25 @@ from berth.shared.states import TaskState
 from tests.test_lifecycle import assigned, registered, report, submitted
 
 
-async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
-        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    client = redis_io.connect(clean_servers[1].url_for(redis_auth.SCHEDULER))
+@asynccontextmanager
+async def leader_on(nc: NATS, redis_server: servers.RedisServer
+                    ) -> AsyncIterator[tuple[Leader, ReservationStore, int]]:
+    """A leader of a fresh lease on a real Redis (its fold empty), its store and epoch."""
+    client = redis_io.connect(redis_server.url_for(redis_auth.SCHEDULER))
     store = ReservationStore(client)
     try:
         epoch = await store.acquire_lease("s1", 60_000)
-        leader = Leader(Settings.from_env(), nc, store, "s1",
-                        fencing.Lease(epoch=epoch, after_seq=0, sent=time.monotonic()))
+        yield (Leader(Settings.from_env(), nc, store, "s1",
+                      fencing.Lease(epoch=epoch, after_seq=0, sent=time.monotonic())),
+               store, epoch)
+    finally:
+        await client.aclose()
+
+
+async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with leader_on(nc, clean_servers[1]) as (leader, store, epoch):
         for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
                                      report(0, TaskState.RUNNING)], start=1):
             leader.state.apply(seq, event)
@@ -50,22 +62,14 @@ async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
         # Before: it was "missing from Redis" and reserved again, for good (nothing would
         # release it: its release had been carried out already).
         assert [list(h.allocations) for h in await store.host_usage()] == [[]]
-    finally:
-        await client.aclose()
 
 
 async def test_a_host_whose_registration_is_still_queued_is_recorded_before_a_commit(
-        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer]) -> None:
     """Hosts are recorded in Redis in the background (many per round trip), so a tick may
     place on a host whose registration has not gone out yet: its commit sends it first,
     or reserve.lua would refuse the unknown host."""
-    client = redis_io.connect(clean_servers[1].url_for(redis_auth.SCHEDULER))
-    store = ReservationStore(client)
-    try:
-        epoch = await store.acquire_lease("s1", 60_000)
-        leader = Leader(Settings.from_env(), nc, store, "s1",
-                        fencing.Lease(epoch=epoch, after_seq=0, sent=time.monotonic()))
+    async with leader_on(nc, clean_servers[1]) as (leader, store, _):
         for seq, event in enumerate([registered(), submitted()], start=1):
             leader.state.apply(seq, event)
         held_back = asyncio.get_running_loop().create_future()  # no background flush
@@ -76,5 +80,3 @@ async def test_a_host_whose_registration_is_still_queued_is_recorded_before_a_co
         (usage,) = await store.host_usage()
         assert usage.worker_id == "w1" and list(usage.allocations) == [attempt_key("j1", 0, 0)]
         held_back.cancel()
-    finally:
-        await client.aclose()
