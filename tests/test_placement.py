@@ -24,6 +24,14 @@ def task(job: str, *indices: int, need: Amounts = ONE_CORE, **kw: object) -> Uni
     return Unit(job, indices, need, **kw)  # type: ignore[arg-type]
 
 
+def as_given(hosts: list[Host]) -> list[tuple[object, ...]]:
+    """Every field of every host, by value: `place` works on the hosts it is given in
+    place and must leave each as it was (the scheduler reuses them from tick to tick)."""
+    return [(h.worker_id, h.free, h.device_kind, dict(h.attributes), h.address, h.holder,
+             set(h.ports_used), None if h.free_devices is None else list(h.free_devices),
+             h.out_of_service, h.held_for) for h in hosts]
+
+
 def test_spreads_replicas_and_respects_capacity() -> None:
     hosts = [Host("a", cpu(2000, 1000)), Host("b", cpu(2000, 1000))]
     result = place([task("j", 0, 1, 2)], hosts)
@@ -198,9 +206,17 @@ def test_never_over_commits_a_host_nor_shares_a_group(
     units += [Unit(f"g{k}", (0, 1), cpu(500, 10), "", (), ("coord",),
                    Coscheduling(group_by="rack")) for k in range(gangs)]
     # Some hosts share an address: ports must be distinct per address, not per worker.
-    caps = [Host(f"h{i}", cpu(c, m), attributes={"rack": str(i % 3)}, address=f"ip{i % 2}")
+    caps = [Host(f"h{i}", cpu(c, m), attributes={"rack": str(i % 3)}, address=f"ip{i % 2}",
+                 ports_used={30000 + i % 4})
             for i, (c, m) in enumerate(hosts)]
+    before = as_given(caps)
     result = place(units, caps)
+    assert as_given(caps) == before
+    # No port a host at the same address already used is given out.
+    for a in result.assignments:
+        address = next(h.address for h in caps if h.worker_id == a.worker_id)
+        in_use = set().union(*(h.ports_used for h in caps if h.address == address))
+        assert in_use.isdisjoint(a.ports.values())
     used: dict[str, Amounts] = {}
     ports: set[tuple[str, int]] = set()  # (address, port)
     for a in result.assignments:
@@ -338,7 +354,9 @@ def test_no_device_is_ever_given_twice(needs: list[tuple[int, bool]],
     units = [Unit(f"j{i}", (0, 1) if gang else (0,), Amounts(10, 1, 0, n), "gpu:x",
                   gang=Coscheduling(group_by="rack", shareable=True) if gang else None)
              for i, (n, gang) in enumerate(needs)]
+    before = as_given(hosts)
     result = place(units, hosts)
+    assert as_given(hosts) == before
     given: set[tuple[str, int]] = set()
     for a in result.assignments:
         need = next(u.need.dev for u in units if u.job_id == a.job_id)

@@ -97,21 +97,53 @@ def group_name(attribute: str, value: str) -> str:
     return f"{attribute}={value}"
 
 
-def _free_ports(host: Host, names: Sequence[str]) -> dict[str, int]:
+class _Undo:
+    """What one call of `place` changed in the hosts it was given, to put back when it
+    returns: it works on them in place, since a copy of every host on every call was most
+    of a tick that placed a few tasks among 1,000 hosts. Also the ports taken per address
+    during the call (union of the `ports_used` of the hosts there), made on first use."""
+
+    def __init__(self, hosts: Sequence[Host]) -> None:
+        self.hosts = hosts
+        self.saved: dict[int, tuple[Host, Amounts, list[int] | None, str | None]] = {}
+        self.taken: dict[str, set[int]] | None = None
+
+    def save(self, host: Host) -> None:
+        """Before the call first changes `host`."""
+        if id(host) not in self.saved:
+            self.saved[id(host)] = (host, host.free, host.free_devices, host.holder)
+
+    def restore(self) -> None:
+        for host, free, devices, holder in self.saved.values():
+            host.free, host.free_devices, host.holder = free, devices, holder
+
+    def ports(self, host: Host) -> set[int]:
+        """The ports taken at the host's address: by any worker there, or by this call."""
+        if self.taken is None:
+            self.taken = {}
+            for h in self.hosts:
+                if h.ports_used:
+                    self.taken.setdefault(h.port_domain, set()).update(h.ports_used)
+        return self.taken.setdefault(host.port_domain, set())
+
+
+def _free_ports(host: Host, names: Sequence[str], undo: _Undo) -> dict[str, int]:
     """The lowest free ports of the host's address, one per name, taken at once (so the
     next host on the same address, even within one gang, gets others)."""
     ports: dict[str, int] = {}
     if not names:
         return ports
-    it = (p for p in PORT_RANGE if p not in host.ports_used)
+    used = undo.ports(host)
+    it = (p for p in PORT_RANGE if p not in used)
     for name in names:
         ports[name] = next(it)
-    host.ports_used.update(ports.values())
+    used.update(ports.values())
     return ports
 
 
-def _take(host: Host, need: Amounts) -> tuple[int, ...]:
+def _take(host: Host, need: Amounts, undo: _Undo) -> tuple[int, ...]:
     """Takes `need` from the host; returns the devices it gets."""
+    undo.save(host)
     host.free = host.free - need
     if not need.dev:
         return ()
@@ -181,8 +213,9 @@ class _SingleTasks:
     - a shape and need that found no host cannot find one later in the same call, so its
       reason is remembered and reused."""
 
-    def __init__(self, hosts: Sequence[Host]) -> None:
+    def __init__(self, hosts: Sequence[Host], undo: _Undo) -> None:
         self.hosts = hosts
+        self.undo = undo
         self.heaps: dict[tuple[object, ...], list[tuple[int, int, str, int]]] = {}
         self.candidates: dict[tuple[object, ...], list[Host]] = {}
         self.failed: dict[tuple[object, ...], str] = {}
@@ -198,9 +231,9 @@ class _SingleTasks:
                if unit.need.fits_in(h.free)]
         if own:
             mine = min(own, key=lambda h: (-h.free.cpu, h.worker_id))
-            ports = _free_ports(mine, unit.ports)
+            ports = _free_ports(mine, unit.ports, self.undo)
             out.assignments.append(Assignment(unit.job_id, index, mine.worker_id, ports,
-                                              devices=_take(mine, unit.need)))
+                                              devices=_take(mine, unit.need, self.undo)))
             return
         shape = (unit.constraints, unit.device_kind if unit.need.dev else None)
         failed_key = (shape, unit.need)
@@ -233,8 +266,8 @@ class _SingleTasks:
             self.failed[failed_key] = reason
             out.pending_reasons[(unit.job_id, index)] = reason
             return
-        ports = _free_ports(best, unit.ports)
-        devices = _take(best, unit.need)
+        ports = _free_ports(best, unit.ports, self.undo)
+        devices = _take(best, unit.need, self.undo)
         out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports,
                                           devices=devices))
 
@@ -294,7 +327,7 @@ def _groups_in_order(unit: Unit, hosts: Sequence[Host], cache: GroupOrders
     return ordered
 
 
-def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement,
+def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement, undo: _Undo,
                 cache: GroupOrders | None = None, own: Sequence[Host] = ()) -> None:
     """`own`: the hosts held for this gang (its preemption's): their groups are tried
     first, so it takes what its victims were evicted for, as a single task does."""
@@ -335,7 +368,7 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement,
                          + (f" and {len(short) - 3} more" if len(short) > 3 else ""))
             continue
         chosen = {i: ordered[i] for i in unit.indices}
-        ports = {i: _free_ports(h, unit.ports) for i, h in chosen.items()}
+        ports = {i: _free_ports(h, unit.ports, undo) for i, h in chosen.items()}
         zero = ordered[0]
         coordinator = ""
         if unit.ports:
@@ -343,11 +376,12 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement,
             if zero_port is not None:
                 coordinator = f"{zero.address or zero.worker_id}:{zero_port}"
         for i, host in chosen.items():
-            devices = _take(host, unit.need)
+            devices = _take(host, unit.need, undo)
             out.assignments.append(Assignment(unit.job_id, i, host.worker_id, ports[i], name,
                                               coordinator, devices))
         if not gang.shareable:
             for host in members:
+                undo.save(host)
                 host.holder = unit.job_id
         out.groups.append(GroupClaim(name, unit.job_id, tuple(h.worker_id for h in members),
                                      not gang.shareable))
@@ -404,18 +438,25 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     gang admitted whole or not at all). With `stop_below`, no more than every unit `units`
     may yield needs in each dimension (the least of their needs), it stops as soon as the
     free capacity summed over all hosts falls below it in some dimension: no host could
-    then hold any unit left (`exhausted`). Which units it placed is the same either way."""
+    then hold any unit left (`exhausted`). Which units it placed is the same either way.
+    The hosts given are as they were when it returns (it changes them while it runs)."""
+    undo = _Undo(hosts)
+    try:
+        for h in hosts:
+            if h.free_devices is not None:  # devices one by one: lowest first, and counted
+                undo.save(h)
+                h.free, h.free_devices = free_amounts(h), sorted(h.free_devices)
+        return _place(units, hosts, undo, limit, limits, stop_below)
+    finally:
+        undo.restore()
+
+
+def _place(units: Iterable[Unit], free: Sequence[Host], undo: _Undo, limit: int | None,
+           limits: tuple[limit_rules.Limits, limit_rules.Usage] | None,
+           stop_below: Amounts | None) -> Placement:
     admission = None if limits is None else _Admission(*limits)
-    taken: dict[str, set[int]] = {}
-    for h in hosts:
-        taken.setdefault(h.port_domain, set()).update(h.ports_used)
-    free = [Host(h.worker_id, free_amounts(h), h.device_kind, h.attributes, h.address,
-                 h.holder, taken[h.port_domain],
-                 None if h.free_devices is None else sorted(h.free_devices), h.out_of_service,
-                 h.held_for)
-            for h in hosts]
     out = Placement()
-    singles = _SingleTasks(free)
+    singles = _SingleTasks(free, undo)
     # A gang that found no group cannot find one later in the same call (free capacity
     # only shrinks, groups only get taken), nor can another of its shape: its reason is
     # reused, as _SingleTasks does. Not for a job with held hosts: those are its own.
@@ -457,7 +498,7 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
                 out.held_by_limits.add(unit.job_id)
                 continue
             placed = len(out.assignments)
-            _place_gang(unit, free, out, group_orders, held_by_job.get(unit.job_id, ()))
+            _place_gang(unit, free, out, undo, group_orders, held_by_job.get(unit.job_id, ()))
             if admission is not None:
                 admission.take(unit, len(out.assignments) - placed)
             if len(out.assignments) == placed and unit.job_id not in held_jobs:
