@@ -47,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,13 +239,19 @@ class Cluster:
         # The scheduler may still be folding the registrations (each records the host's
         # capacity in Redis) when the events stream has them all: a workload submitted
         # then would time that catch-up, not placement.
-        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
-        try:
+        async with self.read_only_redis() as redis:
             deadline = time.monotonic() + 120
             while await redis.scard(redis_keys.HOSTS) < self.hosts:
                 if time.monotonic() > deadline:
                     raise SystemExit("the scheduler did not record every host in Redis")
                 await asyncio.sleep(0.02)
+
+    @contextlib.asynccontextmanager
+    async def read_only_redis(self) -> AsyncIterator[Any]:
+        """A client of the stack's Redis as the doctor: reads only."""
+        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
+        try:
+            yield redis
         finally:
             await redis.aclose()
 
@@ -281,12 +288,9 @@ class Cluster:
 
     async def doctor(self, settle: float | None = None) -> dict[str, int]:
         assert self.nc is not None
-        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
-        try:
+        async with self.read_only_redis() as redis:
             report = await check_cluster(self.nc.jetstream(), ReservationStore(redis),
                                          settle=self.settle if settle is None else settle)
-        finally:
-            await redis.aclose()
         return {"violations": len(report.violations()),
                 "double_booked_hosts": report.double_booked_hosts}
 

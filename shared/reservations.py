@@ -151,14 +151,25 @@ class ReservationStore:
         so both go in one pipeline."""
         if not self.wait_replicas:
             return await script(keys=keys, args=args)
-        async with self.client.pipeline(transaction=False) as pipe:
-            await script(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            result, acked = await pipe.execute()
-        if int(acked) < self.wait_replicas:
-            raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged within "
-                             f"{self.wait_timeout_ms} ms")
+        (result,) = await self._fenced_batch(script, [(keys, args)])
         return result
+
+    async def _fenced_batch(self, script: AsyncScript,
+                            calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+        """Runs the write script once per (keys, args) in one pipeline (one round trip), then
+        WAITs as `_fenced` does; their results in order."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            if self.wait_replicas:
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            results: list[Any] = await pipe.execute()
+        if self.wait_replicas:
+            acked = results.pop()
+            if int(acked) < self.wait_replicas:
+                raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged "
+                                 f"within {self.wait_timeout_ms} ms")
+        return results
 
     async def acquire_lease(self, scheduler_id: str, ttl_ms: int, floor: int = 0) -> int:
         """Returns this scheduler's epoch while it holds the lease, 0 while another does.
@@ -181,24 +192,13 @@ class ReservationStore:
         each). Raises on the first refusal; those before it are recorded, which is
         harmless: registering a host again only sets its capacity again."""
         for start in range(0, len(hosts), REGISTER_BATCH):
-            batch = hosts[start:start + REGISTER_BATCH]
-            async with self.client.pipeline(transaction=False) as pipe:
-                for h in batch:
-                    ids = list(range(h.capacity.dev)) if h.devices is None else list(h.devices)
-                    keys = [redis_keys.EPOCH, redis_keys.host(h.worker_id), redis_keys.HOSTS]
-                    args: list[str | int] = [
-                        epoch, h.worker_id, h.capacity.cpu, h.capacity.mem, h.capacity.disk,
-                        h.capacity.dev, h.device_kind, json.dumps(ids)]
-                    await self._register(keys=keys, args=args, client=pipe)
-                if self.wait_replicas:
-                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-                results = await pipe.execute()
-            if self.wait_replicas:
-                acked = results.pop()
-                if int(acked) < self.wait_replicas:
-                    raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged "
-                                     f"within {self.wait_timeout_ms} ms")
-            for result in results:
+            calls: list[tuple[list[str], list[str | int]]] = []
+            for h in hosts[start:start + REGISTER_BATCH]:
+                ids = list(range(h.capacity.dev)) if h.devices is None else list(h.devices)
+                calls.append(([redis_keys.EPOCH, redis_keys.host(h.worker_id), redis_keys.HOSTS],
+                              [epoch, h.worker_id, h.capacity.cpu, h.capacity.mem,
+                               h.capacity.disk, h.capacity.dev, h.device_kind, json.dumps(ids)]))
+            for result in await self._fenced_batch(self._register, calls):
                 _check(result)
 
     async def set_limits(self, epoch: int, fields: dict[str, str]) -> None:

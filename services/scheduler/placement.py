@@ -451,17 +451,17 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
         undo.restore()
 
 
-def _place(units: Iterable[Unit], free: Sequence[Host], undo: _Undo, limit: int | None,
+def _place(units: Iterable[Unit], hosts: Sequence[Host], undo: _Undo, limit: int | None,
            limits: tuple[limit_rules.Limits, limit_rules.Usage] | None,
            stop_below: Amounts | None) -> Placement:
     admission = None if limits is None else _Admission(*limits)
     out = Placement()
-    singles = _SingleTasks(free, undo)
+    singles = _SingleTasks(hosts, undo)
     # A gang that found no group cannot find one later in the same call (free capacity
     # only shrinks, groups only get taken), nor can another of its shape: its reason is
     # reused, as _SingleTasks does. Not for a job with held hosts: those are its own.
     held_by_job: dict[str, list[Host]] = {}
-    for h in free:
+    for h in hosts:
         if h.held_for is not None:
             held_by_job.setdefault(h.held_for, []).append(h)
     held_jobs = held_by_job.keys()
@@ -469,7 +469,7 @@ def _place(units: Iterable[Unit], free: Sequence[Host], undo: _Undo, limit: int 
     group_orders: GroupOrders = {}
     # An upper bound of what any host has free (their sum: one host has at most all of
     # it), less what this call assigned.
-    left = sum((h.free for h in free), Amounts()) if stop_below is not None else None
+    left = sum((h.free for h in hosts), Amounts()) if stop_below is not None else None
     counted, need = 0, Amounts()  # assignments taken off `left`, the last unit's need
     for unit in units:
         if left is not None and stop_below is not None:
@@ -498,7 +498,7 @@ def _place(units: Iterable[Unit], free: Sequence[Host], undo: _Undo, limit: int 
                 out.held_by_limits.add(unit.job_id)
                 continue
             placed = len(out.assignments)
-            _place_gang(unit, free, out, undo, group_orders, held_by_job.get(unit.job_id, ()))
+            _place_gang(unit, hosts, out, undo, group_orders, held_by_job.get(unit.job_id, ()))
             if admission is not None:
                 admission.take(unit, len(out.assignments) - placed)
             if len(out.assignments) == placed and unit.job_id not in held_jobs:

@@ -549,7 +549,8 @@ class Leader:
             tuple(d.index for d in worker.devices))
         self.last_heartbeat[worker.worker_id] = time.monotonic()
         if self.register_task is None or self.register_task.done():
-            self.register_task = asyncio.create_task(self._register_in_background())
+            self.register_task = asyncio.create_task(
+                self._in_background(self._flush_registrations, "recording hosts"))
 
     async def _flush_registrations(self) -> None:
         async with self.register_lock:
@@ -563,22 +564,13 @@ class Leader:
                     self.unregistered = batch | self.unregistered
                     raise
 
-    async def _register_in_background(self) -> None:
-        try:
-            await self._flush_registrations()
-        except redis_io.UNREACHABLE as exc:
-            log.debug("recording hosts in Redis failed (%s); retrying before the next "
-                      "commit", exc)
-        except Exception as exc:  # the next commit flushes again, and raises there
-            log.warning("recording hosts in Redis failed (%s); retrying before the next "
-                        "commit", exc)
-
     async def _carry_out(self, effects: list[Effect]) -> None:
         releases = [(e.worker_id, e.attempt_key) for e in effects if isinstance(e, Release)]
         if releases:
             self.unreleased.extend(releases)
             if self.release_task is None or self.release_task.done():
-                self.release_task = asyncio.create_task(self._release_in_background())
+                self.release_task = asyncio.create_task(
+                    self._in_background(self._flush_releases, "releasing"))
             self.wake.set()  # freed capacity may let waiting work in
         for effect in effects:
             if isinstance(effect, Kill):
@@ -595,14 +587,18 @@ class Leader:
                     self.unreleased[:0] = batch  # still owed; the next flush retries
                     raise
 
-    async def _release_in_background(self) -> None:
+    @staticmethod
+    async def _in_background(flush: Callable[[], Awaitable[None]], what: str) -> None:
+        """Runs a flush of writes owed to Redis (releases, host registrations) as a task of
+        its own: what it could not write stays owed, and the next commit flushes again and
+        raises there."""
         try:
-            await self._flush_releases()
+            await flush()
         except redis_io.UNREACHABLE as exc:
             # Said once, when the term ends on it (the lease cannot be renewed either).
-            log.debug("releasing in Redis failed (%s); retrying before the next commit", exc)
-        except Exception as exc:  # the next tick flushes again, and raises there
-            log.warning("releasing in Redis failed (%s); retrying before the next commit", exc)
+            log.debug("%s in Redis failed (%s); retrying before the next commit", what, exc)
+        except Exception as exc:
+            log.warning("%s in Redis failed (%s); retrying before the next commit", what, exc)
 
     # --- leadership ---------------------------------------------------------------------
 
