@@ -342,15 +342,27 @@ def test_devices_held_by_live_attempts_are_never_given_again() -> None:
     assert "need 1, largest free 0" in result.pending_reasons[("k", 0)]
 
 
+def test_the_lowest_free_device_goes_first_whatever_the_order_listed() -> None:
+    # Counted right (two free, two listed), listed out of order.
+    host = Host("g", Amounts(4000, 1000, 0, 2), "gpu:h100", free_devices=[3, 1])
+    result = place([task("j", 0, 1, need=Amounts(100, 1, 0, 1), device_kind="gpu:h100")],
+                   [host])
+    assert [a.devices for a in result.assignments] == [(1,), (3,)]
+    assert host.free_devices == [3, 1]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 3), st.booleans()), max_size=20),
-       st.lists(st.lists(st.integers(0, 7), max_size=8, unique=True), min_size=1, max_size=4))
+       st.lists(st.lists(st.integers(0, 7), max_size=8, unique=True), min_size=1, max_size=4),
+       st.lists(st.integers(0, 2), min_size=4, max_size=4))
 def test_no_device_is_ever_given_twice(needs: list[tuple[int, bool]],
-                                       free: list[list[int]]) -> None:
-    """Singles and two-task gangs on hosts with arbitrary free device sets: each assignment
-    gets exactly its count of distinct devices, all free before, none given twice."""
-    hosts = [Host(f"h{i}", Amounts(64000, 64000, 0, len(f)), "gpu:x", {"rack": "r"},
-                  free_devices=list(f)) for i, f in enumerate(free)]
+                                       free: list[list[int]], unlisted: list[int]) -> None:
+    """Singles and two-task gangs on hosts with arbitrary free device sets, in any order,
+    some counting more devices free than they list (an unhealthy one is counted, never
+    listed): each assignment gets exactly its count of distinct devices, all listed free
+    before, none given twice."""
+    hosts = [Host(f"h{i}", Amounts(64000, 64000, 0, len(f) + unlisted[i]), "gpu:x",
+                  {"rack": "r"}, free_devices=list(f)) for i, f in enumerate(free)]
     units = [Unit(f"j{i}", (0, 1) if gang else (0,), Amounts(10, 1, 0, n), "gpu:x",
                   gang=Coscheduling(group_by="rack", shareable=True) if gang else None)
              for i, (n, gang) in enumerate(needs)]
