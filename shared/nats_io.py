@@ -525,7 +525,7 @@ FOLLOW_STALL_CHECK = 5.0
 
 async def follow_raw_events(
     js: JetStreamContext, start_seq: int = 1, filter_subject: str = subjects.EVENTS_ALL,
-    stall_check: float = FOLLOW_STALL_CHECK,
+    stall_check: float = FOLLOW_STALL_CHECK, drained: asyncio.Event | None = None,
 ) -> AsyncGenerator[RawEvent]:
     """Yields every events-stream message from `start_seq` on, in stream order, forever (an
     ordered consumer: the client detects gaps and re-creates it, so nothing is skipped).
@@ -540,7 +540,10 @@ async def follow_raw_events(
     `stall_check` seconds, the follower asks for its consumer's state, and subscribes again
     after the last sequence it got if the consumer is gone or holds messages it does not
     deliver. A message at or below that sequence (from the subscription it left) is
-    dropped, so none is yielded twice."""
+    dropped, so none is yielded twice.
+
+    `drained`, if given, is set while the reader has been given every message this client
+    holds (it asked for the next and there is none yet), and cleared as one arrives."""
     buffer: collections.deque[RawEvent] = collections.deque()
     arrived = asyncio.Event()
     room = asyncio.Event()
@@ -557,6 +560,8 @@ async def follow_raw_events(
         last_seq = raw.seq
         buffer.append(raw)
         arrived.set()
+        if drained is not None:
+            drained.clear()
 
     async def subscribe(first: int) -> JetStreamContext.PushSubscription:
         return await js.subscribe(
@@ -580,6 +585,8 @@ async def follow_raw_events(
         while True:
             while not buffer:
                 arrived.clear()
+                if drained is not None:
+                    drained.set()
                 if await service.wait_event(arrived, stall_check):
                     continue
                 stall = await _stall(sub)
@@ -627,11 +634,13 @@ async def follow_events(
     js: JetStreamContext,
     start_seq: int = 1,
     filter_subject: str = subjects.EVENTS_ALL,
+    drained: asyncio.Event | None = None,
 ) -> AsyncGenerator[EventRecord]:
     """Every message from `start_seq` on, in stream order, forever: decoded and checked
     (`RawEvent.record`). A refused one is yielded too, with no event, so a fold that waits
-    for a sequence is never left waiting for one it will not believe."""
-    async for raw in follow_raw_events(js, start_seq, filter_subject):
+    for a sequence is never left waiting for one it will not believe. `drained`: as
+    `follow_raw_events` says."""
+    async for raw in follow_raw_events(js, start_seq, filter_subject, drained=drained):
         yield raw.record()
 
 

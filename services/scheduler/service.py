@@ -231,6 +231,9 @@ class Leader:
         # Set once the take-over is done and this term leads (what bench/takeover.py times).
         self.leading = asyncio.Event()
         self.wake = asyncio.Event()
+        # Set while the fold has folded every event this client holds (nats_io's follower):
+        # a tick's pause ends early then (_tick_loop).
+        self.fold_drained = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
         # Heartbeats heard and to be answered (their reply subjects), for `_send_acks`; and
         # the tasks of those that called for commands.
@@ -266,6 +269,7 @@ class Leader:
         # are skipped while nothing it was given changes (idle_tick.py).
         self.idle: idle_tick.IdleTick | None = None
         self.skipped = False  # whether the last tick was skipped (TickStats)
+        self.truncated = False  # whether the last tick stopped at its limit, work left
         # When what the last tick held back comes due (wall clock): a retry backoff's end,
         # a waiting task's scheduling timeout, the pending reasons' next announcement.
         self.backoff_due = idle_tick.NEVER
@@ -364,7 +368,8 @@ class Leader:
             self.state.finished_jobs = []
             self._heard_from_bus()
             self.state_from = None  # the term's fold is the warm one now
-        self.events = events = nats_io.follow_events(self.js, self.state.last_seq + 1)
+        self.events = events = nats_io.follow_events(self.js, self.state.last_seq + 1,
+                                                     drained=self.fold_drained)
         await self._replay(events, elected_seq)
         # What the replay built lives as long as the term: keep the collector off it.
         gc.freeze()
@@ -679,9 +684,22 @@ class Leader:
                       self.skipped)
             if self.placing_seconds:  # a tick with pending work
                 scheduler_metrics.tick_done(took, placed)
-            # At most half the time in ticks: the fold of reports (which frees capacity)
-            # and heartbeats get the other half, however busy placement is.
+            await self._pause(took)
+
+    async def _pause(self, took: float) -> None:
+        """After a tick that took `took` seconds. At most half the time in ticks: the fold of
+        reports (which frees capacity) and heartbeats get the other half, however busy
+        placement is. A tick that placed all it could (no work left at its limit) pauses
+        only until the fold has caught up: what arrived during the tick waits for the next
+        one, and a pause the fold does not need only delays it. One that stopped at its
+        limit pauses for as long as it took, as every tick did: with a deep queue a shorter
+        pause gains no job anything, and on 2 cores at 10,000 hosts ticks back to back
+        starved the rest of the machine (late lease renewals, docs/performance.md)."""
+        await asyncio.sleep(0)  # a turn for everything ready, whatever the fold's state
+        if self.truncated:
             await asyncio.sleep(took)
+        else:
+            await service.wait_event(self.fold_drained, took)
 
     def _live_workers(self) -> list[WorkerView]:
         return [w for w in self.state.workers.values() if w.alive]
@@ -809,6 +827,7 @@ class Leader:
         nothing it would be given changed since a tick that placed nothing (idle_tick.py)."""
         self.placing_seconds = 0.0
         self.skipped = False
+        self.truncated = False
         if not self.state.pending:
             self.idle = None
             if self.state.holds:  # e.g. a preemptor cancelled while its victims stopped
@@ -839,6 +858,7 @@ class Leader:
             self._link_submits(span, result)
             if result.assignments and not await self._commit(result, span):
                 return 0
+            self.truncated = result.truncated
             if result.truncated:
                 self.wake.set()  # more may fit: the next tick follows the pause
             await self._let_go_of_holds(result, settled)

@@ -1,0 +1,105 @@
+"""The pause after a tick: as long as the tick while the fold has events to fold (so reports
+that free capacity and heartbeats get the loop), cut short once it has none, unless the tick
+stopped at its limit with work left. On a real nats-server and Redis, with the tick itself
+replaced by one that only waits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from berth.services.scheduler.service import Leader
+from berth.shared import nats_io, servers
+from tests.test_follow_stall import take
+from tests.test_projection import publish_events
+from tests.test_reconcile import leader_on
+
+TICK = 0.5  # seconds each tick awaits, as a commit's round trips would
+
+
+async def gaps(leader: Leader, ticks: int, monkeypatch: pytest.MonkeyPatch,
+               truncated: bool = False) -> list[float]:
+    """Runs the leader's tick loop for `ticks` ticks, each asking for the next at once (as
+    jobs arriving during it would), and `truncated` (stopped at its limit, work left) or
+    not; the times from each tick's end to the next one's start."""
+    spans: list[tuple[float, float]] = []
+    done = asyncio.Event()
+
+    async def tick() -> int:
+        started = time.monotonic()
+        await asyncio.sleep(TICK)
+        spans.append((started, time.monotonic()))
+        leader.truncated = truncated
+        leader.wake.set()
+        if len(spans) == ticks:
+            done.set()
+        return 1
+
+    monkeypatch.setattr(leader, "tick", tick)
+    leader.wake.set()
+    loop = asyncio.create_task(leader._tick_loop())
+    try:
+        await asyncio.wait_for(done.wait(), ticks * 2 * TICK + 10)
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+    return [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+
+
+async def test_a_fold_with_events_to_fold_gets_a_pause_as_long_as_the_tick(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        leader.fold_drained.clear()
+        assert all(gap >= TICK * 0.95 for gap in await gaps(leader, 3, monkeypatch))
+
+
+async def test_a_fold_that_has_caught_up_does_not_hold_the_next_tick_back(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        leader.fold_drained.set()
+        assert all(gap < TICK / 2 for gap in await gaps(leader, 3, monkeypatch))
+
+
+async def test_a_tick_that_left_work_at_its_limit_pauses_as_long_as_it_took(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        leader.fold_drained.set()
+        gaps_seen = await gaps(leader, 3, monkeypatch, truncated=True)
+        assert all(gap >= TICK * 0.95 for gap in gaps_seen)
+
+
+async def test_the_pause_ends_when_the_fold_catches_up(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        leader.fold_drained.clear()
+        # The fold catches up two fifths of the way into the first pause.
+        asyncio.get_running_loop().call_later(TICK * 1.4, leader.fold_drained.set)
+        first, second = await gaps(leader, 3, monkeypatch)
+        assert TICK * 0.1 <= first < TICK * 0.8
+        assert second < TICK / 2
+
+
+async def test_the_follower_says_when_its_reader_has_every_message(nc: NATS) -> None:
+    await publish_events(nc, 3)
+    drained = asyncio.Event()
+    follower = nats_io.follow_raw_events(nc.jetstream(), 1, drained=drained)
+    try:
+        assert await take(follower, 3) == [1, 2, 3]
+        assert not drained.is_set()  # the reader has not asked for more: still folding
+        reading = asyncio.create_task(take(follower, 1))
+        await asyncio.wait_for(drained.wait(), 5)  # asked, and nothing is left
+        await publish_events(nc, 1, first_epoch=4)
+        assert await reading == [4]
+        assert not drained.is_set()  # cleared as the message arrived
+    finally:
+        await follower.aclose()
