@@ -18,10 +18,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from berth.services.scheduler.matching import describe, matches, preference, required
 from berth.shared import limits as limit_rules
-from berth.shared.capacity import Amounts, GroupClaim
+from berth.shared.capacity import DIMENSIONS, Amounts, GroupClaim
 from berth.shared.messages import Constraint, ConstraintMode, Coscheduling
 
 PORT_RANGE = range(30000, 40000)
@@ -255,24 +256,10 @@ class _SingleTasks:
         needs_cpu = unit.need.cpu > 0
         heap = self.heaps.get((shape, needs_cpu))
         if heap is None:
-            found = self.candidates.get(shape)
-            if found is None:
-                found = self.candidates[shape] = [
-                    (i, h) for i, h in _candidates(unit, self.hosts) if h.held_for is None]
-            constraints = unit.constraints
-            # Without preferred constraints every host's preference is 0: not asked of
-            # each of 10,000 hosts every tick.
-            if any(c.mode == ConstraintMode.PREFERRED for c in constraints):
-                heap = [(-preference(h.attributes, constraints), -h.free.cpu, h.worker_id, i)
-                        for i, h in found if h.free.cpu > 0 or not needs_cpu]
-            else:
-                heap = [(0, -h.free.cpu, h.worker_id, i)
-                        for i, h in found if h.free.cpu > 0 or not needs_cpu]
-            heapq.heapify(heap)
-            self.heaps[(shape, needs_cpu)] = heap
+            heap = self.heaps[(shape, needs_cpu)] = self._heap(unit, shape, needs_cpu)
         best = self._best(heap, unit.need)
         if best is None:
-            reason = _why_not(unit, self.hosts, [h for _, h in self.candidates[shape]])
+            reason = _why_not(unit, self.hosts, [h for _, h in self._found(unit, shape)])
             self.failed[failed_key] = reason
             out.pending_reasons[(unit.job_id, index)] = reason
             return
@@ -280,6 +267,32 @@ class _SingleTasks:
         devices = _take(best, unit.need, self.undo)
         out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports,
                                           devices=devices))
+
+    def _found(self, unit: Unit, shape: tuple[object, ...]) -> list[tuple[int, Host]]:
+        """The shape's candidates not held for a preemptor, with their positions."""
+        found = self.candidates.get(shape)
+        if found is None:
+            found = self.candidates[shape] = [
+                (i, h) for i, h in _candidates(unit, self.hosts) if h.held_for is None]
+        return found
+
+    def _heap(self, unit: Unit, shape: tuple[object, ...], needs_cpu: bool
+              ) -> list[tuple[int, int, str, int]]:
+        constraints = unit.constraints
+        if not constraints and shape[1] is None:
+            # The common shape (any host in service takes it): one pass over the hosts,
+            # with no list of candidates made first; every preference is 0.
+            heap = [(0, -h.free.cpu, h.worker_id, i) for i, h in enumerate(self.hosts)
+                    if not h.out_of_service and h.held_for is None
+                    and (h.free.cpu > 0 or not needs_cpu)]
+        elif any(c.mode == ConstraintMode.PREFERRED for c in constraints):
+            heap = [(-preference(h.attributes, constraints), -h.free.cpu, h.worker_id, i)
+                    for i, h in self._found(unit, shape) if h.free.cpu > 0 or not needs_cpu]
+        else:  # without preferred constraints every preference is 0: not asked of each
+            heap = [(0, -h.free.cpu, h.worker_id, i)
+                    for i, h in self._found(unit, shape) if h.free.cpu > 0 or not needs_cpu]
+        heapq.heapify(heap)
+        return heap
 
     def _best(self, heap: list[tuple[int, int, str, int]], need: Amounts) -> Host | None:
         passed_over: list[tuple[int, int, str, int]] = []
@@ -405,12 +418,15 @@ def _place_gang(unit: Unit, hosts: Sequence[Host], out: Placement, undo: _Undo,
         out.pending_reasons[(unit.job_id, i)] = reason
 
 
+_FREE = attrgetter("free")
+_DIMENSIONS = tuple(attrgetter(d) for d in DIMENSIONS)
+
+
 def _total_free(hosts: Sequence[Host]) -> Amounts:
     """The free amounts of all hosts, summed per dimension (an Amounts per host added up
     was a tenth of a tick's placing at 1,000 hosts)."""
-    frees = [h.free for h in hosts]
-    return Amounts(sum(f.cpu for f in frees), sum(f.mem for f in frees),
-                   sum(f.disk for f in frees), sum(f.dev for f in frees))
+    frees = list(map(_FREE, hosts))
+    return Amounts(*(sum(map(dimension, frees)) for dimension in _DIMENSIONS))
 
 
 def free_amounts(host: Host) -> Amounts:

@@ -798,8 +798,8 @@ class Leader:
     def _hosts(self) -> list[placement.Host]:
         """The live workers as placement sees them. A worker's Host is rebuilt only when
         the fold changed it since the last call (building all of them was over half of a
-        tick's synchronous part at 1,000 hosts: docs/performance.md); callers copy what
-        they change (placement.place, preemption.plan)."""
+        tick's synchronous part at 1,000 hosts: docs/performance.md). placement.place puts
+        back what it changes before it returns; preemption.plan works on copies."""
         hosts = []
         cache = self.host_cache
         for w in self.state.workers.values():
@@ -815,8 +815,11 @@ class Leader:
                     cached[2] == rest:
                 hosts.append(cached[3])
                 continue
+            # A worker without devices has none to track one by one (None: placement then
+            # need not look at its list on every call).
             host = placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                                  w.address, w.holder, set(w.ports_used), w.free_devices,
+                                  w.address, w.holder, set(w.ports_used),
+                                  w.free_devices if w.devices else None,
                                   w.out_of_service, w.held_for)
             cache[w.worker_id] = (w, w.used, rest, host)
             hosts.append(host)
