@@ -1,7 +1,7 @@
 """The pause after a tick: as long as the tick while the fold has events to fold (so reports
 that free capacity and heartbeats get the loop), cut short once it has none, unless the tick
-stopped at its limit with work left. On a real nats-server and Redis, with the tick itself
-replaced by one that only waits."""
+left tasks waiting. On a real nats-server and Redis, with the tick itself replaced by one
+that only waits (and a real tick, to say which tasks it left waiting)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from nats.aio.client import Client as NATS
 from berth.services.scheduler.service import Leader
 from berth.shared import nats_io, servers
 from tests.test_follow_stall import take
+from tests.test_lifecycle import registered, submitted
 from tests.test_projection import publish_events
 from tests.test_reconcile import leader_on
 
@@ -23,10 +24,10 @@ TICK = 0.5  # seconds each tick awaits, as a commit's round trips would
 
 
 async def gaps(leader: Leader, ticks: int, monkeypatch: pytest.MonkeyPatch,
-               truncated: bool = False) -> list[float]:
+               left_waiting: bool = False) -> list[float]:
     """Runs the leader's tick loop for `ticks` ticks, each asking for the next at once (as
-    jobs arriving during it would), and `truncated` (stopped at its limit, work left) or
-    not; the times from each tick's end to the next one's start."""
+    jobs arriving during it would) and leaving tasks it saw waiting or not; the times from
+    each tick's end to the next one's start."""
     spans: list[tuple[float, float]] = []
     done = asyncio.Event()
 
@@ -34,7 +35,7 @@ async def gaps(leader: Leader, ticks: int, monkeypatch: pytest.MonkeyPatch,
         started = time.monotonic()
         await asyncio.sleep(TICK)
         spans.append((started, time.monotonic()))
-        leader.truncated = truncated
+        leader.left_waiting = left_waiting
         leader.wake.set()
         if len(spans) == ticks:
             done.set()
@@ -68,12 +69,12 @@ async def test_a_fold_that_has_caught_up_does_not_hold_the_next_tick_back(
         assert all(gap < TICK / 2 for gap in await gaps(leader, 3, monkeypatch))
 
 
-async def test_a_tick_that_left_work_at_its_limit_pauses_as_long_as_it_took(
+async def test_a_tick_that_left_tasks_waiting_pauses_as_long_as_it_took(
         nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
     async with leader_on(nc, clean_servers[1]) as (leader, _, _):
         leader.fold_drained.set()
-        gaps_seen = await gaps(leader, 3, monkeypatch, truncated=True)
+        gaps_seen = await gaps(leader, 3, monkeypatch, left_waiting=True)
         assert all(gap >= TICK * 0.95 for gap in gaps_seen)
 
 
@@ -87,6 +88,19 @@ async def test_the_pause_ends_when_the_fold_catches_up(
         first, second = await gaps(leader, 3, monkeypatch)
         assert TICK * 0.1 <= first < TICK * 0.8
         assert second < TICK / 2
+
+
+async def test_a_tick_says_whether_it_left_tasks_it_saw_waiting(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer]) -> None:
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        for seq, event in enumerate([registered(), submitted("j1", replicas=2)], start=1):
+            leader.state.apply(seq, event)  # one worker of 4 cpu, 2 one-cpu tasks
+        leader._register_host(leader.state.workers["w1"])
+        assert await leader.tick() == 2
+        assert not leader.left_waiting
+        leader.state.apply(3, submitted("j2", replicas=3))
+        assert await leader.tick() == 2  # room for two of three
+        assert leader.left_waiting
 
 
 async def test_the_follower_says_when_its_reader_has_every_message(nc: NATS) -> None:

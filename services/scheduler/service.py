@@ -269,7 +269,9 @@ class Leader:
         # are skipped while nothing it was given changes (idle_tick.py).
         self.idle: idle_tick.IdleTick | None = None
         self.skipped = False  # whether the last tick was skipped (TickStats)
-        self.truncated = False  # whether the last tick stopped at its limit, work left
+        # Whether the last tick left tasks it saw waiting (at its limit, or for room,
+        # quotas or tokens): _pause.
+        self.left_waiting = False
         # When what the last tick held back comes due (wall clock): a retry backoff's end,
         # a waiting task's scheduling timeout, the pending reasons' next announcement.
         self.backoff_due = idle_tick.NEVER
@@ -689,14 +691,15 @@ class Leader:
     async def _pause(self, took: float) -> None:
         """After a tick that took `took` seconds. At most half the time in ticks: the fold of
         reports (which frees capacity) and heartbeats get the other half, however busy
-        placement is. A tick that placed all it could (no work left at its limit) pauses
-        only until the fold has caught up: what arrived during the tick waits for the next
-        one, and a pause the fold does not need only delays it. One that stopped at its
-        limit pauses for as long as it took, as every tick did: with a deep queue a shorter
-        pause gains no job anything, and on 2 cores at 10,000 hosts ticks back to back
-        starved the rest of the machine (late lease renewals, docs/performance.md)."""
+        placement is. A tick that placed every task it saw pauses only until the fold has
+        caught up: the next tick's work is what arrived meanwhile, and a pause the fold
+        does not need only delays it. One that left tasks waiting (at its limit, or for
+        room, quotas or tokens) pauses for as long as it took, as every tick did: those
+        wait for the fold to bring freed capacity, and ticks back to back would only place
+        them in smaller batches, each tick's fixed costs paid again (on 2 cores: fewer real
+        jobs a second, and at 10,000 hosts late lease renewals, docs/performance.md)."""
         await asyncio.sleep(0)  # a turn for everything ready, whatever the fold's state
-        if self.truncated:
+        if self.left_waiting:
             await asyncio.sleep(took)
         else:
             await service.wait_event(self.fold_drained, took)
@@ -830,7 +833,7 @@ class Leader:
         nothing it would be given changed since a tick that placed nothing (idle_tick.py)."""
         self.placing_seconds = 0.0
         self.skipped = False
-        self.truncated = False
+        self.left_waiting = False
         if not self.state.pending:
             self.idle = None
             if self.state.holds:  # e.g. a preemptor cancelled while its victims stopped
@@ -854,6 +857,8 @@ class Leader:
                                      limits=(self.state.limits, self.state.usage),
                                      stop_below=stop_below)
             self.placing_seconds = time.perf_counter() - started
+            self.left_waiting = bool(result.truncated or result.exhausted
+                                     or result.pending_reasons)
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
             span.set_attribute("berth.walk_stopped", result.exhausted)
@@ -861,7 +866,6 @@ class Leader:
             self._link_submits(span, result)
             if result.assignments and not await self._commit(result, span):
                 return 0
-            self.truncated = result.truncated
             if result.truncated:
                 self.wake.set()  # more may fit: the next tick follows the pause
             await self._let_go_of_holds(result, settled)
