@@ -1,7 +1,8 @@
 """The pause after a tick: as long as the tick while the fold has events to fold (so reports
-that free capacity and heartbeats get the loop), cut short once it has none, unless the tick
-left tasks waiting. On a real nats-server and Redis, with the tick itself replaced by one
-that only waits (and a real tick, to say which tasks it left waiting)."""
+that free capacity and heartbeats get the loop), cut short once it has none (never below
+the tick's placing), unless the tick left tasks waiting. On a real nats-server and Redis,
+with the tick itself replaced by one that only waits (and a real tick, to say which tasks
+it left waiting)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ TICK = 0.5  # seconds each tick awaits, as a commit's round trips would
 
 
 async def gaps(leader: Leader, ticks: int, monkeypatch: pytest.MonkeyPatch,
-               left_waiting: bool = False) -> list[float]:
+               left_waiting: bool = False, placing: float = 0.0) -> list[float]:
     """Runs the leader's tick loop for `ticks` ticks, each asking for the next at once (as
-    jobs arriving during it would) and leaving tasks it saw waiting or not; the times from
-    each tick's end to the next one's start."""
+    jobs arriving during it would), leaving tasks it saw waiting or not, and saying it
+    spent `placing` of its seconds placing (its synchronous part); the times from each
+    tick's end to the next one's start."""
     spans: list[tuple[float, float]] = []
     done = asyncio.Event()
 
@@ -36,6 +38,7 @@ async def gaps(leader: Leader, ticks: int, monkeypatch: pytest.MonkeyPatch,
         await asyncio.sleep(TICK)
         spans.append((started, time.monotonic()))
         leader.left_waiting = left_waiting
+        leader.placing_seconds = placing
         leader.wake.set()
         if len(spans) == ticks:
             done.set()
@@ -67,6 +70,18 @@ async def test_a_fold_that_has_caught_up_does_not_hold_the_next_tick_back(
     async with leader_on(nc, clean_servers[1]) as (leader, _, _):
         leader.fold_drained.set()
         assert all(gap < TICK / 2 for gap in await gaps(leader, 3, monkeypatch))
+
+
+async def test_the_pause_is_never_shorter_than_the_ticks_placing(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10,000 hosts a tick of a few tasks still visits every host: without this, such
+    ticks held the event loop back to back."""
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        leader.fold_drained.set()
+        placing = TICK * 0.6
+        gaps_seen = await gaps(leader, 3, monkeypatch, placing=placing)
+        assert all(placing * 0.95 <= gap < placing + TICK * 0.3 for gap in gaps_seen)
 
 
 async def test_a_tick_that_left_tasks_waiting_pauses_as_long_as_it_took(

@@ -691,18 +691,23 @@ class Leader:
     async def _pause(self, took: float) -> None:
         """After a tick that took `took` seconds. At most half the time in ticks: the fold of
         reports (which frees capacity) and heartbeats get the other half, however busy
-        placement is. A tick that placed every task it saw pauses only until the fold has
-        caught up: the next tick's work is what arrived meanwhile, and a pause the fold
-        does not need only delays it. One that left tasks waiting (at its limit, or for
-        room, quotas or tokens) pauses for as long as it took, as every tick did: those
-        wait for the fold to bring freed capacity, and ticks back to back would only place
-        them in smaller batches, each tick's fixed costs paid again (on 2 cores: fewer real
-        jobs a second, and at 10,000 hosts late lease renewals, docs/performance.md)."""
-        await asyncio.sleep(0)  # a turn for everything ready, whatever the fold's state
+        placement is. A tick that placed every task it saw pauses for its synchronous part
+        (`placing_seconds`), then only until the fold has caught up: the next tick's work
+        is what arrived meanwhile, and the rest of the pause, matching the tick's waits on
+        Redis and JetStream, during which the fold ran anyway, only delays it. One that left
+        tasks waiting (at its limit, or for room, quotas or tokens) pauses for as long as
+        it took, as every tick did: those wait for the fold to bring freed capacity, and
+        ticks back to back would only place them in smaller batches, each tick's fixed
+        costs paid again (on 2 cores: fewer real jobs a second, and at 10,000 hosts late
+        lease renewals, docs/performance.md)."""
         if self.left_waiting:
             await asyncio.sleep(took)
-        else:
-            await service.wait_event(self.fold_drained, took)
+            return
+        # Never less than the placing: at 10,000 hosts, ticks of a few tasks each, each
+        # visiting every host, otherwise held the loop back to back (a whole core).
+        placing = min(self.placing_seconds, took)
+        await asyncio.sleep(placing)  # a turn for everything ready, at the least
+        await service.wait_event(self.fold_drained, took - placing)
 
     def _live_workers(self) -> list[WorkerView]:
         return [w for w in self.state.workers.values() if w.alive]
