@@ -285,11 +285,11 @@ class _SingleTasks:
             heap = [(0, -h.free.cpu, h.worker_id, i) for i, h in enumerate(self.hosts)
                     if not h.out_of_service and h.held_for is None
                     and (h.free.cpu > 0 or not needs_cpu)]
-        elif any(c.mode == ConstraintMode.PREFERRED for c in constraints):
-            heap = [(-preference(h.attributes, constraints), -h.free.cpu, h.worker_id, i)
-                    for i, h in self._found(unit, shape) if h.free.cpu > 0 or not needs_cpu]
-        else:  # without preferred constraints every preference is 0: not asked of each
-            heap = [(0, -h.free.cpu, h.worker_id, i)
+        else:
+            # Without preferred constraints every preference is 0: not asked of each host.
+            prefers = any(c.mode == ConstraintMode.PREFERRED for c in constraints)
+            heap = [(-preference(h.attributes, constraints) if prefers else 0, -h.free.cpu,
+                     h.worker_id, i)
                     for i, h in self._found(unit, shape) if h.free.cpu > 0 or not needs_cpu]
         heapq.heapify(heap)
         return heap

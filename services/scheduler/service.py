@@ -232,7 +232,7 @@ class Leader:
         self.leading = asyncio.Event()
         self.wake = asyncio.Event()
         # Set while the fold has folded every event this client holds (nats_io's follower):
-        # a tick's pause ends early then (_tick_loop).
+        # a tick's pause ends early then (_pause).
         self.fold_drained = asyncio.Event()
         self.last_heartbeat: dict[str, float] = {}
         # Heartbeats heard and to be answered (their reply subjects), for `_send_acks`; and
