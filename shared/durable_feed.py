@@ -78,7 +78,7 @@ class DurableEventFeed:
     async def batches(self, after_seq: int) -> AsyncGenerator[list[RawEvent]]:
         """Batches of the events after `after_seq`, in order, forever. Call `ack()` once a
         batch is applied."""
-        await self.open(after_seq)
+        await self._reopen(after_seq)  # retried: a dashboard may start during an election
         expected = after_seq + 1
         reopened_at: int | None = None
         while True:
@@ -143,6 +143,6 @@ class DurableEventFeed:
             try:
                 await self.open(after_seq)
                 return
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                 log.warning("events consumer %s: reopen failed (%s)", self.name, exc)
                 await asyncio.sleep(1.0)

@@ -7,13 +7,14 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -39,6 +40,8 @@ from berth.shared.credentials import Credentials, Role
 from berth.shared.event_origin import RefusedEvent, read_event
 from berth.shared.messages import AnyEvent, encode
 from berth.shared.nats_parser import FastParser
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +308,25 @@ async def _create_or_update(js: JetStreamContext, config: StreamConfig) -> None:
         await js.update_stream(config=config)
 
 
+async def while_cluster_forms(what: str, attempt: Callable[[], Awaitable[T]],
+                              timeout: float = 60.0) -> T:
+    """`attempt()`, retried with backoff while JetStream answers that the cluster is not
+    ready (no meta or stream leader yet, too few peers, or no answer in time: an election
+    after a node was lost), for up to `timeout` seconds; any other error is raised at once.
+    A service starting during an election waits it out instead of exiting."""
+    deadline = time.monotonic() + timeout
+    pause = 0.1
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not _cluster_not_ready(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.info("%s not done yet: %s; retrying", what, exc or type(exc).__name__)
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, 2.0)
+
+
 async def ensure_streams(js: JetStreamContext, replicas: int = 1, timeout: float = 60.0
                          ) -> None:
     """Creates every stream with `replicas` copies (BERTH_STREAM_REPLICAS; 3 on a 3-node
@@ -314,18 +336,10 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1, timeout: float
     deadline = time.monotonic() + timeout
     for base in STREAMS:
         config = dataclasses.replace(base, num_replicas=replicas)
-        pause = 0.1
-        while True:
-            try:
-                await _create_or_update(js, config)
-                break
-            except Exception as exc:
-                if not _cluster_not_ready(exc) or time.monotonic() + pause > deadline:
-                    raise
-                log.info("stream %s (%d replicas) not created yet: %s; retrying",
-                         config.name, replicas, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
+        await while_cluster_forms(
+            f"stream {config.name} ({replicas} replicas)",
+            functools.partial(_create_or_update, js, config),
+            max(0.0, deadline - time.monotonic()))
 
 
 def message_headers(msg_id: str) -> dict[str, str]:

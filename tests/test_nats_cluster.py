@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import stat
 import time
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -218,6 +221,46 @@ async def submit_burst(nc: NATS, user: str, count: int, acked: dict[int, str],
         if start >= count // 3:
             halfway.set()
     return failures
+
+
+async def test_a_consumer_asked_for_without_a_quorum_is_made_once_one_returns(
+        cluster: servers.NatsCluster) -> None:
+    """A service that starts while the cluster elects (a node just lost) waits for the
+    election instead of exiting: the submitter once died so, and 150 submits waited."""
+    nc = await nats_io.connect(cluster.url, "test", cluster.admin_creds())
+    try:
+        js = nc.jetstream()
+        await nats_io.ensure_streams(js, replicas=3)
+        await current_replicas(js, subjects.SUBMIT_STREAM)
+        # Not retried: an error that no election mends is raised at once.
+        started = time.monotonic()
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await nats_io.while_cluster_forms("a consumer on no stream", functools.partial(
+                js.pull_subscribe, "nowhere.>", durable="nowhere", stream="NO_SUCH_STREAM"))
+        assert time.monotonic() - started < 5
+
+        # Two of three nodes gone: no quorum, so no consumer can be made.
+        for i in (1, 2):
+            cluster.kill(i)
+        consumer = functools.partial(js.pull_subscribe, subjects.SUBMIT_ALL,
+                                     durable="test-quorum", stream=subjects.SUBMIT_STREAM)
+        asked = asyncio.create_task(nats_io.while_cluster_forms("test consumer", consumer))
+        await asyncio.sleep(8)  # beyond JetStream's 5 s request timeout: it failed, at least once
+        assert not asked.done(), asked
+        cluster.restart(1)
+        sub = await asyncio.wait_for(asked, 60)
+        await js.publish(subjects.SUBMIT_JOB, b"{}", stream=subjects.SUBMIT_STREAM)
+        [msg] = await sub.fetch(1, timeout=10)
+        assert msg.data == b"{}"
+
+        # Bounded: without a quorum for longer than the timeout, the error is raised.
+        cluster.kill(1)
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.APIError)):
+            await nats_io.while_cluster_forms("another", functools.partial(
+                js.pull_subscribe, subjects.SUBMIT_ALL, durable="test-quorum-2",
+                stream=subjects.SUBMIT_STREAM), timeout=3)
+    finally:
+        await nc.close()
 
 
 @pytest.mark.slow

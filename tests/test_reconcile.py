@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 from nats.aio.client import Client as NATS
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from berth.services.scheduler import fencing
 from berth.services.scheduler.service import Leader
@@ -80,3 +82,37 @@ async def test_a_host_whose_registration_is_still_queued_is_recorded_before_a_co
         (usage,) = await store.host_usage()
         assert usage.worker_id == "w1" and list(usage.allocations) == [attempt_key("j1", 0, 0)]
         held_back.cancel()
+
+
+@pytest.mark.parametrize("failure", [
+    RedisConnectionError("Connection refused"),  # the primary gone, before a promotion
+    ResponseError("NOREPLICAS Not enough good replicas to write."),
+])
+async def test_a_release_that_failed_is_retried_without_waiting_for_a_commit(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch, failure: Exception) -> None:
+    """An idle leader commits nothing: a failed release left to the next commit held the
+    reservations of attempts that ended after a Sentinel failover, as the checker read."""
+    async with leader_on(nc, clean_servers[1]) as (leader, store, epoch):
+        for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
+                                     report(0, TaskState.RUNNING)], start=1):
+            leader.state.apply(seq, event)
+        leader._register_host(leader.state.workers["w1"])
+        await leader._flush_registrations()
+        key = attempt_key("j1", 0, 0)
+        await store.reserve(epoch, [leader._reservation("w1", key)])
+        release = store.release
+        tries: list[int] = []
+
+        async def failing_twice(epoch: int, releases: list[tuple[str, str]]) -> None:
+            tries.append(len(releases))
+            if len(tries) <= 2:
+                raise failure
+            await release(epoch, releases)
+
+        monkeypatch.setattr(store, "release", failing_twice)
+        await leader._carry_out(leader.state.apply(5, report(0, TaskState.SUCCEEDED, 0)))
+        assert leader.release_task is not None
+        await asyncio.wait_for(leader.release_task, 10)
+        assert tries == [1, 1, 1] and leader.unreleased == []
+        assert [list(h.allocations) for h in await store.host_usage()] == [[]]

@@ -344,9 +344,11 @@ class Leader:
             ]
             await self._until_first_ends(tasks)
         finally:
-            for t in [*tasks, *self.heartbeat_work]:
+            # The background flushes retry until written: this term's end ends them.
+            flushes = [t for t in (self.release_task, self.register_task) if t is not None]
+            for t in [*tasks, *self.heartbeat_work, *flushes]:
                 t.cancel()
-            await asyncio.gather(*tasks, *self.heartbeat_work, return_exceptions=True)
+            await asyncio.gather(*tasks, *self.heartbeat_work, *flushes, return_exceptions=True)
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
             if compact_sub is not None:
@@ -597,15 +599,22 @@ class Leader:
     @staticmethod
     async def _in_background(flush: Callable[[], Awaitable[None]], what: str) -> None:
         """Runs a flush of writes owed to Redis (releases, host registrations) as a task of
-        its own: what it could not write stays owed, and the next commit flushes again and
-        raises there."""
-        try:
-            await flush()
-        except redis_io.UNREACHABLE as exc:
-            # Said once, when the term ends on it (the lease cannot be renewed either).
-            log.debug("%s in Redis failed (%s); retrying before the next commit", what, exc)
-        except Exception as exc:
-            log.warning("%s in Redis failed (%s); retrying before the next commit", what, exc)
+        its own. What it could not write stays owed and is tried again, with backoff, until
+        written or the term ends (a commit also flushes first). Left to the next commit, an
+        idle leader kept the reservations of attempts ended after a Sentinel failover."""
+        backoff = fencing.Backoff()
+        outage = fencing.Outage(f"Redis for {what}")
+        while True:
+            try:
+                await flush()
+                outage.recovered()
+                return
+            except redis_io.UNREACHABLE as exc:
+                # Said once, when the term ends on it (the lease cannot be renewed either).
+                log.debug("%s in Redis failed (%s); retrying", what, exc)
+            except Exception as exc:
+                outage.failed(exc, "still owed")
+            await asyncio.sleep(backoff.next())
 
     # --- leadership ---------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -261,7 +262,9 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     nc = await nats_io.connect_service(settings, "berth-submitter", Role.SUBMITTER)
     js = nc.jetstream()
     await nats_io.ensure_streams(js, settings.stream_replicas)
-    sub = await js.pull_subscribe(
+    # Created during an election (a node just lost), this can time out: wait it out.
+    consumer = functools.partial(
+        js.pull_subscribe,
         subjects.SUBMIT_ALL,
         durable=subjects.SUBMITTER_DURABLE,
         stream=subjects.SUBMIT_STREAM,
@@ -269,6 +272,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, deliver_policy=DeliverPolicy.ALL
         ),
     )
+    sub = await nats_io.while_cluster_forms("the submitter's consumer", consumer)
     outcomes = nats_io.EventPublisher(js)
     index = JobIndex(js)
     serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
