@@ -1,7 +1,9 @@
-"""The leader's hosts, kept between ticks (`Leader._hosts`), always equal hosts built afresh
-from the fold: a stale one would let placement offer capacity, ports or devices another
-attempt holds, or a host out of service. Drawn sequences of assignments, exits, node
-health verdicts, device health changes and re-registrations, checked after every event."""
+"""The leader's hosts, kept between ticks (`Leader._hosts`, its HostIndex), always equal
+hosts built afresh from the fold: a stale one would let placement offer capacity, ports or
+devices another attempt holds, or a host out of service. And the index's ranking, holds and
+free total always equal those made afresh from its hosts. Drawn sequences of assignments,
+exits, node health verdicts, device health changes, deaths, re-registrations and
+preemptors' holds, checked after every event."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.services.scheduler import placement
+from berth.services.scheduler.host_index import HostIndex, rank, takes_any_work
 from berth.services.scheduler.service import Leader
+from berth.shared.capacity import Amounts
 from berth.shared.config import Settings
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import (
@@ -25,8 +29,11 @@ from berth.shared.messages import (
     LeaderElected,
     NodeAction,
     NodeHealthChanged,
+    PreemptionReleased,
     Resources,
     TaskAssigned,
+    TasksPreempted,
+    WorkerDeclaredDead,
     WorkerRegistered,
 )
 from berth.shared.states import TaskState
@@ -45,11 +52,27 @@ class _Lease:
     sent = time.monotonic()
 
 
-def fresh(state: ClusterState) -> list[placement.Host]:
-    return [placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                           w.address, w.holder, set(w.ports_used), w.free_devices,
-                           w.out_of_service, w.held_for)
-            for w in state.workers.values() if w.alive]
+def fresh(state: ClusterState) -> dict[str, placement.Host]:
+    """Every live worker's host, normalised as placement works on it: free devices lowest
+    first, and counted no higher than listed."""
+    hosts = {}
+    for w in state.workers.values():
+        if w.alive:
+            host = placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
+                                  w.address, w.holder, set(w.ports_used), w.free_devices,
+                                  w.out_of_service, w.held_for)
+            host.free = placement.free_amounts(host)
+            hosts[w.worker_id] = host
+    return hosts
+
+
+def check_index(index: HostIndex) -> None:
+    hosts = index.listed()
+    assert index.ranked == sorted(rank(h) for h in hosts if takes_any_work(h))
+    assert index.held_by_job() == {
+        job: [h for h in hosts if h.held_for == job] for job in {h.held_for for h in hosts}
+        if job is not None}
+    assert index.total == sum((h.free for h in hosts), Amounts())
 
 
 def register(worker: str, incarnation: str) -> WorkerRegistered:
@@ -58,7 +81,8 @@ def register(worker: str, incarnation: str) -> WorkerRegistered:
 
 
 steps = st.lists(st.tuples(st.sampled_from(["assign", "exit", "cordon", "uncordon",
-                                            "sick", "healed", "restart"]),
+                                            "sick", "healed", "restart", "die", "hold",
+                                            "unhold"]),
                            st.integers(0, 2), st.integers(0, 7)), max_size=30)
 
 
@@ -73,7 +97,9 @@ def test_kept_hosts_equal_fresh_ones(plan: list[tuple[str, int, int]]) -> None:
         nonlocal seq
         seq += 1
         state.apply(seq, event)
-        assert [astuple(h) for h in leader._hosts()] == [astuple(h) for h in fresh(state)]
+        kept = {h.worker_id: astuple(h) for h in leader._hosts()}
+        assert kept == {w: astuple(h) for w, h in fresh(state).items()}
+        check_index(leader.host_index)
 
     fold(LeaderElected(scheduler_id="s", epoch=1, ts=1.0))
     for w in WORKERS:
@@ -111,3 +137,12 @@ def test_kept_hosts_equal_fresh_ones(plan: list[tuple[str, int, int]]) -> None:
         elif action == "restart":
             restarts += 1
             fold(register(worker.worker_id, f"i{restarts}"))
+        elif action == "die":
+            fold(WorkerDeclaredDead(worker_id=worker.worker_id, incarnation=worker.incarnation,
+                                    epoch=1, ts=6.0))
+        elif action == "hold":
+            fold(TasksPreempted(id=f"p{seq}", job_id=f"j{j}", victims=[],
+                                hosts=[worker.worker_id], epoch=1, ts=7.0))
+        elif action == "unhold":
+            fold(PreemptionReleased(id=f"r{seq}", job_id=f"j{j}", hosts=[worker.worker_id],
+                                    epoch=1, ts=8.0))

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from berth.services.scheduler.host_index import HostIndex
 from berth.services.scheduler.matching import holds, matches, preference
 from berth.services.scheduler.placement import Host, Unit, place
 from berth.shared.capacity import Amounts
@@ -493,3 +494,55 @@ def test_a_full_cluster_stops_the_walk_at_the_first_unit_that_cannot_fit() -> No
     assert result.exhausted and not result.pending_reasons  # j3 on were never examined
     walked = place(units, hosts)
     assert walked.assignments == result.assignments and len(walked.pending_reasons) == 997
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0, 250, 500, 1000, 2000]),
+                       st.sampled_from([1, 100, 1000]), st.integers(0, 2),
+                       st.sampled_from(["", "a", "b"]), st.integers(1, 3), st.booleans()),
+             min_size=1, max_size=40),
+    st.lists(st.tuples(st.sampled_from([0, 500, 1000, 2000, 4000]),
+                       st.sampled_from([0, 1000, 4000]), st.integers(0, 4),
+                       st.sampled_from(["a", "b"]), st.booleans(),
+                       st.sampled_from([None, None, None, "t0", "t1"]),
+                       st.sampled_from([None, "reversed", "short"])), max_size=12),
+    st.integers(1, 50), st.booleans(),
+)
+def test_placing_from_a_host_index_places_exactly_what_a_pass_over_the_hosts_does(
+        tasks: list[tuple[int, int, int, str, int, bool]],
+        hosts: list[tuple[int, int, int, str, bool, str | None, str | None]], limit: int,
+        stop: bool) -> None:
+    """The scheduler keeps its hosts in a HostIndex between ticks, and the common shape's
+    heap is filled from its ranking only as far as a call reads: the same assignments,
+    groups and reasons as a call given the hosts alone, over held hosts, hosts out of
+    service, gangs taking from hosts the ranking has not reached, and devices listed out
+    of order or fewer than counted. The index is as it was after the call."""
+    units = [Unit(f"t{i}", tuple(range(n)), Amounts(c, m, 0, d), "gpu:x" if d else "",
+                  (Constraint(key="pool", op=Op.EQ, value=pool),) if pool else (), (),
+                  Coscheduling(group_by="pool") if gang and n > 1 else None)
+             for i, (c, m, d, pool, n, gang) in enumerate(tasks)]
+
+    def devices(count: int, listed: str | None) -> list[int] | None:
+        if listed is None:
+            return None
+        return list(range(count))[::-1] if listed == "reversed" else list(range(count - 1))
+
+    def made() -> list[Host]:
+        return [Host(f"h{i:02d}", Amounts(c, m, 0, d), "gpu:x" if d else "", {"pool": pool},
+                     out_of_service="cordoned" if away else "", held_for=held,
+                     free_devices=devices(d, listed))
+                for i, (c, m, d, pool, away, held, listed) in enumerate(hosts)]
+
+    stop_below = least_need(units) if stop else None
+    alone = place(units, made(), limit=limit, stop_below=stop_below)
+    index = HostIndex()
+    for host in made():
+        index.put(host)
+    before = as_given(index.listed())
+    indexed = place(units, index.listed(), limit=limit, stop_below=stop_below, index=index)
+    assert indexed.assignments == alone.assignments
+    assert indexed.groups == alone.groups
+    assert indexed.pending_reasons == alone.pending_reasons
+    assert (indexed.truncated, indexed.exhausted) == (alone.truncated, alone.exhausted)
+    assert as_given(index.listed()) == before

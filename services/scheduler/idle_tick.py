@@ -44,8 +44,10 @@ class IdleTick:
 
 
 def same_hosts(before: Sequence[Host], now: Sequence[Host]) -> bool:
-    """Whether `now` holds the very objects `before` held, in the same order."""
-    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
+    """Whether `now` holds the very objects `before` held, in the same order. The leader's
+    HostIndex gives the very same list while no host changed: then nothing is compared."""
+    return before is now or (len(before) == len(now)
+                             and all(a is b for a, b in zip(before, now, strict=True)))
 
 
 def may_skip(idle: IdleTick | None, hosts: Sequence[Host], limits_seq: int,

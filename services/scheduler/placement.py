@@ -16,14 +16,18 @@ the group whose members satisfy the most of them on average."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from berth.services.scheduler.matching import describe, matches, preference, required
 from berth.shared import limits as limit_rules
 from berth.shared.capacity import DIMENSIONS, Amounts, GroupClaim
 from berth.shared.messages import Constraint, ConstraintMode, Coscheduling
+
+if TYPE_CHECKING:
+    from berth.services.scheduler.host_index import HostIndex
 
 PORT_RANGE = range(30000, 40000)
 
@@ -155,17 +159,13 @@ def _take(host: Host, need: Amounts, undo: _Undo) -> tuple[int, ...]:
 
 
 def candidates(unit: Unit, hosts: Sequence[Host]) -> list[Host]:
-    return [h for _, h in _candidates(unit, hosts)]
-
-
-def _candidates(unit: Unit, hosts: Sequence[Host]) -> list[tuple[int, Host]]:
-    """The hosts in service matching the unit's constraints and device, with their
-    positions in `hosts`. Asked of every host once per shape and call: the common shape
-    (no constraints, no device) is tested without a call per host."""
+    """The hosts in service matching the unit's constraints and device. Asked of every
+    host once per shape and call: the common shape (no constraints, no device) is tested
+    without a call per host."""
     constraints, kind = unit.constraints, unit.device_kind if unit.need.dev else None
     if not constraints and kind is None:
-        return [(i, h) for i, h in enumerate(hosts) if not h.out_of_service]
-    return [(i, h) for i, h in enumerate(hosts)
+        return [h for h in hosts if not h.out_of_service]
+    return [h for h in hosts
             if not h.out_of_service and matches(h.attributes, constraints)
             and (kind is None or h.device_kind == kind)]
 
@@ -212,6 +212,44 @@ def _mib(mb: int) -> str:
     return f"{mb} MiB"
 
 
+HeapEntry = tuple[int, int, str, Host]  # (-preference, -free cpu, worker id, host)
+
+
+class _Ranked:
+    """A shape's hosts as a heap by preference, then most free cpu, then worker id. The
+    common shape's, given a HostIndex, starts empty and is filled from the index's ranking
+    only as far as the call reads (`fill`): a tick placing a few tasks no longer pushes
+    every host. A host's rank there may be stale (a gang took from it in this call), but
+    never too low: free capacity only shrinks during a call."""
+
+    __slots__ = ("heap", "hosts", "more", "needs_cpu", "next")
+
+    def __init__(self, heap: list[HeapEntry], index: HostIndex | None = None,
+                 needs_cpu: bool = False) -> None:
+        self.heap = heap
+        self.hosts = index.hosts if index is not None else {}
+        self.more: Iterator[tuple[int, str]] | None = (
+            iter(index.ranked) if index is not None else None)
+        self.next = next(self.more, None) if self.more is not None else None
+        self.needs_cpu = needs_cpu
+
+    def fill(self) -> None:
+        """Moves ranked hosts into the heap while the next could come before its top."""
+        heap = self.heap
+        while (entry := self.next) is not None:
+            neg_cpu, worker_id = entry
+            if heap and (neg_cpu, worker_id) >= (heap[0][1], heap[0][2]):
+                return
+            if self.needs_cpu and neg_cpu >= 0:  # the rest have no cpu free either
+                self.next = None
+                return
+            assert self.more is not None
+            self.next = next(self.more, None)
+            host = self.hosts[worker_id]
+            if host.free.cpu > 0 or not self.needs_cpu:
+                heapq.heappush(heap, (0, -host.free.cpu, worker_id, host))
+
+
 class _SingleTasks:
     """Places single tasks fast, choosing exactly what a scan of every host would (of the
     matching hosts that fit, those satisfying the most preferred constraints, of them the
@@ -221,17 +259,19 @@ class _SingleTasks:
       a heap by preference, then free cpu (a host's preference is fixed for a shape); a
       host whose free cpu has since dropped is re-pushed when met (free capacity only
       shrinks during a call, so a stale entry is never too low);
+    - with a HostIndex, the common shape's heap is filled from its ranking as needed;
     - a shape and need that found no host cannot find one later in the same call, so its
       reason is remembered and reused."""
 
-    def __init__(self, hosts: Sequence[Host], undo: _Undo, held: dict[str, list[Host]]
-                 ) -> None:
+    def __init__(self, hosts: Sequence[Host], undo: _Undo, held: dict[str, list[Host]],
+                 index: HostIndex | None = None) -> None:
         """`held`: the hosts held for each preemptor. They go to it alone, so they are
         kept out of the heaps."""
         self.hosts = hosts
         self.undo = undo
-        self.heaps: dict[tuple[object, ...], list[tuple[int, int, str, int]]] = {}
-        self.candidates: dict[tuple[object, ...], list[tuple[int, Host]]] = {}
+        self.index = index
+        self.heaps: dict[tuple[object, ...], _Ranked] = {}
+        self.candidates: dict[tuple[object, ...], list[Host]] = {}
         self.failed: dict[tuple[object, ...], str] = {}
         self.held = held
 
@@ -254,12 +294,12 @@ class _SingleTasks:
         # shrinks during a call): such hosts stay out of its heap. On a busy cluster that
         # is most of them, and building the heap was a tenth of a tick at 10,000 hosts.
         needs_cpu = unit.need.cpu > 0
-        heap = self.heaps.get((shape, needs_cpu))
-        if heap is None:
-            heap = self.heaps[(shape, needs_cpu)] = self._heap(unit, shape, needs_cpu)
-        best = self._best(heap, unit.need)
+        ranked = self.heaps.get((shape, needs_cpu))
+        if ranked is None:
+            ranked = self.heaps[(shape, needs_cpu)] = self._ranked(unit, shape, needs_cpu)
+        best = self._best(ranked, unit.need)
         if best is None:
-            reason = _why_not(unit, self.hosts, [h for _, h in self._found(unit, shape)])
+            reason = _why_not(unit, self.hosts, self._found(unit, shape))
             self.failed[failed_key] = reason
             out.pending_reasons[(unit.job_id, index)] = reason
             return
@@ -268,40 +308,45 @@ class _SingleTasks:
         out.assignments.append(Assignment(unit.job_id, index, best.worker_id, ports,
                                           devices=devices))
 
-    def _found(self, unit: Unit, shape: tuple[object, ...]) -> list[tuple[int, Host]]:
-        """The shape's candidates not held for a preemptor, with their positions."""
+    def _found(self, unit: Unit, shape: tuple[object, ...]) -> list[Host]:
+        """The shape's candidates not held for a preemptor."""
         found = self.candidates.get(shape)
         if found is None:
             found = self.candidates[shape] = [
-                (i, h) for i, h in _candidates(unit, self.hosts) if h.held_for is None]
+                h for h in candidates(unit, self.hosts) if h.held_for is None]
         return found
 
-    def _heap(self, unit: Unit, shape: tuple[object, ...], needs_cpu: bool
-              ) -> list[tuple[int, int, str, int]]:
+    def _ranked(self, unit: Unit, shape: tuple[object, ...], needs_cpu: bool) -> _Ranked:
         constraints = unit.constraints
         if not constraints and shape[1] is None:
+            if self.index is not None:
+                return _Ranked([], self.index, needs_cpu)
             # The common shape (any host in service takes it): one pass over the hosts,
             # with no list of candidates made first; every preference is 0.
-            heap = [(0, -h.free.cpu, h.worker_id, i) for i, h in enumerate(self.hosts)
+            heap = [(0, -h.free.cpu, h.worker_id, h) for h in self.hosts
                     if not h.out_of_service and h.held_for is None
                     and (h.free.cpu > 0 or not needs_cpu)]
         else:
             # Without preferred constraints every preference is 0: not asked of each host.
             prefers = any(c.mode == ConstraintMode.PREFERRED for c in constraints)
             heap = [(-preference(h.attributes, constraints) if prefers else 0, -h.free.cpu,
-                     h.worker_id, i)
-                    for i, h in self._found(unit, shape) if h.free.cpu > 0 or not needs_cpu]
+                     h.worker_id, h)
+                    for h in self._found(unit, shape) if h.free.cpu > 0 or not needs_cpu]
         heapq.heapify(heap)
-        return heap
+        return _Ranked(heap)
 
-    def _best(self, heap: list[tuple[int, int, str, int]], need: Amounts) -> Host | None:
-        passed_over: list[tuple[int, int, str, int]] = []
+    @staticmethod
+    def _best(ranked: _Ranked, need: Amounts) -> Host | None:
+        heap = ranked.heap
+        passed_over: list[HeapEntry] = []
         best: Host | None = None
-        while heap:
-            neg_pref, neg_cpu, worker_id, i = heap[0]
-            host = self.hosts[i]
+        while True:
+            ranked.fill()
+            if not heap:
+                break
+            neg_pref, neg_cpu, worker_id, host = heap[0]
             if -neg_cpu != host.free.cpu:  # taken from since it was pushed
-                heapq.heapreplace(heap, (neg_pref, -host.free.cpu, worker_id, i))
+                heapq.heapreplace(heap, (neg_pref, -host.free.cpu, worker_id, host))
                 continue
             if need.fits_in(host.free):
                 best = host
@@ -460,7 +505,7 @@ class _Admission:
 
 def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None,
           limits: tuple[limit_rules.Limits, limit_rules.Usage] | None = None,
-          stop_below: Amounts | None = None) -> Placement:
+          stop_below: Amounts | None = None, index: HostIndex | None = None) -> Placement:
     """Places units in the given order. Single tasks go to the matching host satisfying the
     most preferred constraints, then with the most free cpu (spreading replicas), ties
     broken by worker id; a gang goes whole to one group,
@@ -473,10 +518,12 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     may yield needs in each dimension (the least of their needs), it stops as soon as the
     free capacity summed over all hosts falls below it in some dimension: no host could
     then hold any unit left (`exhausted`). Which units it placed is the same either way.
-    The hosts given are as they were when it returns (it changes them while it runs)."""
+    With `index` (a HostIndex kept by the caller; `hosts` is then its `listed()`), what
+    every call would rebuild from all hosts is read from it. The hosts given are as they
+    were when it returns (it changes them while it runs)."""
     undo = _Undo(hosts)
     try:
-        for h in hosts:
+        for h in hosts if index is None else ():  # an index's hosts are normalised
             devices = h.free_devices
             # Devices one by one: lowest first, and counted. Most hosts are so already (a
             # host without devices has none free and counts none): only the others are
@@ -485,21 +532,24 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
                     len(devices) > 1 and devices != sorted(devices))):
                 undo.save(h)
                 h.free, h.free_devices = free_amounts(h), sorted(devices)
-        return _place(units, hosts, undo, limit, limits, stop_below)
+        return _place(units, hosts, undo, limit, limits, stop_below, index)
     finally:
         undo.restore()
 
 
 def _place(units: Iterable[Unit], hosts: Sequence[Host], undo: _Undo, limit: int | None,
            limits: tuple[limit_rules.Limits, limit_rules.Usage] | None,
-           stop_below: Amounts | None) -> Placement:
+           stop_below: Amounts | None, host_index: HostIndex | None) -> Placement:
     admission = None if limits is None else _Admission(*limits)
     out = Placement()
     held_by_job: dict[str, list[Host]] = {}
-    for h in hosts:
-        if h.held_for is not None:
-            held_by_job.setdefault(h.held_for, []).append(h)
-    singles = _SingleTasks(hosts, undo, held_by_job)
+    if host_index is not None:
+        held_by_job = host_index.held_by_job()
+    else:
+        for h in hosts:
+            if h.held_for is not None:
+                held_by_job.setdefault(h.held_for, []).append(h)
+    singles = _SingleTasks(hosts, undo, held_by_job, host_index)
     # A gang that found no group cannot find one later in the same call (free capacity
     # only shrinks, groups only get taken), nor can another of its shape: its reason is
     # reused, as _SingleTasks does. Not for a job with held hosts: those are its own.
@@ -508,7 +558,8 @@ def _place(units: Iterable[Unit], hosts: Sequence[Host], undo: _Undo, limit: int
     group_orders: GroupOrders = {}
     # An upper bound of what any host has free (their sum: one host has at most all of
     # it), less what this call assigned.
-    left = _total_free(hosts) if stop_below is not None else None
+    left = None if stop_below is None else (
+        host_index.total if host_index is not None else _total_free(hosts))
     counted, need = 0, Amounts()  # assignments taken off `left`, the last unit's need
     for unit in units:
         if left is not None and stop_below is not None:

@@ -21,6 +21,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Coroutine,
+    Iterable,
     Iterator,
 )
 from pathlib import Path
@@ -48,6 +49,7 @@ from berth.services.scheduler import (
     warm_fold,
 )
 from berth.services.scheduler import metrics as scheduler_metrics
+from berth.services.scheduler.host_index import HostIndex
 from berth.shared import (
     bounded,
     dir_lock,
@@ -255,9 +257,10 @@ class Leader:
         self.pending_queue = pending_queue.PendingQueue(self._need_of)
         # The fold the pending queue was filed from: it follows that fold's pending_changes.
         self.queue_follows: ClusterState | None = None
-        # worker id -> (its view, its `used`, the rest of what its Host is made of, Host).
-        self.host_cache: dict[str, tuple[WorkerView, Amounts, tuple[object, ...],
-                                         placement.Host]] = {}
+        # The live hosts, kept between ticks from the fold's workers_changed, and the fold
+        # they follow (a new term's is indexed whole).
+        self.host_index = HostIndex()
+        self.index_follows: ClusterState | None = None
         # Workers whose quarantine the cap refused, so the refusal is logged once each.
         self.quarantine_refused: set[str] = set()
         # Releases folded but not yet written to Redis: written together, as soon as the
@@ -813,34 +816,30 @@ class Leader:
         return cached
 
     def _hosts(self) -> list[placement.Host]:
-        """The live workers as placement sees them. A worker's Host is rebuilt only when
-        the fold changed it since the last call (building all of them was over half of a
-        tick's synchronous part at 1,000 hosts: docs/performance.md). placement.place puts
+        """The live workers as placement sees them (`host_index.listed()`): only the
+        workers the fold changed since the last call are built again. placement.place puts
         back what it changes before it returns; preemption.plan works on copies."""
-        hosts = []
-        cache = self.host_cache
-        for w in self.state.workers.values():
+        state = self.state
+        index = self.host_index
+        if self.index_follows is not state or state.workers_changed is None:
+            index = self.host_index = HostIndex()
+            changed: Iterable[str] = state.workers
+            self.index_follows = state
+        else:
+            changed = state.workers_changed
+        for worker_id in changed:
+            w = state.workers[worker_id]
             if not w.alive:
-                continue
-            # `used` is replaced (never changed in place) whenever an attempt starts or
-            # ends here, which is also when its ports and devices change: its identity
-            # stands for all three. The rest are what else a Host is made of.
-            rest = (w.holder, w.held_for, w.cordon, w.draining, w.quarantine,
-                    len(w.unhealthy))
-            cached = cache.get(w.worker_id)
-            if cached is not None and cached[0] is w and cached[1] is w.used and \
-                    cached[2] == rest:
-                hosts.append(cached[3])
+                index.remove(worker_id)
                 continue
             # A worker without devices has none to track one by one (None: placement then
             # need not look at its list on every call).
-            host = placement.Host(w.worker_id, w.free, w.resources.device_kind, w.attributes,
-                                  w.address, w.holder, set(w.ports_used),
-                                  w.free_devices if w.devices else None,
-                                  w.out_of_service, w.held_for)
-            cache[w.worker_id] = (w, w.used, rest, host)
-            hosts.append(host)
-        return hosts
+            index.put(placement.Host(w.worker_id, w.free, w.resources.device_kind,
+                                     w.attributes, w.address, w.holder, set(w.ports_used),
+                                     w.free_devices if w.devices else None, w.out_of_service,
+                                     w.held_for))
+        state.workers_changed = set()
+        return index.listed()
 
     async def tick(self) -> int:
         """One round of placement; returns how many tasks it placed. Skipped (0) while
@@ -869,7 +868,7 @@ class Leader:
             stop_below = self._stop_below(time.time())
             result = placement.place(self._units(), hosts, limit=MAX_TICK_PLACEMENTS,
                                      limits=(self.state.limits, self.state.usage),
-                                     stop_below=stop_below)
+                                     stop_below=stop_below, index=self.host_index)
             self.placing_seconds = time.perf_counter() - started
             self.left_waiting = bool(result.truncated or result.exhausted
                                      or result.pending_reasons)

@@ -1,0 +1,94 @@
+"""The live hosts as placement sees them, kept between ticks by a caller that knows which
+changed (the scheduler, from its fold's `workers_changed`), with what each call to
+`placement.place` would otherwise rebuild from every host:
+
+- the hosts that take any work, ranked by most free cpu, then worker id: the order a single
+  task without constraints or devices takes them in. A call reads it from the top only
+  as far as it places (placement._Ranked), where it built a heap of every host;
+- the hosts held for a preemptor, by preemptor;
+- the free capacity summed over every host.
+
+At 10,000 hosts and 200 jobs/s those passes over every host, with the scheduler's own
+comparison of every worker to its cached host, were ~45 % of the scheduler's CPU (py-spy,
+docs/performance.md): each tick placed a few tasks and visited every host four times.
+
+A host put here is normalised once (its free devices sorted, and counted no higher than
+listed), so a call need not look at every host for that either. `place` changes hosts while
+it runs and puts them back before it returns: between calls each one is as put here."""
+
+from __future__ import annotations
+
+import bisect
+
+from berth.services.scheduler.placement import Host, free_amounts
+from berth.shared.capacity import Amounts
+
+
+def rank(host: Host) -> tuple[int, str]:
+    """Where a host comes among those taking any work: most free cpu first."""
+    return (-host.free.cpu, host.worker_id)
+
+
+def takes_any_work(host: Host) -> bool:
+    """In service and held for no preemptor: any single task may go there."""
+    return not host.out_of_service and host.held_for is None
+
+
+class HostIndex:
+    def __init__(self) -> None:
+        self.hosts: dict[str, Host] = {}
+        # rank(host) of every host taking any work, in order; rank_of says where each is.
+        self.ranked: list[tuple[int, str]] = []
+        self.rank_of: dict[str, tuple[int, str]] = {}
+        self.held: dict[str, dict[str, Host]] = {}  # preemptor -> its hosts by worker id
+        self.total = Amounts()
+        self._listed: list[Host] | None = None
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def put(self, host: Host) -> None:
+        """Adds the host, or replaces the one of its worker id (keeping its place)."""
+        devices = host.free_devices
+        if devices is not None and (len(devices) < host.free.dev or devices != sorted(devices)):
+            host.free, host.free_devices = free_amounts(host), sorted(devices)
+        self._drop(host.worker_id)
+        self.hosts[host.worker_id] = host
+        self.total = self.total + host.free
+        if takes_any_work(host):
+            key = self.rank_of[host.worker_id] = rank(host)
+            bisect.insort(self.ranked, key)
+        elif host.held_for is not None:
+            self.held.setdefault(host.held_for, {})[host.worker_id] = host
+
+    def remove(self, worker_id: str) -> None:
+        """Takes the worker's host out (a dead worker); nothing if it has none."""
+        if self._drop(worker_id):
+            del self.hosts[worker_id]
+
+    def listed(self) -> list[Host]:
+        """Every host, in the order first put: the same list object until one changes (so
+        idle_tick can tell an unchanged cluster by identity, without a look at each)."""
+        if self._listed is None:
+            self._listed = list(self.hosts.values())
+        return self._listed
+
+    def held_by_job(self) -> dict[str, list[Host]]:
+        return {job_id: list(hosts.values()) for job_id, hosts in self.held.items()}
+
+    def _drop(self, worker_id: str) -> bool:
+        """Undoes what putting the worker's current host added; whether it had one."""
+        old = self.hosts.get(worker_id)
+        self._listed = None
+        if old is None:
+            return False
+        self.total = self.total - old.free
+        key = self.rank_of.pop(worker_id, None)
+        if key is not None:
+            del self.ranked[bisect.bisect_left(self.ranked, key)]
+        elif old.held_for is not None:
+            held = self.held[old.held_for]
+            del held[worker_id]
+            if not held:
+                del self.held[old.held_for]
+        return True
