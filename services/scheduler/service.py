@@ -827,17 +827,17 @@ class Leader:
             self.index_follows = state
         else:
             changed = state.workers_changed
+        hosts: dict[str, placement.Host | None] = {}
         for worker_id in changed:
             w = state.workers[worker_id]
-            if not w.alive:
-                index.remove(worker_id)
-                continue
             # A worker without devices has none to track one by one (None: placement then
             # need not look at its list on every call).
-            index.put(placement.Host(w.worker_id, w.free, w.resources.device_kind,
-                                     w.attributes, w.address, w.holder, set(w.ports_used),
-                                     w.free_devices if w.devices else None, w.out_of_service,
-                                     w.held_for))
+            hosts[worker_id] = placement.Host(
+                w.worker_id, w.free, w.resources.device_kind, w.attributes, w.address,
+                w.holder, set(w.ports_used), w.free_devices if w.devices else None,
+                w.out_of_service, w.held_for) if w.alive else None
+        if hosts:
+            index.update(hosts)
         state.workers_changed = set()
         return index.listed()
 
