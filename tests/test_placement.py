@@ -448,13 +448,25 @@ def least_need(units: list[Unit]) -> Amounts:
                    min(u.need.disk for u in units), min(u.need.dev for u in units))
 
 
+# Needs of a few sizes, so that capacity runs out mid-walk often; some gangs.
+tasks_drawn = st.lists(st.tuples(st.sampled_from([0, 250, 500, 1000, 2000]),
+                                 st.sampled_from([1, 100, 1000]), st.integers(0, 2),
+                                 st.sampled_from(["", "a", "b"]), st.integers(1, 3),
+                                 st.booleans()), min_size=1, max_size=40)
+
+
+def drawn_units(tasks: list[tuple[int, int, int, str, int, bool]]) -> list[Unit]:
+    """Singles and gangs of drawn needs, some confined to a pool (by constraint or group)."""
+    return [Unit(f"t{i}", tuple(range(n)), Amounts(c, m, 0, d), "gpu:x" if d else "",
+                 (Constraint(key="pool", op=Op.EQ, value=pool),) if pool else (), (),
+                 Coscheduling(group_by="pool") if gang and n > 1 else None)
+            for i, (c, m, d, pool, n, gang) in enumerate(tasks)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     # Needs and capacities of a few sizes, so that capacity runs out mid-walk often.
-    st.lists(st.tuples(st.sampled_from([0, 250, 500, 1000, 2000]),
-                       st.sampled_from([1, 100, 1000]), st.integers(0, 2),
-                       st.sampled_from(["", "a", "b"]), st.integers(1, 3), st.booleans()),
-             min_size=1, max_size=40),
+    tasks_drawn,
     st.lists(st.tuples(st.sampled_from([0, 500, 1000, 2000, 4000]),
                        st.sampled_from([0, 1000, 4000]), st.integers(0, 4),
                        st.sampled_from(["a", "b"]), st.booleans()), max_size=12),
@@ -467,10 +479,7 @@ def test_stopping_once_capacity_runs_out_places_exactly_what_the_full_walk_place
     which are placed: the stopped walk's assignments are the full walk's, its reasons are
     the full walk's for the units it examined, and it stops only where the full walk
     places nothing more."""
-    units = [Unit(f"t{i}", tuple(range(n)), Amounts(c, m, 0, d), "gpu:x" if d else "",
-                  (Constraint(key="pool", op=Op.EQ, value=pool),) if pool else (), (),
-                  Coscheduling(group_by="pool") if gang and n > 1 else None)
-             for i, (c, m, d, pool, n, gang) in enumerate(tasks)]
+    units = drawn_units(tasks)
     caps = [Host(f"h{i:02d}", Amounts(c, m, 0, d), "gpu:x" if d else "", {"pool": pool},
                  out_of_service="cordoned" if away else "")
             for i, (c, m, d, pool, away) in enumerate(hosts)]
@@ -498,10 +507,7 @@ def test_a_full_cluster_stops_the_walk_at_the_first_unit_that_cannot_fit() -> No
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from([0, 250, 500, 1000, 2000]),
-                       st.sampled_from([1, 100, 1000]), st.integers(0, 2),
-                       st.sampled_from(["", "a", "b"]), st.integers(1, 3), st.booleans()),
-             min_size=1, max_size=40),
+    tasks_drawn,
     st.lists(st.tuples(st.sampled_from([0, 500, 1000, 2000, 4000]),
                        st.sampled_from([0, 1000, 4000]), st.integers(0, 4),
                        st.sampled_from(["a", "b"]), st.booleans(),
@@ -518,10 +524,7 @@ def test_placing_from_a_host_index_places_exactly_what_a_pass_over_the_hosts_doe
     groups and reasons as a call given the hosts alone, over held hosts, hosts out of
     service, gangs taking from hosts the ranking has not reached, and devices listed out
     of order or fewer than counted. The index is as it was after the call."""
-    units = [Unit(f"t{i}", tuple(range(n)), Amounts(c, m, 0, d), "gpu:x" if d else "",
-                  (Constraint(key="pool", op=Op.EQ, value=pool),) if pool else (), (),
-                  Coscheduling(group_by="pool") if gang and n > 1 else None)
-             for i, (c, m, d, pool, n, gang) in enumerate(tasks)]
+    units = drawn_units(tasks)
 
     def devices(count: int, listed: str | None) -> list[int] | None:
         if listed is None:

@@ -38,17 +38,21 @@ async def leader_on(nc: NATS, redis_server: servers.RedisServer
         await client.aclose()
 
 
+async def running_and_reserved(leader: Leader, store: ReservationStore, epoch: int) -> None:
+    """Job j1's task 0 running on w1, its host recorded and its attempt reserved in Redis."""
+    for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
+                                 report(0, TaskState.RUNNING)], start=1):
+        leader.state.apply(seq, event)
+    leader._register_host(leader.state.workers["w1"])
+    await leader._flush_registrations()
+    await store.reserve(epoch, [leader._reservation("w1", attempt_key("j1", 0, 0))])
+
+
 async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
         nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
     async with leader_on(nc, clean_servers[1]) as (leader, store, epoch):
-        for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
-                                     report(0, TaskState.RUNNING)], start=1):
-            leader.state.apply(seq, event)
-        leader._register_host(leader.state.workers["w1"])
-        await leader._flush_registrations()
-        key = attempt_key("j1", 0, 0)
-        await store.reserve(epoch, [leader._reservation("w1", key)])
+        await running_and_reserved(leader, store, epoch)
         read = store.host_usage
 
         async def ending_meanwhile() -> list[HostUsage]:
@@ -94,13 +98,7 @@ async def test_a_release_that_failed_is_retried_without_waiting_for_a_commit(
     """An idle leader commits nothing: a failed release left to the next commit held the
     reservations of attempts that ended after a Sentinel failover, as the checker read."""
     async with leader_on(nc, clean_servers[1]) as (leader, store, epoch):
-        for seq, event in enumerate([registered(), submitted(), assigned(0, epoch=epoch),
-                                     report(0, TaskState.RUNNING)], start=1):
-            leader.state.apply(seq, event)
-        leader._register_host(leader.state.workers["w1"])
-        await leader._flush_registrations()
-        key = attempt_key("j1", 0, 0)
-        await store.reserve(epoch, [leader._reservation("w1", key)])
+        await running_and_reserved(leader, store, epoch)
         release = store.release
         tries: list[int] = []
 
