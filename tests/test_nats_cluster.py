@@ -10,9 +10,9 @@ import functools
 import json
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import nats.errors
@@ -30,6 +30,8 @@ from berth.shared.states import JobState
 from berth.stack import Stack, start_services
 from tests.conftest import get_json, wait_until
 from tests.test_projection import as_json
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -223,6 +225,18 @@ async def submit_burst(nc: NATS, user: str, count: int, acked: dict[int, str],
     return failures
 
 
+async def eventually(attempt: Callable[[], Awaitable[T]], timeout: float = 30) -> T:
+    """`attempt()`, tried again on a NATS error for up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await attempt()
+        except (nats.errors.Error, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def test_a_consumer_asked_for_without_a_quorum_is_made_once_one_returns(
         cluster: servers.NatsCluster) -> None:
     """A service that starts while the cluster elects (a node just lost) waits for the
@@ -249,8 +263,11 @@ async def test_a_consumer_asked_for_without_a_quorum_is_made_once_one_returns(
         assert not asked.done(), asked
         cluster.restart(1)
         sub = await asyncio.wait_for(asked, 60)
-        await js.publish(subjects.SUBMIT_JOB, b"{}", stream=subjects.SUBMIT_STREAM)
-        [msg] = await sub.fetch(1, timeout=10)
+        # The stream elects its own leader a moment after the meta leader is back (a
+        # publish meanwhile has no responders, as berth's publishers retry).
+        await eventually(functools.partial(js.publish, subjects.SUBMIT_JOB, b"{}",
+                                           stream=subjects.SUBMIT_STREAM))
+        [msg] = await eventually(functools.partial(sub.fetch, 1, timeout=5))
         assert msg.data == b"{}"
 
         # Bounded: without a quorum for longer than the timeout, the error is raised.

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from berth.services.scheduler import placement
 from berth.services.scheduler.host_index import HostIndex
 from berth.services.scheduler.matching import holds, matches, preference
 from berth.services.scheduler.placement import Host, Unit, place
@@ -513,12 +514,12 @@ def test_a_full_cluster_stops_the_walk_at_the_first_unit_that_cannot_fit() -> No
                        st.sampled_from(["a", "b"]), st.booleans(),
                        st.sampled_from([None, None, None, "t0", "t1"]),
                        st.sampled_from([None, "reversed", "short"])), max_size=12),
-    st.integers(1, 50), st.booleans(),
+    st.integers(1, 50), st.booleans(), st.sampled_from([1, 2, 16]),
 )
 def test_placing_from_a_host_index_places_exactly_what_a_pass_over_the_hosts_does(
         tasks: list[tuple[int, int, int, str, int, bool]],
         hosts: list[tuple[int, int, int, str, bool, str | None, str | None]], limit: int,
-        stop: bool) -> None:
+        stop: bool, first_pull: int) -> None:
     """The scheduler keeps its hosts in a HostIndex between ticks, and the common shape's
     heap is filled from its ranking only as far as a call reads: the same assignments,
     groups and reasons as a call given the hosts alone, over held hosts, hosts out of
@@ -543,7 +544,14 @@ def test_placing_from_a_host_index_places_exactly_what_a_pass_over_the_hosts_doe
     for host in made():
         index.put(host)
     before = as_given(index.listed())
-    indexed = place(units, index.listed(), limit=limit, stop_below=stop_below, index=index)
+    # Drawn clusters are smaller than the first pull from the ranking: smaller pulls make
+    # each call read it part way, as a tick among 1,000 hosts does.
+    default, placement.FIRST_PULL = placement.FIRST_PULL, first_pull
+    try:
+        indexed = place(units, index.listed(), limit=limit, stop_below=stop_below,
+                        index=index)
+    finally:
+        placement.FIRST_PULL = default
     assert indexed.assignments == alone.assignments
     assert indexed.groups == alone.groups
     assert indexed.pending_reasons == alone.pending_reasons

@@ -213,6 +213,7 @@ def _mib(mb: int) -> str:
 
 
 HeapEntry = tuple[int, int, str, Host]  # (-preference, -free cpu, worker id, host)
+FIRST_PULL = 16  # hosts moved from a HostIndex's ranking into the heap at first; doubling
 
 
 class _Ranked:
@@ -232,7 +233,7 @@ class _Ranked:
         self.hosts = index.hosts if index is not None else {}
         self.ranked = index.ranked if index is not None else []
         self.pos = 0
-        self.chunk = 16
+        self.chunk = FIRST_PULL
         self.needs_cpu = needs_cpu
 
     def fill(self) -> None:
