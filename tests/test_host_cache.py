@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.services.scheduler import placement
-from berth.services.scheduler.host_index import HostIndex, rank, takes_any_work
+from berth.services.scheduler.host_index import HostIndex, rank
+from berth.services.scheduler.placement import takes_any_work
 from berth.services.scheduler.service import Leader
 from berth.shared.capacity import Amounts
 from berth.shared.config import Settings

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 
-from berth.services.scheduler.placement import Host, free_amounts
+from berth.services.scheduler.placement import Host, normalise, takes_any_work, unnormalised
 from berth.shared.capacity import Amounts
 
 # (0, -free cpu, worker id): a heap entry of placement's without its host, so the two
@@ -33,17 +33,6 @@ def rank(host: Host) -> Rank:
     return (0, -host.free.cpu, host.worker_id)
 
 
-def takes_any_work(host: Host) -> bool:
-    """In service and held for no preemptor: any single task may go there."""
-    return not host.out_of_service and host.held_for is None
-
-
-def _normalise(host: Host) -> None:
-    devices = host.free_devices
-    if devices is not None and (len(devices) < host.free.dev or devices != sorted(devices)):
-        host.free, host.free_devices = free_amounts(host), sorted(devices)
-
-
 class HostIndex:
     def __init__(self) -> None:
         self.hosts: dict[str, Host] = {}
@@ -53,9 +42,6 @@ class HostIndex:
         self.held: dict[str, dict[str, Host]] = {}  # preemptor -> its hosts by worker id
         self.total = Amounts()
         self._listed: list[Host] | None = None
-
-    def __len__(self) -> int:
-        return len(self.hosts)
 
     def update(self, changed: dict[str, Host | None]) -> None:
         """Puts each changed worker's new host, or removes it (None: the worker is dead).
@@ -79,7 +65,8 @@ class HostIndex:
     def put(self, host: Host, keep_ranked: bool = True) -> None:
         """Adds the host, or replaces the one of its worker id (keeping its place).
         `keep_ranked`=False: the caller makes `ranked` again after (update)."""
-        _normalise(host)
+        if unnormalised(host):
+            normalise(host)
         self._drop(host.worker_id, keep_ranked)
         self.hosts[host.worker_id] = host
         self.total = self.total + host.free

@@ -328,8 +328,7 @@ class _SingleTasks:
             # The common shape (any host in service takes it): one pass over the hosts,
             # with no list of candidates made first; every preference is 0.
             heap = [(0, -h.free.cpu, h.worker_id, h) for h in self.hosts
-                    if not h.out_of_service and h.held_for is None
-                    and (h.free.cpu > 0 or not needs_cpu)]
+                    if takes_any_work(h) and (h.free.cpu > 0 or not needs_cpu)]
         else:
             # Without preferred constraints every preference is 0: not asked of each host.
             prefers = any(c.mode == ConstraintMode.PREFERRED for c in constraints)
@@ -478,6 +477,26 @@ def _total_free(hosts: Sequence[Host]) -> Amounts:
     return Amounts(*(sum(map(dimension, frees)) for dimension in _DIMENSIONS))
 
 
+def takes_any_work(host: Host) -> bool:
+    """In service and held for no preemptor: a single task without constraints or
+    devices may go there. The common shape's heap, and a HostIndex's ranking, hold these."""
+    return not host.out_of_service and host.held_for is None
+
+
+def unnormalised(host: Host) -> bool:
+    """Whether its free devices, tracked one by one, are out of order or fewer than its
+    free count says (placement gives the lowest first, and no more than listed)."""
+    devices = host.free_devices
+    return devices is not None and (len(devices) < host.free.dev or (
+        len(devices) > 1 and devices != sorted(devices)))
+
+
+def normalise(host: Host) -> None:
+    """Its free devices lowest first, and counted no higher than listed."""
+    assert host.free_devices is not None
+    host.free, host.free_devices = free_amounts(host), sorted(host.free_devices)
+
+
 def free_amounts(host: Host) -> Amounts:
     """Its free amounts, devices counted no higher than the devices free one by one."""
     if host.free_devices is None or len(host.free_devices) >= host.free.dev:
@@ -528,14 +547,12 @@ def place(units: Iterable[Unit], hosts: Sequence[Host], limit: int | None = None
     undo = _Undo(hosts)
     try:
         for h in hosts if index is None else ():  # an index's hosts are normalised
-            devices = h.free_devices
-            # Devices one by one: lowest first, and counted. Most hosts are so already (a
-            # host without devices has none free and counts none): only the others are
-            # changed, since saving every host on every call was a tenth of a tick.
-            if devices is not None and (len(devices) < h.free.dev or (
-                    len(devices) > 1 and devices != sorted(devices))):
+            # Most hosts are so already (a host without devices has none free and counts
+            # none): only the others are changed, since saving every host on every call
+            # was a tenth of a tick.
+            if unnormalised(h):
                 undo.save(h)
-                h.free, h.free_devices = free_amounts(h), sorted(devices)
+                normalise(h)
         return _place(units, hosts, undo, limit, limits, stop_below, index)
     finally:
         undo.restore()
@@ -546,10 +563,10 @@ def _place(units: Iterable[Unit], hosts: Sequence[Host], undo: _Undo, limit: int
            stop_below: Amounts | None, host_index: HostIndex | None) -> Placement:
     admission = None if limits is None else _Admission(*limits)
     out = Placement()
-    held_by_job: dict[str, list[Host]] = {}
     if host_index is not None:
         held_by_job = host_index.held_by_job()
     else:
+        held_by_job = {}
         for h in hosts:
             if h.held_for is not None:
                 held_by_job.setdefault(h.held_for, []).append(h)
