@@ -150,7 +150,13 @@ class TaskView(msgspec.Struct, kw_only=True, gc=False):
         return self.attempts[-1] if self.attempts else None
 
     def attempt(self, attempt_id: int) -> AttemptView | None:
-        return next((a for a in self.attempts if a.attempt_id == attempt_id), None)
+        attempts = self.attempts
+        if attempts and attempts[-1].attempt_id == attempt_id:  # nearly always: the newest
+            return attempts[-1]
+        for a in attempts:
+            if a.attempt_id == attempt_id:
+                return a
+        return None
 
     def next_attempt_id(self, taken_elsewhere: int = -1) -> int:
         """The id of this task's next attempt: past every attempt, every id a void late
@@ -616,12 +622,15 @@ class ClusterState:
         alone, so a new leader knows exactly which jobs still wait."""
         if job.state in JOB_TERMINAL:
             return
+        spec = job.spec
+        if spec.after or spec.after_any:
+            def states(ids: tuple[str, ...]) -> dict[str, JobState | None]:
+                return {i: (d.state if (d := self.jobs.get(i)) else None) for i in ids}
 
-        def states(ids: tuple[str, ...]) -> dict[str, JobState | None]:
-            return {i: (d.state if (d := self.jobs.get(i)) else None) for i in ids}
-
-        outcome, about = task_rules.dependency_outcome(
-            states(job.spec.after), states(job.spec.after_any))
+            outcome, about = task_rules.dependency_outcome(
+                states(spec.after), states(spec.after_any))
+        else:  # most jobs, folded at every submit
+            outcome, about = task_rules.DependencyOutcome.READY, ""
         if outcome == task_rules.DependencyOutcome.BROKEN:
             dep = self.jobs.get(about)
             what = dep.state.display if dep is not None else "unknown"

@@ -136,6 +136,10 @@ class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     mode: ConstraintMode = ConstraintMode.REQUIRED
 
 
+# A band's rank, lowest first: read several times in each task's fold.
+_PRIORITY_RANKS = {"production": 0, "interactive": 1, "batch": 2}
+
+
 class Priority(enum.StrEnum):
     """Higher bands are placed first; FIFO within a band."""
 
@@ -145,7 +149,7 @@ class Priority(enum.StrEnum):
 
     @property
     def rank(self) -> int:
-        return {"production": 0, "interactive": 1, "batch": 2}[self.value]
+        return _PRIORITY_RANKS[self.value]
 
 
 class Coscheduling(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,

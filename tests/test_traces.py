@@ -143,3 +143,48 @@ def test_what_a_waiting_job_keeps_of_its_trace_is_enough_to_parent_its_spans() -
         span = trace.get_current_span(telemetry.extract(telemetry.carrier_headers(carrier)))
         assert f"{span.get_span_context().trace_id:032x}" == parent.split("-")[1]
     assert telemetry.carrier_headers(None) is None
+
+
+def test_spans_are_recorded_only_with_a_provider_that_samples(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+    from berth.shared import telemetry
+
+    for provider, recorded in ((trace.NoOpTracerProvider(), False),
+                               (TracerProvider(sampler=ALWAYS_OFF), False),
+                               (TracerProvider(sampler=ALWAYS_ON), True),
+                               (TracerProvider(), True)):
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda p=provider: p)
+        assert telemetry.recording() is recorded, provider
+
+
+async def test_with_no_exporter_a_run_command_still_carries_its_submits_trace(
+        make_stack, nc) -> None:
+    """Nothing is recorded (berth's default), so the scheduler passes each job's trace
+    context on as its submit brought it: the worker's spans and log lines still name the
+    trace the client started."""
+    import uuid
+
+    from berth.client import wait_for_outcome
+    from berth.shared import subjects
+    from berth.shared.messages import encode
+
+    stack: Stack = make_stack(workers=1)
+    commands = await nc.subscribe(subjects.worker_commands("local-0"))
+    trace_id = uuid.uuid4().hex
+    spec = JobSpec(name="traced", command=["true"], resources=Resources(cpu=0.5, memory_mb=64))
+    ack = await nc.jetstream().publish(
+        subjects.SUBMIT_JOB, encode(spec), stream=subjects.SUBMIT_STREAM,
+        headers={"Nats-Msg-Id": uuid.uuid4().hex,
+                 "traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-00"})
+    outcome = await wait_for_outcome(nc, int(ack.seq), None, 30)
+    job_id = str(outcome.job_id)
+    await wait_for_job(stack, job_id, {"succeeded"})
+    while True:
+        msg = await commands.next_msg(timeout=10)
+        if f'"{job_id}"'.encode() in msg.data:
+            break
+    assert (msg.headers or {}).get("traceparent", "").split("-")[1] == trace_id

@@ -1192,13 +1192,16 @@ class Leader:
 
     async def _dispatch(self, assigned: list[TaskAssigned]) -> None:
         """Logs a tick's assignments (their acks awaited together), then sends the run
-        commands; each assignment has its own span under its job's submit trace."""
+        commands; each assignment has its own span under its job's submit trace, when
+        spans are recorded (else the command carries the submit's trace context as it came:
+        telemetry.recording)."""
+        recording = telemetry.recording()
         spans = [tracer.start_span(
             "dispatch", context=telemetry.extract(
                 telemetry.carrier_headers(self.trace_headers.get(event.job_id))),
             attributes={"berth.job_id": event.job_id, "berth.task_index": event.task_index,
                         "berth.worker_id": event.worker_id, "berth.epoch": event.epoch})
-            for event in assigned]
+            for event in assigned] if recording else []
         outgoing = _assignment_messages(assigned, self.epoch)
         keys = {attempt_key(e.job_id, e.task_index, e.attempt_id) for e in assigned}
         try:
@@ -1208,21 +1211,28 @@ class Leader:
                 await nats_io.publish_events(self.js, outgoing)
             finally:
                 self.unlogged -= keys
-            for event, span in zip(assigned, spans, strict=True):
+            for n, event in enumerate(assigned):
                 task = self.state.task(event.job_id, event.task_index)
                 assert task is not None
-                with trace.use_span(span):
-                    await self._send_run(self.state.workers[event.worker_id], task,
-                                         event.attempt_id)
+                worker = self.state.workers[event.worker_id]
+                if recording:
+                    with trace.use_span(spans[n]):
+                        await self._send_run(worker, task, event.attempt_id)
+                else:
+                    await self._send_run(worker, task, event.attempt_id, headers=(
+                        telemetry.carrier_headers(self.trace_headers.get(event.job_id))))
         finally:
             for span in spans:
                 span.end()
 
     # --- worker commands ----------------------------------------------------------------
 
-    async def _send(self, worker_id: str, command: Command) -> None:
+    async def _send(self, worker_id: str, command: Command,
+                    headers: dict[str, str] | None = None) -> None:
+        """`headers`: the trace context to send; by default, the current span's."""
         self._check_lease()
-        headers = telemetry.inject({})
+        if headers is None:
+            headers = telemetry.inject({})
         try:
             await self.nc.publish(subjects.worker_commands(worker_id), encode(command),
                                   headers=headers)
@@ -1231,7 +1241,8 @@ class Leader:
             # resort, never fatal. The heartbeat comparison re-sends or gives up on it.
             log.error("command %s for %s not sent: %s", type(command).__name__, worker_id, exc)
 
-    async def _send_run(self, worker: WorkerView, task: TaskView, attempt_id: int) -> None:
+    async def _send_run(self, worker: WorkerView, task: TaskView, attempt_id: int,
+                        headers: dict[str, str] | None = None) -> None:
         spec = self.state.jobs[task.job_id].spec
         attempt = task.attempt(attempt_id)
         assert attempt is not None
@@ -1264,7 +1275,7 @@ class Leader:
             resources=spec.resources, timeout=spec.timeout, bundle=spec.bundle,
             setup=list(spec.setup), build_timeout=spec.build_timeout,
             devices=[ids.get(i, str(i)) for i in attempt.devices],
-        ))
+        ), headers)
 
     async def _send_kill(self, kill: Kill) -> None:
         await self._send(kill.worker_id, KillAttempt(
