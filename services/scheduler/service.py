@@ -834,8 +834,9 @@ class Leader:
             # need not look at its list on every call).
             hosts[worker_id] = placement.Host(
                 w.worker_id, w.free, w.resources.device_kind, w.attributes, w.address,
-                w.holder, set(w.ports_used), w.free_devices if w.devices else None,
-                w.out_of_service, w.held_for) if w.alive else None
+                w.holder, frozenset(w.ports_used) if w.ports_used else placement.NO_PORTS,
+                w.free_devices if w.devices else None, w.out_of_service,
+                w.held_for) if w.alive else None
         if hosts:
             index.update(hosts)
         state.workers_changed = set()
