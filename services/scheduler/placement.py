@@ -52,7 +52,7 @@ class Unit:
 NO_PORTS: frozenset[int] = frozenset()
 
 
-# Slots: the scheduler keeps one per live host (HostIndex), ~200 bytes less each.
+# Slots: the scheduler keeps one per live host (HostIndex), ~150 bytes less each.
 @dataclass(slots=True)
 class Host:
     worker_id: str
@@ -62,8 +62,8 @@ class Host:
     address: str = ""
     # The job whose gang holds a group this host belongs to, exclusively.
     holder: str | None = None
-    # Ports taken on this host's address (by any worker there); hosts sharing an address
-    # share this set during a call to `place`. Never changed here: NO_PORTS for most.
+    # Ports taken on this host's address (by any worker there). `place` reads it and never
+    # changes it (the ports a call gives out go into _Undo.taken): NO_PORTS for most.
     ports_used: AbstractSet[int] = NO_PORTS
     # Indices of its free devices, lowest first; None: devices 0..free.dev-1 (a host whose
     # devices are not tracked one by one). Only as many as free.dev are ever given out.
