@@ -3,6 +3,7 @@ from `shared/lua/*.lua`, the dramatiq way)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -13,7 +14,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from berth.shared.config import RedisSettings
@@ -96,3 +97,52 @@ def connect(url: str) -> aioredis.Redis:
 def load_script(client: aioredis.Redis, name: str) -> AsyncScript:
     source = resources.files("berth.shared").joinpath("lua", f"{name}.lua").read_text()
     return client.register_script(source)
+
+
+# One script call: the script, its keys, its arguments.
+ScriptCall = tuple[AsyncScript, list[str], list[str | int]]
+
+
+def _never_known_unwritten(result: Any) -> bool:
+    """By default every call that ran is taken to have written, and is not run again."""
+    return False
+
+
+async def run_scripts(client: aioredis.Redis, calls: Sequence[ScriptCall],
+                      then: Sequence[tuple[str | int, ...]] = (),
+                      wrote_nothing: Callable[[Any], bool] = _never_known_unwritten,
+                      ) -> list[Any]:
+    """Runs `calls` in order, then the commands of `then`, in one pipeline: one round trip
+    and one connection (a WAIT in `then` counts the scripts' writes). Returns their results
+    in order; the first error among them is raised. Each call is an EVALSHA: a pipeline given
+    redis-py's script objects asks SCRIPT EXISTS first, a round trip more every time.
+
+    A script the server does not hold (restarted, or a replica just promoted) is loaded, and
+    the calls it refused run again, in order, with `then` after them. So does every later
+    call that ran before them but, as `wrote_nothing(result)` says, left no trace (refused,
+    all or nothing): each call must see the writes of the calls before it."""
+    results: list[Any] = [None] * len(calls)
+    tail: list[Any] = []
+    pending = list(range(len(calls)))
+    for _ in range(2):
+        async with client.pipeline(transaction=False) as pipe:
+            for i in pending:
+                script, keys, args = calls[i]
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            for command in then:
+                pipe.execute_command(*command)
+            out: list[Any] = await pipe.execute(raise_on_error=False)
+        tail = out[len(pending):]
+        for i, result in zip(pending, out, strict=False):
+            results[i] = result
+        refused = [i for i in pending if isinstance(results[i], NoScriptError)]
+        if not refused:
+            break
+        for script in {id(calls[i][0]): calls[i][0] for i in refused}.values():
+            script.sha = await client.script_load(script.script)
+        pending = [i for i in pending if i in refused
+                   or (i > refused[0] and wrote_nothing(results[i]))]
+    for result in (*results, *tail):
+        if isinstance(result, Exception):
+            raise result
+    return [*results, *tail]

@@ -16,7 +16,7 @@ from redis.commands.core import AsyncScript
 
 from berth.shared import redis_keys
 from berth.shared.capacity import Amounts, GroupClaim
-from berth.shared.redis_io import load_script
+from berth.shared.redis_io import ScriptCall, load_script, run_scripts
 
 # Hosts registered per pipeline (register_hosts): ~150 bytes of arguments each.
 REGISTER_BATCH = 500
@@ -115,6 +115,12 @@ def _check(result: list[str]) -> int:
     return int(detail)
 
 
+def _refused(result: Any) -> bool:
+    """A fenced script's refusal: it wrote nothing (every script here is all or nothing)."""
+    return isinstance(result, list) and bool(result) and result[0] in ("stale_epoch",
+                                                                       "conflict")
+
+
 def _host_keys(worker_id: str, address: str) -> list[str]:
     return [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id),
             redis_keys.address_ports(address or worker_id), redis_keys.host_devices(worker_id)]
@@ -146,29 +152,30 @@ class ReservationStore:
 
     async def _fenced(self, script: AsyncScript, keys: list[str], args: list[str | int]
                       ) -> Any:
-        """Runs a write script, then (with replicas to wait for) WAIT on the same
-        connection: WAIT counts the replicas that have every write of its own connection,
-        so both go in one pipeline."""
-        if not self.wait_replicas:
-            return await script(keys=keys, args=args)
-        (result,) = await self._fenced_batch(script, [(keys, args)])
+        """Runs a write script (`_fenced_calls`)."""
+        (result,) = await self._fenced_calls([(script, keys, args)])
         return result
 
     async def _fenced_batch(self, script: AsyncScript,
                             calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
-        """Runs the write script once per (keys, args) in one pipeline (one round trip), then
-        WAITs as `_fenced` does; their results in order."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                await script(keys=keys, args=args, client=pipe)
-            if self.wait_replicas:
-                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            results: list[Any] = await pipe.execute()
-        if self.wait_replicas:
-            acked = results.pop()
-            if int(acked) < self.wait_replicas:
-                raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged "
-                                 f"within {self.wait_timeout_ms} ms")
+        """Runs the write script once per (keys, args), as `_fenced_calls` does."""
+        return await self._fenced_calls([(script, keys, args) for keys, args in calls])
+
+    async def _fenced_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Runs write scripts in order in one round trip, then (with replicas to wait for)
+        WAIT on the same connection: WAIT counts the replicas that have every write of its
+        own connection, so all go in one pipeline. Their results in order."""
+        if not self.wait_replicas:
+            if len(calls) == 1:
+                script, keys, args = calls[0]
+                return [await script(keys=keys, args=args)]
+            return await run_scripts(self.client, calls, wrote_nothing=_refused)
+        *results, acked = await run_scripts(
+            self.client, calls, [("WAIT", self.wait_replicas, self.wait_timeout_ms)],
+            wrote_nothing=_refused)
+        if int(acked) < self.wait_replicas:
+            raise NotDurable(f"{acked} of {self.wait_replicas} replicas acknowledged "
+                             f"within {self.wait_timeout_ms} ms")
         return results
 
     async def acquire_lease(self, scheduler_id: str, ttl_ms: int, floor: int = 0) -> int:
@@ -215,12 +222,22 @@ class ReservationStore:
         return limits, used
 
     async def reserve(self, epoch: int, placements: Sequence[Reservation],
-                      groups: Sequence[GroupClaim] = (), check_limits: bool = True) -> None:
+                      groups: Sequence[GroupClaim] = (), check_limits: bool = True,
+                      releases: Sequence[tuple[str, str]] = ()) -> None:
         """Commits all placements and group claims, or none (raises StaleEpochError or
         ReservationConflict). Quotas and tokens are checked unless `check_limits` is false
-        (re-reserving attempts that already run: a lowered limit stops nothing)."""
-        if not placements:
-            return
+        (re-reserving attempts that already run: a lowered limit stops nothing).
+        `releases` (as `release` takes them) are written first, in the same round trip;
+        they stand whether or not the placements are refused."""
+        calls = [self._release_call(epoch, releases)] if releases else []
+        if placements:
+            calls.append(self._reserve_call(epoch, placements, groups, check_limits))
+        if calls:
+            for result in await self._fenced_calls(calls):
+                _check(result)
+
+    def _reserve_call(self, epoch: int, placements: Sequence[Reservation],
+                      groups: Sequence[GroupClaim], check_limits: bool) -> ScriptCall:
         hosts: dict[str, int] = {}
         addresses: dict[str, str] = {}
         for p in placements:
@@ -245,8 +262,7 @@ class ReservationStore:
             "g": [{"name": g.name, "job": g.job_id, "members": [hosts[m] for m in g.members],
                    "exclusive": g.exclusive} for g in groups],
         }
-        args: list[str | int] = [epoch, json.dumps(request)]
-        _check(await self._fenced(self._reserve, keys, args))
+        return self._reserve, keys, [epoch, json.dumps(request)]
 
     async def preempt(self, epoch: int, eviction: Eviction) -> int:
         """One eviction (preempt_many): raises ReservationConflict if Redis refused it;
@@ -292,12 +308,15 @@ class ReservationStore:
         """Releases (worker_id, attempt_key) pairs; returns how many were still held."""
         if not releases:
             return 0
+        (result,) = await self._fenced_calls([self._release_call(epoch, releases)])
+        return _check(result)
+
+    def _release_call(self, epoch: int, releases: Sequence[tuple[str, str]]) -> ScriptCall:
         keys = [redis_keys.EPOCH, redis_keys.GROUPS]
         for worker_id, _ in releases:
             keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
         keys.append(redis_keys.LIMITS_USED)
-        args: list[str | int] = [epoch, *(key for _, key in releases)]
-        return _check(await self._fenced(self._release, keys, args))
+        return self._release, keys, [epoch, *(key for _, key in releases)]
 
     async def usage(self) -> tuple[list[HostUsage], list[GroupUsage]]:
         """Every host's capacity and reservations and every group claim (for reconciliation

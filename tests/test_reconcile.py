@@ -114,3 +114,40 @@ async def test_a_release_that_failed_is_retried_without_waiting_for_a_commit(
         await asyncio.wait_for(leader.release_task, 10)
         assert tries == [1, 1, 1] and leader.unreleased == []
         assert [list(h.allocations) for h in await store.host_usage()] == [[]]
+
+
+async def test_a_commit_sends_the_releases_owed_in_its_own_round_trip(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job submitted as another ends (one lone job after another) commits while the end's
+    release still waits to be gathered: it goes first in the reserve's pipeline, not in a
+    round trip of its own; owed still if the commit fails (test_reservations.py: a
+    refused reservation leaves the releases before it written)."""
+    async with leader_on(nc, clean_servers[1]) as (leader, store, epoch):
+        await running_and_reserved(leader, store, epoch)
+        held_back = asyncio.get_running_loop().create_future()  # no background flush
+        leader.release_task = held_back  # type: ignore[assignment]
+        await leader._carry_out(leader.state.apply(5, report(0, TaskState.SUCCEEDED, 0)))
+        owed = [("w1", attempt_key("j1", 0, 0))]
+        assert leader.unreleased == owed
+        leader.state.apply(6, submitted("j2"))
+
+        async def not_alone(epoch: int, releases: list[tuple[str, str]]) -> int:
+            raise AssertionError("a release sent in a round trip of its own")
+
+        monkeypatch.setattr(store, "release", not_alone)
+        reserve = store.reserve
+
+        async def unreachable(*args: object, **kwargs: object) -> None:
+            raise RedisConnectionError("Connection refused")
+
+        monkeypatch.setattr(store, "reserve", unreachable)
+        with pytest.raises(RedisConnectionError):
+            await leader.tick()
+        assert leader.unreleased == owed
+        monkeypatch.setattr(store, "reserve", reserve)
+        assert await leader.tick() == 1
+        assert leader.unreleased == []
+        (usage,) = await store.host_usage()
+        assert list(usage.allocations) == [attempt_key("j2", 0, 0)]
+        held_back.cancel()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -317,3 +318,62 @@ async def test_many_hosts_are_registered_in_batches_and_fenced(store: Reservatio
     with pytest.raises(StaleEpochError):
         await store.register_hosts(epoch, [HostRecord("late", HOST, "")])
     assert "late" not in {u.worker_id for u in await store.host_usage()}
+
+
+async def test_releases_go_first_in_the_reserves_round_trip_and_stand_if_it_is_refused(
+        store: ReservationStore) -> None:
+    epoch = await leader_with_hosts(store, "h1")
+    await store.reserve(epoch, [res("h1", "a/0/0", 2000)])  # the host is full
+    # The release frees what the placement needs: it is written first.
+    await store.reserve(epoch, [res("h1", "b/0/0", 2000)], releases=[("h1", "a/0/0")])
+    (usage,) = await store.host_usage()
+    assert set(usage.allocations) == {"b/0/0"}
+    # A refused placement writes nothing of its own; the releases before it stand.
+    with pytest.raises(ReservationConflict, match="over capacity on h1"):
+        await store.reserve(epoch, [res("h1", "c/0/0", 2500)], releases=[("h1", "b/0/0")])
+    (usage,) = await store.host_usage()
+    assert (usage.used, usage.allocations) == (Amounts(), {})
+    # Releases alone, as `release` writes them.
+    await store.reserve(epoch, [res("h1", "d/0/0", 10)])
+    await store.reserve(epoch, [], releases=[("h1", "d/0/0")])
+    (usage,) = await store.host_usage()
+    assert usage.allocations == {}
+    await store.client.delete("berth:leader")
+    assert await store.acquire_lease("b", 60_000) > epoch
+    with pytest.raises(StaleEpochError):
+        await store.reserve(epoch, [res("h1", "e/0/0", 10)], releases=[("h1", "d/0/0")])
+
+
+async def test_scripts_in_one_pipeline_ask_nothing_first_and_reload_when_forgotten(
+        clean_servers: Any, store: ReservationStore) -> None:
+    """One round trip: EVALSHA each, no SCRIPT EXISTS before them (what redis-py's pipeline
+    of script objects sends every time). A server that forgot its scripts (restarted, or a
+    replica just promoted) gets them loaded, and the refused calls run again, in order."""
+    admin = redis_io.connect(clean_servers[1].url_for(redis_auth.ADMIN))
+    try:
+        epoch = await leader_with_hosts(store, "h1", "h2")
+        await store.reserve(epoch, [res("h1", "a/0/0", 2000)])
+        await admin.config_resetstat()
+        await store.reserve(epoch, [res("h1", "b/0/0", 2000)], releases=[("h1", "a/0/0")])
+        stats = await admin.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 2
+        assert not any(name.startswith("cmdstat_script") for name in stats)
+
+        # Forgotten, and then only the reserve script loaded again: the release is refused,
+        # and the placement, which ran before it, finds h1 full and is refused too. Both
+        # run again, in order.
+        await admin.script_flush()
+        await store.reserve(epoch, [res("h2", "x/0/0", 10)])
+        await admin.config_resetstat()
+        await store.reserve(epoch, [res("h1", "c/0/0", 2000)], releases=[("h1", "b/0/0")])
+        stats = await admin.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 4
+        assert stats["cmdstat_script|load"]["calls"] == 1
+        assert {u.worker_id: set(u.allocations) for u in await store.host_usage()} == {
+            "h1": {"c/0/0"}, "h2": {"x/0/0"}}
+        # The batches register_hosts sends are pipelines of the same kind.
+        await admin.script_flush()
+        await store.register_hosts(epoch, [HostRecord("h3", HOST, "")])
+        assert "h3" in {u.worker_id for u in await store.host_usage()}
+    finally:
+        await admin.aclose()

@@ -1073,9 +1073,9 @@ class Leader:
             span.add_link(submit, {"berth.job_id": job_id, "berth.placed": job_id in placed})
 
     async def _commit(self, result: placement.Placement, span: trace.Span) -> bool:
-        """Reserves every placement of the tick in one fenced Lua call, then dispatches."""
+        """Reserves every placement of the tick in one fenced Lua call (the releases still
+        owed go first, in the same round trip), then dispatches."""
         await self._flush_registrations()
-        await self._flush_releases()
         await self._sync_limits(self.tick_limits_seq)
         with tracer.start_as_current_span("reserve") as reserve_span:
             committed = await self._reserve(result, reserve_span)
@@ -1120,7 +1120,7 @@ class Leader:
             "berth.groups": [f"{g.name}:{g.job_id}" for g in result.groups],
         })
         try:
-            await self.store.reserve(self.epoch, reservations, result.groups)
+            await self._reserve_with_releases(reservations, result.groups)
         except ReservationConflict as exc:
             # Redis refuses what our view allowed: never write it; resync and retry.
             await self.store.count_refused_double_booking()
@@ -1136,6 +1136,21 @@ class Leader:
             raise
         span.set_attribute("berth.outcome", "ok")
         return events
+
+    async def _reserve_with_releases(self, reservations: list[Reservation],
+                                     groups: list[GroupClaim]) -> None:
+        """The reservations, after the releases still owed, in one round trip: a commit
+        soon after reports (one lone job after another) paid two. The releases stand even
+        when the reservations are refused; on any other error they are owed still."""
+        async with self.release_lock:
+            owed, self.unreleased = self.unreleased, []
+            try:
+                await self.store.reserve(self.epoch, reservations, groups, releases=owed)
+            except ReservationConflict:
+                raise
+            except BaseException:
+                self.unreleased[:0] = owed
+                raise
 
     async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
         """Tasks this tick could not place whose scheduling_timeout has run out become
