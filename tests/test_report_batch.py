@@ -43,6 +43,8 @@ def rep(attempt: int, state: TaskState = S.RUNNING, worker: str = W, error: str 
 def test_when_a_report_goes_out(now: float, last_sent: float | None, window: float,
                                 at: float) -> None:
     assert report_batch.send_at(now, last_sent, window) == pytest.approx(at)
+    # Following only its own attempt's stored message (a lone task's exit), at once.
+    assert report_batch.send_at(now, last_sent, window, alone=True) == now
 
 
 def test_a_run_of_one_is_the_plain_report_and_a_longer_one_a_batch() -> None:
@@ -107,6 +109,30 @@ async def test_reports_made_within_the_window_go_out_as_one_message_none_waiting
     before = loop.time()
     await sender.send(rep(3))
     assert recorder.sent[2][0] - before < window / 2 and sender.messages == 3
+
+
+async def test_a_lone_tasks_exit_right_after_its_running_waits_for_no_window() -> None:
+    """A task that exits within the window of its own RUNNING (`true` on a fast host) had
+    its exit held for the rest of the window: no other report was there to join it."""
+    window = 0.2
+    recorder = Recorder()
+    sender = ReportSender(W, subjects.attempt_reports(W), window, recorder.publish)
+    loop = asyncio.get_running_loop()
+    await sender.send(rep(0))
+    await asyncio.sleep(0)  # its message stored
+    before = loop.time()
+    await sender.send(rep(0, S.SUCCEEDED))
+    assert loop.time() - before < window / 4 and sender.messages == 2
+    # Another attempt's report after it still waits out the window, and reports made
+    # meanwhile share its message, the first attempt's included.
+    started = loop.time()
+    seqs = await asyncio.gather(sender.send(rep(1)), sender.send(rep(0, S.KILLED)))
+    assert seqs == [3, 3] and loop.time() - started >= window / 2
+    # An attempt whose last report went out with another's waits too: a message was not
+    # its own.
+    started = loop.time()
+    await sender.send(rep(1, S.SUCCEEDED))
+    assert loop.time() - started >= window / 2 and sender.messages == 4
 
 
 async def test_with_coalescing_off_each_report_is_its_own_message() -> None:

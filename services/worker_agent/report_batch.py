@@ -12,21 +12,28 @@ from berth.shared import bounded
 from berth.shared.messages import AttemptReported, AttemptsReported, attempt_key, encode
 
 
-def send_at(now: float, last_sent: float | None, window: float) -> float:
+def send_at(now: float, last_sent: float | None, window: float, alone: bool = False
+            ) -> float:
     """When a report made at `now`, with none waiting, goes out: at once when no message of
     this worker's went out in the last `window` seconds (a lone report waits for nothing),
     else when that window ends, with whatever else was made by then. So a report waits at
     most `window`, and a worker sends at most one message per `window` while busy. A
-    `window` of 0 or less turns coalescing off."""
-    if window <= 0 or last_sent is None or now - last_sent >= window:
+    `window` of 0 or less turns coalescing off. `alone`: the worker's last message carried
+    only this report's own attempt and nothing is in flight (a lone task's exit, just after
+    its RUNNING): no other attempt's report is there to share a message with, so it goes
+    at once too."""
+    if window <= 0 or alone or last_sent is None or now - last_sent >= window:
         return now
     return last_sent + window
 
 
+def attempt_of(report: AttemptReported) -> str:
+    return attempt_key(report.job_id, report.task_index, report.attempt_id)
+
+
 def report_id(report: AttemptReported) -> str:
     """A report's dedup id (Nats-Msg-Id): one per attempt and state."""
-    key = attempt_key(report.job_id, report.task_index, report.attempt_id)
-    return f"report:{key}:{report.state.name}"
+    return f"report:{attempt_of(report)}:{report.state.name}"
 
 
 def batch_id(worker_id: str, reports: list[AttemptReported]) -> str:

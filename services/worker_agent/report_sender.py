@@ -26,7 +26,8 @@ class ReportSender:
         self.waiting: list[tuple[AttemptReported, asyncio.Future[int]]] = []
         self.timer: asyncio.TimerHandle | None = None
         self.last_sent: float | None = None  # the event loop's clock
-        self.sending: set[asyncio.Task[None]] = set()
+        self.last_attempts: frozenset[str] = frozenset()  # those the last message carried
+        self.sending: set[asyncio.Task[None]] = set()  # messages not yet stored
         self.messages = 0  # messages sent, for the tests and the benchmark
 
     async def send(self, report: AttemptReported) -> int:
@@ -36,7 +37,8 @@ class ReportSender:
         self.waiting.append((report, done))
         if self.timer is None:
             now = loop.time()
-            at = report_batch.send_at(now, self.last_sent, self.window)
+            alone = not self.sending and self.last_attempts == {report_batch.attempt_of(report)}
+            at = report_batch.send_at(now, self.last_sent, self.window, alone)
             if at <= now:
                 self._flush()
             else:
@@ -49,6 +51,7 @@ class ReportSender:
         if not batch:
             return
         self.last_sent = asyncio.get_running_loop().time()
+        self.last_attempts = frozenset(report_batch.attempt_of(r) for r, _ in batch)
         task = asyncio.create_task(self._publish(batch))
         self.sending.add(task)
         task.add_done_callback(self.sending.discard)
