@@ -26,8 +26,10 @@ class ReportSender:
         self.waiting: list[tuple[AttemptReported, asyncio.Future[int]]] = []
         self.timer: asyncio.TimerHandle | None = None
         self.last_sent: float | None = None  # the event loop's clock
-        self.last_attempts: frozenset[str] = frozenset()  # those the last message carried
-        self.sending: set[asyncio.Task[None]] = set()  # messages not yet stored
+        # The last flush's attempts and its reports' futures (all done once it is stored).
+        self.last_attempts: frozenset[str] = frozenset()
+        self.last_stored: list[asyncio.Future[int]] = []
+        self.sending: set[asyncio.Task[None]] = set()
         self.messages = 0  # messages sent, for the tests and the benchmark
 
     async def send(self, report: AttemptReported) -> int:
@@ -37,7 +39,10 @@ class ReportSender:
         self.waiting.append((report, done))
         if self.timer is None:
             now = loop.time()
-            alone = not self.sending and self.last_attempts == {report_batch.attempt_of(report)}
+            # Its futures, not `sending`: the publish task ends a loop turn after they are
+            # set, and an exit already known is reported in the turn its RUNNING returns.
+            alone = (self.last_attempts == {report_batch.attempt_of(report)}
+                     and all(stored.done() for stored in self.last_stored))
             at = report_batch.send_at(now, self.last_sent, self.window, alone)
             if at <= now:
                 self._flush()
@@ -52,6 +57,7 @@ class ReportSender:
             return
         self.last_sent = asyncio.get_running_loop().time()
         self.last_attempts = frozenset(report_batch.attempt_of(r) for r, _ in batch)
+        self.last_stored = [done for _, done in batch]
         task = asyncio.create_task(self._publish(batch))
         self.sending.add(task)
         task.add_done_callback(self.sending.discard)
