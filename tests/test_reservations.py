@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
-from berth.shared import redis_auth, redis_io
+from berth.shared import redis_auth, redis_io, servers
 from berth.shared.capacity import Amounts, GroupClaim
 from berth.shared.reservations import (
     REGISTER_BATCH,
@@ -345,7 +344,8 @@ async def test_releases_go_first_in_the_reserves_round_trip_and_stand_if_it_is_r
 
 
 async def test_scripts_in_one_pipeline_ask_nothing_first_and_reload_when_forgotten(
-        clean_servers: Any, store: ReservationStore) -> None:
+        clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        store: ReservationStore) -> None:
     """One round trip: EVALSHA each, no SCRIPT EXISTS before them (what redis-py's pipeline
     of script objects sends every time). A server that forgot its scripts (restarted, or a
     replica just promoted) gets them loaded, and the refused calls run again, in order."""
@@ -371,9 +371,13 @@ async def test_scripts_in_one_pipeline_ask_nothing_first_and_reload_when_forgott
         assert stats["cmdstat_script|load"]["calls"] == 1
         assert {u.worker_id: set(u.allocations) for u in await store.host_usage()} == {
             "h1": {"c/0/0"}, "h2": {"x/0/0"}}
-        # The batches register_hosts sends are pipelines of the same kind.
+        # The batches register_hosts sends (two hosts or more) are pipelines of the same kind.
         await admin.script_flush()
-        await store.register_hosts(epoch, [HostRecord("h3", HOST, "")])
-        assert "h3" in {u.worker_id for u in await store.host_usage()}
+        await admin.config_resetstat()
+        await store.register_hosts(epoch, [HostRecord("h3", HOST, ""), HostRecord("h4", HOST, "")])
+        stats = await admin.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 4  # both refused, both run again
+        assert stats["cmdstat_script|load"]["calls"] == 1
+        assert {"h3", "h4"} <= {u.worker_id for u in await store.host_usage()}
     finally:
         await admin.aclose()
