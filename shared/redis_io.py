@@ -103,15 +103,9 @@ def load_script(client: aioredis.Redis, name: str) -> AsyncScript:
 ScriptCall = tuple[AsyncScript, list[str], list[str | int]]
 
 
-def _never_known_unwritten(result: Any) -> bool:
-    """By default every call that ran is taken to have written, and is not run again."""
-    return False
-
-
 async def run_scripts(client: aioredis.Redis, calls: Sequence[ScriptCall],
-                      then: Sequence[tuple[str | int, ...]] = (),
-                      wrote_nothing: Callable[[Any], bool] = _never_known_unwritten,
-                      ) -> list[Any]:
+                      then: Sequence[tuple[str | int, ...]] = (), *,
+                      wrote_nothing: Callable[[Any], bool]) -> list[Any]:
     """Runs `calls` in order, then the commands of `then`, in one pipeline: one round trip
     and one connection (a WAIT in `then` counts the scripts' writes). Returns their results
     in order; the first error among them is raised. Each call is an EVALSHA: a pipeline given

@@ -594,27 +594,36 @@ class Leader:
     async def _gather_and_flush_releases(self) -> None:
         """A background flush, after RELEASE_GATHER: the releases of the reports folded
         meanwhile go in the same Lua call. One call per report was ~10 % of the scheduler's
-        CPU at 600 jobs/s (docs/performance.md). Nothing waits for it: a commit flushes
-        what is owed before it reserves."""
+        CPU at 600 jobs/s (docs/performance.md). Nothing waits for it: a commit carries
+        what is owed in its reserve's round trip."""
         await asyncio.sleep(RELEASE_GATHER)
         await self._flush_releases()
 
     async def _flush_releases(self) -> None:
+        while self.unreleased:
+            async with self._owed_releases() as owed:
+                await self.store.release(self.epoch, owed)
+
+    @contextlib.asynccontextmanager
+    async def _owed_releases(self) -> AsyncIterator[list[tuple[str, str]]]:
+        """The releases owed, taken under the release lock for one write. Owed again if the
+        write fails (the next flush or commit retries them), unless Redis refused the
+        reservations written after them: they stand then."""
         async with self.release_lock:
-            while self.unreleased:
-                batch = self.unreleased
-                self.unreleased = []
-                try:
-                    await self.store.release(self.epoch, batch)
-                except BaseException:
-                    self.unreleased[:0] = batch  # still owed; the next flush retries
-                    raise
+            owed, self.unreleased = self.unreleased, []
+            try:
+                yield owed
+            except ReservationConflict:
+                raise
+            except BaseException:
+                self.unreleased[:0] = owed
+                raise
 
     @staticmethod
     async def _in_background(flush: Callable[[], Awaitable[None]], what: str) -> None:
         """Runs a flush of writes owed to Redis (releases, host registrations) as a task of
         its own. What it could not write stays owed and is tried again, with backoff, until
-        written or the term ends (a commit also flushes first). Left to the next commit, an
+        written or the term ends (a commit also carries what is owed). Left to the next commit, an
         idle leader kept the reservations of attempts ended after a Sentinel failover."""
         backoff = fencing.Backoff()
         outage = fencing.Outage(f"Redis for {what}")
@@ -1142,15 +1151,8 @@ class Leader:
         """The reservations, after the releases still owed, in one round trip: a commit
         soon after reports (one lone job after another) paid two. The releases stand even
         when the reservations are refused; on any other error they are owed still."""
-        async with self.release_lock:
-            owed, self.unreleased = self.unreleased, []
-            try:
-                await self.store.reserve(self.epoch, reservations, groups, releases=owed)
-            except ReservationConflict:
-                raise
-            except BaseException:
-                self.unreleased[:0] = owed
-                raise
+        async with self._owed_releases() as owed:
+            await self.store.reserve(self.epoch, reservations, groups, releases=owed)
 
     async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
         """Tasks this tick could not place whose scheduling_timeout has run out become

@@ -26,9 +26,7 @@ class ReportSender:
         self.waiting: list[tuple[AttemptReported, asyncio.Future[int]]] = []
         self.timer: asyncio.TimerHandle | None = None
         self.last_sent: float | None = None  # the event loop's clock
-        # The last flush's attempts and its reports' futures (all done once it is stored).
-        self.last_attempts: frozenset[str] = frozenset()
-        self.last_stored: list[asyncio.Future[int]] = []
+        self.last_batch: list[tuple[AttemptReported, asyncio.Future[int]]] = []
         self.sending: set[asyncio.Task[None]] = set()
         self.messages = 0  # messages sent, for the tests and the benchmark
 
@@ -39,10 +37,13 @@ class ReportSender:
         self.waiting.append((report, done))
         if self.timer is None:
             now = loop.time()
-            # Its futures, not `sending`: the publish task ends a loop turn after they are
-            # set, and an exit already known is reported in the turn its RUNNING returns.
-            alone = (self.last_attempts == {report_batch.attempt_of(report)}
-                     and all(stored.done() for stored in self.last_stored))
+            # The last message carried only this attempt and is stored: its futures are
+            # done (not `sending`: the publish task ends a loop turn after they are set, and
+            # an exit already known is reported in the turn its RUNNING returns).
+            attempt = report_batch.attempt_of(report)
+            alone = bool(self.last_batch) and all(
+                stored.done() and report_batch.attempt_of(last) == attempt
+                for last, stored in self.last_batch)
             at = report_batch.send_at(now, self.last_sent, self.window, alone)
             if at <= now:
                 self._flush()
@@ -56,8 +57,7 @@ class ReportSender:
         if not batch:
             return
         self.last_sent = asyncio.get_running_loop().time()
-        self.last_attempts = frozenset(report_batch.attempt_of(r) for r, _ in batch)
-        self.last_stored = [done for _, done in batch]
+        self.last_batch = batch
         task = asyncio.create_task(self._publish(batch))
         self.sending.add(task)
         task.add_done_callback(self.sending.discard)
