@@ -4,6 +4,7 @@ own observers), apart from any fold.
 
     .venv/bin/python bench/follow.py             # 100,000 events (a W1 of ~16,000 tasks)
     .venv/bin/python bench/follow.py --events 20000
+    .venv/bin/python bench/follow.py --raw       # the messages alone, not decoded or checked
 
 A real nats-server is filled with the benchmark history of bench/dashboard.py (submits,
 assignments, reports), each message with the headers services give it (a dedup id and a
@@ -19,6 +20,7 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from dashboard import history  # bench/dashboard.py, beside this script
@@ -45,9 +47,10 @@ async def fill(server: servers.ServerProcess, events: list[tuple[str, bytes]]) -
     return last
 
 
-async def read_all(server: servers.ServerProcess, last: int) -> dict[str, float]:
+async def read_all(server: servers.ServerProcess, last: int, raw: bool) -> dict[str, float]:
     nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
-    events = nats_io.follow_events(nc.jetstream())
+    events: AsyncGenerator[nats_io.RawEvent | nats_io.EventRecord] = (
+        nats_io.follow_raw_events if raw else nats_io.follow_events)(nc.jetstream())
     cpu, wall = time.process_time(), time.perf_counter()
     async for record in events:
         if record.seq >= last:
@@ -63,16 +66,19 @@ async def read_all(server: servers.ServerProcess, last: int) -> dict[str, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--raw", action="store_true",
+                        help="follow_raw_events: the transport alone, no decode or check")
     args = parser.parse_args()
     events = history(max(10, args.events // 4), 10)[:args.events]
     with tempfile.TemporaryDirectory(prefix="berth-follow-") as tmp:
         server = servers.start_nats(Path(tmp))
         try:
             last = asyncio.run(fill(server, events))
-            result = asyncio.run(read_all(server, last))
+            result = asyncio.run(read_all(server, last, args.raw))
         finally:
             server.stop()
-    print(json.dumps({"benchmark": "follow_events", "events": last, **result}))
+    name = "follow_raw_events" if args.raw else "follow_events"
+    print(json.dumps({"benchmark": name, "events": last, **result}))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ async def backup(js: JetStreamContext, out: IO[str]) -> int:
     try:
         async for raw in events:
             out.write(json.dumps({"seq": raw.seq, "subject": raw.subject,
-                                  "headers": raw.headers,
+                                  "headers": dict(raw.headers),
                                   "data": base64.b64encode(raw.data).decode()}) + "\n")
             count += 1
             if raw.seq >= last:

@@ -12,7 +12,8 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+import types
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -145,6 +146,59 @@ def auth_options(creds: Credentials | None) -> dict[str, Any]:
     return {"nkeys_seed_str": creds.seed, "inbox_prefix": subjects.inbox_prefix(creds.name)}
 
 
+# A stream consumer's data message as `Client.take_stream` hands it over: stream sequence,
+# subject, payload, raw headers. False: no room, nats-py is to queue it.
+StreamTaker = Callable[[int, bytes, bytes, bytes | None], bool]
+
+# A header block with no status line: what every data message of a stream carries.
+_PLAIN_HEADERS = b"NATS/1.0\r\n"
+
+
+def _takes_streams() -> bool:
+    """Whether this nats-py keeps an ordered consumer's state where `Client.take_stream`
+    reads and writes it (nats-py 2.x does); if not, followers use nats-py's callbacks."""
+    jsi = getattr(JetStreamContext, "_JSI", None)
+    if jsi is None:
+        return False
+    names = set(jsi.__init__.__code__.co_names) | set(jsi.track_sequences.__code__.co_names)
+    return {"_dseq", "_sseq", "_active", "_fciseq", "_cmeta", "_sub"} <= names
+
+
+TAKES_STREAMS = _takes_streams()
+
+
+class WireHeaders(Mapping[str, str]):
+    """A message's headers as they came, parsed the first time they are read: a fold reads
+    few events' headers (the scheduler, a submit's trace context), and parsing every one
+    was ~5 % of a busy scheduler's CPU. Parsed as `Client` parses them."""
+
+    __slots__ = ("_parsed", "_raw")
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._parsed: dict[str, str] | None = None
+
+    def _headers(self) -> dict[str, str]:
+        if self._parsed is None:
+            self._parsed = Client._parse_header_lines(self._raw[len(_PLAIN_HEADERS):])
+        return self._parsed
+
+    def __getitem__(self, key: str) -> str:
+        return self._headers()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._headers()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers())
+
+    def __len__(self) -> int:
+        return len(self._headers())
+
+    def __repr__(self) -> str:
+        return f"WireHeaders({self._headers()!r})"
+
+
 class Client(NATS):
     """nats-py's client with a cheaper header parser. Every events-stream message carries
     headers (its dedup id, its trace context), and nats-py tests each header name for
@@ -153,12 +207,15 @@ class Client(NATS):
     Its protocol parser is `nats_parser.FastParser`, for the same reason.
 
     It also takes subscriptions whose messages are handed to a plain function as they are
-    read (`subscribe_now`), for the many small messages of a large cluster (heartbeats)."""
+    read (`subscribe_now`), for the many small messages of a large cluster (heartbeats),
+    and an ordered stream consumer's messages straight from the read loop (`take_stream`),
+    for every follower of the events stream."""
 
     def __init__(self) -> None:
         super().__init__()
         self._ps = FastParser(self)
         self._handlers: dict[int, Callable[[Msg], None]] = {}
+        self._streams: dict[Subscription, StreamTaker] = {}
 
     async def subscribe_now(self, subject: str, handler: Callable[[Msg], None]
                             ) -> Subscription:
@@ -171,8 +228,75 @@ class Client(NATS):
         self._handlers[sub._id] = handler
         return sub
 
+    def take_stream(self, psub: JetStreamContext.PushSubscription, take: StreamTaker) -> None:
+        """Hands the data messages of `psub` (an ordered consumer's subscription made
+        without a callback) to `take` as they are read: its stream sequence, subject,
+        payload and raw headers. nats-py would build a `Msg`, parse its headers and queue
+        it for the subscription's task, about two thirds of the ~18 us a follower spent
+        per event (bench/follow.py). The ordered consumer's bookkeeping is done here as
+        nats-py does it, so its gap detection, idle heartbeats and flow control work
+        unchanged. nats-py handles, as before: control messages; a gap (it starts the
+        consumer again after the last message taken); and any message while the
+        subscription's queue holds some (`take` refused one for want of room, or they
+        came before this call), so that the queue's messages stay ahead of later ones.
+        Requires `TAKES_STREAMS`."""
+        self._streams[psub._sub] = take
+
+    def release_stream(self, psub: JetStreamContext.PushSubscription) -> None:
+        self._streams.pop(psub._sub, None)
+
+    def _take_now(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                  headers: bytes | None) -> bool:
+        """Hands a message to its `subscribe_now` handler or `take_stream` taker in the read
+        loop, without a coroutine (called by `FastParser`). False: `_process_msg` is to
+        handle it, as nats-py does."""
+        if headers is not None and not headers.startswith(_PLAIN_HEADERS):
+            return False  # a status line: a control message, nats-py's
+        sub = self._subs.get(sid)
+        if sub is None:
+            return False
+        handler = self._handlers.get(sid)
+        if handler is not None:
+            self.stats["in_msgs"] += 1
+            self.stats["in_bytes"] += len(data)
+            sub._received += 1
+            # As nats-py: a block of no headers is None.
+            hdr = self._parse_header_lines(headers[len(_PLAIN_HEADERS):]) or None \
+                if headers is not None else None
+            try:
+                handler(self._build_message(sid, subject, reply, data, hdr))
+            except Exception:
+                log.exception("the handler of a message on %s failed",
+                              subject.decode(errors="replace"))
+            return True
+        take = self._streams.get(sub)
+        if take is None:
+            return False
+        tokens = reply.split(b".")
+        if len(tokens) != 9 or tokens[0] != b"$JS" or tokens[1] != b"ACK":
+            return False  # a flow-control request, or a reply form nats-py reads itself
+        jsi = sub._jsi
+        dseq = int(tokens[6])
+        if jsi is None or dseq != jsi._dseq or not sub._pending_queue.empty():
+            return False
+        seq = int(tokens[5])
+        if not take(seq, subject, data, headers):
+            return False
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        sub._received += 1
+        # nats-py's own steps for an ordered consumer's data message.
+        jsi._active = True
+        jsi._dseq = dseq + 1
+        jsi._sseq = seq
+        jsi._fciseq += 1
+        jsi._cmeta = reply.decode()
+        return True
+
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes | None) -> None:
+        if self._take_now(sid, subject, reply, data, headers):
+            return
         handler = self._handlers.get(sid)
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
@@ -472,7 +596,7 @@ class EventRecord:
 
     seq: int
     event: AnyEvent | None
-    headers: dict[str, str]
+    headers: Mapping[str, str]
     refused: str = ""
 
 
@@ -482,7 +606,7 @@ class RawEvent:
 
     seq: int
     data: bytes
-    headers: dict[str, str]
+    headers: Mapping[str, str]
     subject: str = ""
 
     def record(self) -> EventRecord:
@@ -516,6 +640,9 @@ def stream_seq(msg: Msg) -> int:
     return msg.metadata.sequence.stream  # nats-py's reading, and its error for a non-JS one
 
 
+NO_HEADERS: Mapping[str, str] = types.MappingProxyType({})
+
+
 def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
     """`msg` as stored; `seq`: its stream sequence, if the caller has read it already."""
     # The message's own headers, not a copy: the message is dropped once read, and no
@@ -525,9 +652,11 @@ def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
                     msg.headers or {}, msg.subject)
 
 
-# Messages a follower buffers before its subscription callback waits for the reader (the
-# client's own queue, pending_msgs_limit, holds more behind it).
-FOLLOW_BUFFER = 10_000
+# Messages a follower holds for its reader before the client queues the next (in its own
+# queue, up to pending_msgs_limit more; past that it drops them, and the ordered consumer
+# starts again after the last one taken). A follower catching up on a long history reads
+# the socket faster than it folds, so this is reached: 100,000 events are ~30 MB.
+FOLLOW_BUFFER = 100_000
 FOLLOW_YIELD_EVERY = 64
 
 
@@ -544,9 +673,10 @@ async def follow_raw_events(
     """Yields every events-stream message from `start_seq` on, in stream order, forever (an
     ordered consumer: the client detects gaps and re-creates it, so nothing is skipped).
 
-    Read through a subscription callback into a buffer, drained by the reader as it comes:
-    nats-py's message iterator starts a task and an `asyncio.wait` per message, about a
-    fifth of a busy follower's CPU (docs/performance.md).
+    Read into a buffer as the client reads them (`Client.take_stream`; with another client,
+    through a subscription callback), drained by the reader as it comes: nats-py's message
+    iterator starts a task and an `asyncio.wait` per message, about a fifth of a busy
+    follower's CPU, and its queue and callback task most of the rest (docs/performance.md).
 
     Watched, not only trusted to the client: after a leader stalled for 6 s at 10,000
     hosts, its consumer was gone and nats-py never made another, so its fold stopped for
@@ -562,13 +692,11 @@ async def follow_raw_events(
     arrived = asyncio.Event()
     room = asyncio.Event()
     last_seq = start_seq - 1
+    client = js._nc if TAKES_STREAMS and isinstance(js._nc, Client) else None
+    taken = client is not None
 
-    async def on_message(msg: Msg) -> None:
+    def accept(raw: RawEvent) -> None:
         nonlocal last_seq
-        while len(buffer) >= FOLLOW_BUFFER:
-            room.clear()
-            await room.wait()
-        raw = raw_event(msg)
         if raw.seq <= last_seq:
             return  # delivered again after a re-subscription
         last_seq = raw.seq
@@ -577,11 +705,34 @@ async def follow_raw_events(
         if drained is not None:
             drained.clear()
 
+    def take(seq: int, subject: bytes, data: bytes, headers: bytes | None) -> bool:
+        if len(buffer) >= FOLLOW_BUFFER:
+            return False  # nats-py queues it, and those after it, until the reader is here
+        accept(RawEvent(seq, data, WireHeaders(headers) if headers else NO_HEADERS,
+                        subject.decode()))
+        return True
+
+    def take_queued(sub: JetStreamContext.PushSubscription) -> None:
+        """What nats-py queued (before `take_stream`, or while the buffer was full)."""
+        queue = sub._pending_queue
+        while not queue.empty():
+            msg = queue.get_nowait()
+            queue.task_done()
+            sub._sub._pending_size -= len(msg.data)
+            accept(raw_event(msg))
+
+    async def on_message(msg: Msg) -> None:
+        # With a nats-py whose ordered consumer `take_stream` cannot read.
+        while len(buffer) >= FOLLOW_BUFFER:
+            room.clear()
+            await room.wait()
+        accept(raw_event(msg))
+
     async def subscribe(first: int) -> JetStreamContext.PushSubscription:
-        return await js.subscribe(
+        sub = await js.subscribe(
             filter_subject,
             stream=subjects.EVENTS_STREAM,
-            cb=on_message,
+            cb=None if taken else on_message,
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             config=ConsumerConfig(opt_start_seq=first, ack_policy=AckPolicy.NONE),
@@ -593,11 +744,25 @@ async def follow_raw_events(
             idle_heartbeat=1.0,
             pending_msgs_limit=1_000_000,
         )
+        if client is not None:
+            client.take_stream(sub, take)
+            take_queued(sub)
+        return sub
+
+    async def unsubscribe(sub: JetStreamContext.PushSubscription) -> None:
+        if client is not None:
+            client.release_stream(sub)
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
 
     sub = await subscribe(start_seq)
     try:
         while True:
             while not buffer:
+                if taken:
+                    take_queued(sub)
+                    if buffer:
+                        break
                 arrived.clear()
                 if drained is not None:
                     drained.set()
@@ -607,8 +772,7 @@ async def follow_raw_events(
                 if stall:
                     log.warning("event follower: %s after sequence %d; subscribing again",
                                 stall, last_seq)
-                    with contextlib.suppress(nats.errors.Error):
-                        await sub.unsubscribe()
+                    await unsubscribe(sub)
                     try:
                         sub = await subscribe(last_seq + 1)
                     except (nats.errors.Error, TimeoutError) as exc:
@@ -625,8 +789,7 @@ async def follow_raw_events(
             await asyncio.sleep(0)
     finally:
         # The connection may be closing under a cancelled reader: nothing left to undo.
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+        await unsubscribe(sub)
 
 
 async def _stall(sub: JetStreamContext.PushSubscription) -> str:

@@ -38,6 +38,9 @@ class FastParser(Parser):
         if self.state == AWAITING_MSG_PAYLOAD and len(buf) < self.needed + 2:
             return  # a large payload arriving over many reads is not copied on each
         nc = self.nc
+        # The client's synchronous hand-over (`nats_io.Client._take_now`): most messages
+        # need no coroutine of their own.
+        take_now = getattr(nc, "_take_now", None)
         view = bytes(buf)  # one copy per read; every slice below is a single copy of it
         end = len(view)
         pos = 0  # the start of what is not yet handed over
@@ -106,6 +109,8 @@ class FastParser(Parser):
                         return
                     continue
                 pos = start + size + 2
+                if take_now is not None and take_now(sid_n, subject, reply, payload, headers):
+                    continue
                 await nc._process_msg(sid_n, subject, reply, payload, headers)
                 if self.buf is not buf:
                     return

@@ -12,6 +12,7 @@ nobody will read costs about half as much (docs/performance.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
@@ -68,7 +69,7 @@ def inject(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-def trace_carrier(headers: dict[str, str]) -> str | dict[str, str]:
+def trace_carrier(headers: Mapping[str, str]) -> str | dict[str, str]:
     """What a message's headers need kept to parent later spans: its traceparent string
     alone when that is all it propagates (kept per job for as long as it waits, so small),
     else the headers the configured propagators read (OTEL_PROPAGATORS)."""
