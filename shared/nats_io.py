@@ -7,6 +7,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import datetime
 import functools
 import logging
 import random
@@ -641,6 +642,20 @@ def stream_seq(msg: Msg) -> int:
 
 
 NO_HEADERS: Mapping[str, str] = types.MappingProxyType({})
+
+
+def stored_ns(msg: Msg) -> int:
+    """When the stream stored a JetStream message, in ns since the epoch, to the microsecond
+    as nats-py's `msg.metadata.timestamp` gives it (job ids are derived from it, so it must
+    not change), read from the reply subject as `stream_seq` reads the sequence; 0 if the
+    server gave none."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        stamp: datetime.datetime | None = datetime.datetime.fromtimestamp(
+            int(tokens[7]) / 1_000_000_000.0, datetime.UTC)
+    else:
+        stamp = msg.metadata.timestamp
+    return int(stamp.timestamp() * 1e9) if stamp else 0
 
 
 def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:

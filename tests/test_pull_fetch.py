@@ -11,7 +11,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from berth.shared import pull_fetch, subjects
-from berth.shared.nats_io import stream_seq
+from berth.shared.nats_io import stored_ns, stream_seq
 from tests.test_projection import publish_events
 
 
@@ -47,3 +47,18 @@ async def test_every_message_once_in_order_then_a_wait_then_the_newcomer_at_once
     batch = await asyncio.wait_for(waiting, 5.0)
     assert [stream_seq(m) for m in batch] == [24]
     assert time.monotonic() - started < 2.0
+
+
+async def test_sequence_and_stored_time_read_from_the_reply_as_nats_py_reads_them(
+        nc: NATS) -> None:
+    """Job ids are derived from the stored time: reading it from the reply subject must
+    give exactly what nats-py's metadata gives."""
+    await publish_events(nc, 5)
+    sub = await pull(nc, "reply-test")
+    batch = await pull_fetch.fetch(sub, 10, 1.0)  # type: ignore[arg-type]
+    assert len(batch) == 5
+    for msg in batch:
+        assert stream_seq(msg) == msg.metadata.sequence.stream
+        stamp = msg.metadata.timestamp
+        assert stamp is not None
+        assert stored_ns(msg) == int(stamp.timestamp() * 1e9)

@@ -18,7 +18,7 @@ from berth.services.submitter import metrics
 from berth.services.submitter.index import JobIndex
 from berth.services.submitter.intake import intake, intake_cancel, unknown_subject
 from berth.shared import metrics as shared_metrics
-from berth.shared import nats_io, service, subjects, telemetry
+from berth.shared import nats_io, pull_fetch, service, subjects, telemetry
 from berth.shared.config import Settings
 from berth.shared.credentials import Role
 from berth.shared.job_ids import job_id_for, schedule_id_for, submit_seq_of
@@ -50,7 +50,7 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
                  max_bytes: int, earlier: list[asyncio.Task[None]], index: JobIndex) -> None:
     """Decides one submit and stores its outcome; `earlier` are the batch's submits before
     it, still being stored (a cancel or a child may name a job one of them creates)."""
-    seq = msg.metadata.sequence.stream
+    seq = nats_io.stream_seq(msg)
     with tracer.start_as_current_span(
         "submit", context=telemetry.extract(msg.headers),
         attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
@@ -112,7 +112,7 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
     """The outcome of one submit stream message: the pure intake, then a check that any job
     it names exists (so a typo in a job id is a clear rejection, not a silent no-op). The
     check waits for `earlier` outcomes to be stored first, as if handled one by one."""
-    seq = msg.metadata.sequence.stream
+    seq = nats_io.stream_seq(msg)
     if subjects.is_schedule_fire(msg.subject):
         fired = await schedule_fire(js, msg, max_bytes)
         if not isinstance(fired, JobSubmitted):
@@ -124,7 +124,7 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
     if user == "":
         return unknown_subject(msg.subject, seq)
     if msg.subject == subjects.submit_job(user):
-        outcome: Outcome = intake(msg.data, seq, _stored_ns(msg), max_bytes, user)
+        outcome: Outcome = intake(msg.data, seq, nats_io.stored_ns(msg), max_bytes, user)
         if not isinstance(outcome, JobSubmitted):
             return outcome
         # Dependencies must exist already, so no cycle can ever form.
@@ -142,7 +142,7 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
                     reason=f"tokens.{name}: no such token (an admin creates it: "
                     f"`berth tokens set {name} N`)")
         if outcome.spec.schedule is not None:
-            return ScheduleCreated(schedule_id=schedule_id_for(seq, _stored_ns(msg)),
+            return ScheduleCreated(schedule_id=schedule_id_for(seq, nats_io.stored_ns(msg)),
                                    submit_seq=seq, spec=outcome.spec, ts=outcome.ts)
         return await with_policy(js, outcome, index, user)
     if msg.subject == subjects.submit_cancel(user):
@@ -199,7 +199,7 @@ async def schedule_fire(js: JetStreamContext, msg: Msg, max_bytes: int
                         ) -> JobSubmitted | SubmitRejected:
     """The job of one fire of a schedule: the schedule's spec without `schedule`, as its
     owner submitted it, marked with the schedule and the fire time."""
-    seq = msg.metadata.sequence.stream
+    seq = nats_io.stream_seq(msg)
     now = time.time()
     if len(msg.data) > max_bytes:
         return SubmitRejected(submit_seq=seq, ts=now, reason="schedule fire: too large")
@@ -212,7 +212,7 @@ async def schedule_fire(js: JetStreamContext, msg: Msg, max_bytes: int
         return SubmitRejected(submit_seq=seq, ts=now,
                               reason=f"schedule_id: no schedule {fire.schedule_id!r}")
     spec = msgspec.structs.replace(created.spec, schedule=None)
-    return JobSubmitted(job_id=job_id_for(seq, _stored_ns(msg)), submit_seq=seq, spec=spec,
+    return JobSubmitted(job_id=job_id_for(seq, nats_io.stored_ns(msg)), submit_seq=seq, spec=spec,
                         schedule_id=fire.schedule_id, fire_at=fire.at, ts=now)
 
 
@@ -253,9 +253,6 @@ async def token_exists(js: JetStreamContext, name: str) -> bool:
     return True
 
 
-def _stored_ns(msg: Msg) -> int:
-    stamp = msg.metadata.timestamp
-    return int(stamp.timestamp() * 1e9) if stamp else 0
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
@@ -280,7 +277,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     try:
         while not stop.is_set():
             try:
-                batch = await sub.fetch(batch=SUBMIT_BATCH, timeout=0.5)
+                batch = await pull_fetch.fetch(sub, SUBMIT_BATCH, 0.5)
             except (nats.errors.TimeoutError, TimeoutError):
                 continue  # nothing to do; nats-py raises either class for an idle fetch
             except nats.errors.Error as exc:
