@@ -43,6 +43,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -187,11 +188,40 @@ def pct(values: list[float], q: float) -> float | None:
     return round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
 
 
+SIM_LABEL = re.compile(r"^sim[0-9]*$")
+
+
+def sim_processes(cpus: int | None = None) -> int:
+    """How many processes host the simulated hosts: one on up to 7 cores, then one per 4
+    cores, at most 4. On a many-core machine one process of 1,000 hosts, which does every
+    host's share of each job (its command, its reports, its heartbeats), would be the
+    ceiling of what W1 measures instead of the control plane; a real cluster's agents
+    each have a host of their own."""
+    cpus = cpus or os.cpu_count() or 1
+    return 1 if cpus < 8 else min(4, cpus // 4)
+
+
+def sim_shares(hosts: int, procs: int, slice_size: int = 0) -> list[int]:
+    """`hosts` split over up to `procs` processes, each a whole number of slices (a slice's
+    hosts must share a process: its name is the process's)."""
+    unit = max(1, slice_size)
+    units = hosts // unit
+    procs = max(1, min(procs, units))
+    shares = [unit * (units // procs + (1 if k < units % procs else 0)) for k in range(procs)]
+    shares[-1] += hosts - sum(shares)
+    return shares
+
+
+def _option(args: list[str], name: str) -> int:
+    return int(args[args.index(name) + 1]) if name in args else 0
+
+
 class Cluster:
     """A fresh stack with `hosts` simulated workers, on one nats-server or on a JetStream
     cluster of `nats_nodes` (`--nats-nodes`; streams with min(nodes, 3) replicas)."""
 
     nats_nodes = 1
+    sim_procs = 0  # --sim-procs; 0: sim_processes()
     lease_ttl: float | None = None  # --lease-ttl
     profile = False  # --profile: every service under cProfile, the scheduler's top printed
 
@@ -218,8 +248,12 @@ class Cluster:
             for i in range(hosts):
                 self.stack.start_worker(f"w{i}", real_cpu, 4096)
         else:
-            self.stack.start_service("worker", "--id", "sim", "--simulate", str(hosts),
-                                     "--address", "127.0.0.1", *sim_args, label="sim")
+            shares = sim_shares(hosts, self.sim_procs or sim_processes(),
+                                _option(sim_args, "--sim-slice-size"))
+            for k, share in enumerate(shares):
+                name = "sim" if k == 0 else f"sim{k}"
+                self.stack.start_service("worker", "--id", name, "--simulate", str(share),
+                                         "--address", "127.0.0.1", *sim_args, label=name)
         self.nc: NATS | None = None
         self.seen = Observed()
         self._observer: asyncio.Task[None] | None = None
@@ -269,7 +303,12 @@ class Cluster:
         return pids
 
     def cpu(self) -> dict[str, float]:
-        return cpu_by_process(self.pids())
+        """CPU seconds so far per process; the simulated hosts' processes summed as "sim"."""
+        out: dict[str, float] = {}
+        for label, seconds in cpu_by_process(self.pids()).items():
+            key = "sim" if SIM_LABEL.match(label) else label
+            out[key] = out.get(key, 0.0) + seconds
+        return out
 
     async def idle_rates(self) -> dict[str, float]:
         """CPU seconds per second each process spends on the idle cluster."""
@@ -693,6 +732,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def emit(result: dict[str, Any]) -> None:
         result["machine_cpus"] = os.cpu_count()
+        result["sim_processes"] = Cluster.sim_procs or sim_processes()
         result["nats_nodes"] = Cluster.nats_nodes
         result["stream_replicas"] = min(Cluster.nats_nodes, 3)
         results.append(result)
@@ -773,8 +813,12 @@ def main() -> None:
                         help="BERTH_LEASE_TTL for the stack (default 3 s): on a machine "
                         "loaded by other work a starved leader loses its lease and replays, "
                         "which is what a run then measures")
+    parser.add_argument("--sim-procs", type=int, default=0,
+                        help="processes the simulated hosts are spread over (default: 1 "
+                        "below 8 cores, else one per 4 cores, at most 4)")
     args = parser.parse_args()
     Cluster.nats_nodes = args.nats_nodes
+    Cluster.sim_procs = args.sim_procs
     Cluster.profile = args.profile
     if args.quick:
         Cluster.settle = 0.1
