@@ -296,8 +296,12 @@ class Client(NATS):
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes | None) -> None:
-        if self._take_now(sid, subject, reply, data, headers):
-            return
+        if not self._take_now(sid, subject, reply, data, headers):
+            await self._process_untaken(sid, subject, reply, data, headers)
+
+    async def _process_untaken(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                               headers: bytes | None) -> None:
+        """A message `_take_now` did not take (`FastParser` calls this after asking it)."""
         handler = self._handlers.get(sid)
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]

@@ -41,6 +41,8 @@ class FastParser(Parser):
         # The client's synchronous hand-over (`nats_io.Client._take_now`): most messages
         # need no coroutine of their own.
         take_now = getattr(nc, "_take_now", None)
+        untaken = getattr(nc, "_process_untaken", None) if take_now else None
+        process = untaken or nc._process_msg
         view = bytes(buf)  # one copy per read; every slice below is a single copy of it
         end = len(view)
         pos = 0  # the start of what is not yet handed over
@@ -111,7 +113,7 @@ class FastParser(Parser):
                 pos = start + size + 2
                 if take_now is not None and take_now(sid_n, subject, reply, payload, headers):
                     continue
-                await nc._process_msg(sid_n, subject, reply, payload, headers)
+                await process(sid_n, subject, reply, payload, headers)
                 if self.buf is not buf:
                     return
         finally:

@@ -43,6 +43,7 @@ RESTORE_GAP = "berth.events.restore.gap"
 # An operator's "compact now" request to the leader (core NATS request/reply, not stored).
 ADMIN_COMPACT = "berth.admin.compact"
 SUBMIT_OUTCOMES_ALL = "berth.events.submit.>"
+_SUBMIT_OUTCOMES_PREFIX = SUBMIT_OUTCOMES_ALL[:-1]  # "berth.events.submit."
 
 SUBMITTER_DURABLE = "submitter"
 
@@ -89,7 +90,7 @@ def submit_outcomes(user: str | None) -> str:
 
 def is_submit_outcome(subject: str) -> bool:
     """Whether `subject` is one of submit_outcome's (the submitter alone writes there)."""
-    return subject.startswith(SUBMIT_OUTCOMES_ALL[:-1])
+    return subject.startswith(_SUBMIT_OUTCOMES_PREFIX)
 
 
 def submit_outcome_any_user(submit_seq: int) -> str:

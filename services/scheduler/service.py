@@ -520,15 +520,16 @@ class Leader:
             effects = self.state.apply(record.seq, record.event)
             self.folded += 1
             self._check_newest()
-            await self._on_event(record.event)
-            await self._carry_out(effects)
+            self._on_event(record.event)
+            if effects:  # most events have none: no coroutine for them
+                await self._carry_out(effects)
             # Only what can let more work be placed wakes a tick (new or requeued tasks here,
             # a new worker or freed capacity below), not every report: ticks must leave
             # the fold time to keep up.
             if len(self.state.pending) > pending:
                 self.wake.set()
 
-    async def _on_event(self, event: AnyEvent | None) -> None:
+    def _on_event(self, event: AnyEvent | None) -> None:
         if isinstance(event, DeviceHealthChanged) and event.healthy:
             self.wake.set()  # a device back in service may let waiting work in
         if isinstance(event, NodeHealthChanged) and event.action == NodeAction.UNCORDON:
