@@ -189,6 +189,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 SIM_LABEL = re.compile(r"^sim[0-9]*$")
+TEARDOWN_WAIT = 10.0
 
 
 def sim_processes(cpus: int | None = None) -> int:
@@ -334,12 +335,22 @@ class Cluster:
                 "double_booked_hosts": report.double_booked_hosts}
 
     async def __aexit__(self, *exc: object) -> None:
+        # Each wait bounded, and named if it runs out: twice in ~40 full W1 runs (the last,
+        # 2026-11-28) the benchmark sat idle after its checker, here, and never printed
+        # its result.
+        steps: list[tuple[str, asyncio.Future[Any]]] = []
         if self._observer:
             self._observer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._observer
+            steps.append(("the observer's cancellation", self._observer))
         if self.nc:
-            await self.nc.close()
+            steps.append(("closing the NATS connection", asyncio.ensure_future(self.nc.close())))
+        for what, step in steps:
+            done, _ = await asyncio.wait({step}, timeout=TEARDOWN_WAIT)
+            if not done:
+                print(f"  teardown: {what} did not end in {TEARDOWN_WAIT:g} s; going on",
+                      file=sys.stderr)
+            elif not step.cancelled():
+                step.exception()  # a connection that failed to close is nothing to report
         self.stack.stop()
         if self.profile:
             print_profiles(self.profile_dir)
