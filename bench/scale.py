@@ -48,7 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,13 +338,14 @@ class Cluster:
         # Each wait bounded, and named if it runs out: twice in ~40 full W1 runs (the last,
         # 2026-11-28) the benchmark sat idle after its checker, here, and never printed
         # its result.
-        steps: list[tuple[str, asyncio.Future[Any]]] = []
-        if self._observer:
-            self._observer.cancel()
-            steps.append(("the observer's cancellation", self._observer))
-        if self.nc:
-            steps.append(("closing the NATS connection", asyncio.ensure_future(self.nc.close())))
-        for what, step in steps:
+        steps: list[tuple[str, Callable[[], asyncio.Future[Any]]]] = []
+        if (observer := self._observer) is not None:
+            observer.cancel()
+            steps.append(("the observer's cancellation", lambda: observer))
+        if (nc := self.nc) is not None:
+            steps.append(("closing the NATS connection", lambda: asyncio.ensure_future(nc.close())))
+        for what, start in steps:  # in turn: the connection closes under no follower
+            step = start()
             done, _ = await asyncio.wait({step}, timeout=TEARDOWN_WAIT)
             if not done:
                 print(f"  teardown: {what} did not end in {TEARDOWN_WAIT:g} s; going on",
