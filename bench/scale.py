@@ -284,7 +284,8 @@ class Cluster:
     @contextlib.asynccontextmanager
     async def read_only_redis(self) -> AsyncIterator[Any]:
         """A client of the stack's Redis as the doctor: reads only."""
-        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR))
+        redis = redis_io.open_client(self.stack.redis.settings_for(redis_auth.DOCTOR),
+                                     redis_io.BULK_READ_TIMEOUT)
         try:
             yield redis
         finally:

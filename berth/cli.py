@@ -344,7 +344,7 @@ async def _doctor(nats_url: str, creds: Credentials, redis: RedisSettings) -> An
     from berth.shared.reservations import ReservationStore
 
     async with cli_connection(nats_url, creds) as nc:
-        client = redis_io.open_client(redis)
+        client = redis_io.open_client(redis, redis_io.BULK_READ_TIMEOUT)
         try:
             return await check_cluster(nc.jetstream(), ReservationStore(client))
         finally:

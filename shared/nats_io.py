@@ -672,10 +672,13 @@ def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
 
 
 # Messages a follower holds for its reader before the client queues the next (in its own
-# queue, up to pending_msgs_limit more; past that it drops them, and the ordered consumer
-# starts again after the last one taken). A follower catching up on a long history reads
-# the socket faster than it folds, so this is reached: 100,000 events are tens of MB.
-FOLLOW_BUFFER = 100_000
+# queue, up to its pending limits; past them it drops them, and the ordered consumer starts
+# again after the last one taken). A follower catching up on a long history reads the
+# socket faster than it folds, so this is reached, and then the queue's slower path runs
+# until the reader has emptied both. 100,000 here read a catch-up faster, but a leader
+# 150,000 events behind (W4 at 10,000 hosts on 2 cores) held ~70 MiB more: the memory a
+# lagging follower holds stays as it was.
+FOLLOW_BUFFER = 10_000
 FOLLOW_YIELD_EVERY = 64
 
 

@@ -40,17 +40,24 @@ def _url_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
-def open_client(settings: RedisSettings) -> aioredis.Redis:
+# How long the checker (`berth doctor`, the benchmarks') may wait for one reply: it reads
+# every host in one MULTI, at 10,000 hosts 20,000 replies and 1-2 s of its own CPU, and on
+# a busy server or a loaded machine a wait of the default 2.5 s ran out (docs/performance.md).
+BULK_READ_TIMEOUT = 30.0
+
+
+def open_client(settings: RedisSettings, read_timeout: float | None = None) -> aioredis.Redis:
     """A client for berth's Redis: the server in the URL, or, with sentinels, whichever
     server they name primary now (asked again after every lost connection, so a client
     follows a failover). No automatic retries: a caller sees an outage at once and decides
-    (the scheduler stands down; a fenced write is never silently repeated)."""
+    (the scheduler stands down; a fenced write is never silently repeated).
+    `read_timeout`: how long one reply may take (default: the WAIT timeout and 2 s)."""
     kwargs = _url_kwargs(settings.url)
     common: dict[str, Any] = {
         "decode_responses": True,
         "socket_connect_timeout": CONNECT_TIMEOUT,
         # A WAIT blocks for up to its timeout: the socket must outlast it.
-        "socket_timeout": settings.wait_timeout + 2.0,
+        "socket_timeout": read_timeout or settings.wait_timeout + 2.0,
         "retry": Retry(NoBackoff(), 0),
     }
     if not settings.sentinels:
