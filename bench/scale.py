@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -332,7 +333,17 @@ class Cluster:
         async with self.read_only_redis() as redis:
             report = await check_cluster(self.nc.jetstream(), ReservationStore(redis),
                                          settle=self.settle if settle is None else settle)
-        return {"violations": len(report.violations()),
+        violations = report.violations()
+        if violations:
+            # Which kind, and a few of each: a count alone cannot tell a broken promise from
+            # a check made while the log lags Redis (docs/performance.md, twelfth session).
+            kinds = collections.Counter(line.split(":", 1)[0] for line in violations)
+            print(f"  checker: {len(violations)} violations by kind {dict(kinds)}",
+                  file=sys.stderr)
+            for kind in kinds:
+                for line in [v for v in violations if v.startswith(kind + ":")][:3]:
+                    print(f"    {line}", file=sys.stderr)
+        return {"violations": len(violations),
                 "double_booked_hosts": report.double_booked_hosts}
 
     async def __aexit__(self, *exc: object) -> None:
