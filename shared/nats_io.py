@@ -258,17 +258,11 @@ class Client(NATS):
             return False
         handler = self._handlers.get(sid)
         if handler is not None:
-            self.stats["in_msgs"] += 1
-            self.stats["in_bytes"] += len(data)
-            sub._received += 1
+            self._count_in(sub, data)
             # As nats-py: a block of no headers is None.
             hdr = self._parse_header_lines(headers[len(_PLAIN_HEADERS):]) or None \
                 if headers is not None else None
-            try:
-                handler(self._build_message(sid, subject, reply, data, hdr))
-            except Exception:
-                log.exception("the handler of a message on %s failed",
-                              subject.decode(errors="replace"))
+            self._call_handler(handler, sid, subject, reply, data, hdr)
             return True
         take = self._streams.get(sub)
         if take is None:
@@ -283,9 +277,7 @@ class Client(NATS):
         seq = int(tokens[5])
         if not take(seq, subject, data, headers):
             return False
-        self.stats["in_msgs"] += 1
-        self.stats["in_bytes"] += len(data)
-        sub._received += 1
+        self._count_in(sub, data)
         # nats-py's own steps for an ordered consumer's data message.
         jsi._active = True
         jsi._dseq = dseq + 1
@@ -309,10 +301,18 @@ class Client(NATS):
         sub = self._subs.get(sid)
         if sub is None:
             return
+        self._count_in(sub, data)
+        hdr = await self._process_headers(headers) if headers else None
+        self._call_handler(handler, sid, subject, reply, data, hdr)
+
+    def _count_in(self, sub: Subscription, data: bytes) -> None:
+        """nats-py's counting of a message delivered, for one handled here."""
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
         sub._received += 1
-        hdr = await self._process_headers(headers) if headers else None
+
+    def _call_handler(self, handler: Callable[[Msg], None], sid: int, subject: bytes,
+                      reply: bytes, data: bytes, hdr: dict[str, str] | None) -> None:
         try:
             handler(self._build_message(sid, subject, reply, data, hdr))
         except Exception:
@@ -633,14 +633,23 @@ class RawEvent:
         log.error("event %d on %s refused, skipped: %s", self.seq, self.subject, exc)
 
 
+def _ack_tokens(msg: Msg) -> list[str] | None:
+    """The tokens of a JetStream message's reply subject in its 9-token form; None for any
+    other (nats-py's `msg.metadata` reads those)."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return tokens
+    return None
+
+
 def stream_seq(msg: Msg) -> int:
     """A JetStream message's stream sequence, read from its reply subject: nats-py's
     `msg.metadata` builds two dataclasses and a datetime per message, a tenth of a
     catching-up dashboard's CPU. Replies are "$JS.ACK.<stream>.<consumer>.<delivered>.
     <stream seq>...." (9 tokens) or, from servers that name a domain and account,
     "$JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<stream seq>...."."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+    tokens = _ack_tokens(msg)
+    if tokens is not None:
         return int(tokens[5])
     return msg.metadata.sequence.stream  # nats-py's reading, and its error for a non-JS one
 
@@ -653,8 +662,8 @@ def stored_ns(msg: Msg) -> int:
     as nats-py's `msg.metadata.timestamp` gives it (job ids are derived from it, so it must
     not change), read from the reply subject as `stream_seq` reads the sequence; 0 if the
     server gave none."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+    tokens = _ack_tokens(msg)
+    if tokens is not None:
         stamp: datetime.datetime | None = datetime.datetime.fromtimestamp(
             int(tokens[7]) / 1_000_000_000.0, datetime.UTC)
     else:
