@@ -5,6 +5,8 @@ own observers), apart from any fold.
     .venv/bin/python bench/follow.py             # 100,000 events (a W1 of ~16,000 tasks)
     .venv/bin/python bench/follow.py --events 20000
     .venv/bin/python bench/follow.py --raw       # the messages alone, not decoded or checked
+    .venv/bin/python bench/follow.py --durable   # as the dashboard reads: a durable pull
+                                                 # consumer (DurableEventFeed), not decoded
 
 A real nats-server is filled with the benchmark history of bench/dashboard.py (submits,
 assignments, reports), each message with the headers services give it (a dedup id and a
@@ -26,6 +28,7 @@ from pathlib import Path
 from dashboard import history  # bench/dashboard.py, beside this script
 
 from berth.shared import nats_io, servers
+from berth.shared.durable_feed import DurableEventFeed
 
 
 async def fill(server: servers.ServerProcess, events: list[tuple[str, bytes]]) -> int:
@@ -63,21 +66,42 @@ async def read_all(server: servers.ServerProcess, last: int, raw: bool) -> dict[
             "events_per_s": round(last / wall)}
 
 
+async def read_durable(server: servers.ServerProcess, last: int) -> dict[str, float]:
+    nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
+    feed = DurableEventFeed(nc.jetstream(), "bench-follow")
+    batches = feed.batches(0)
+    cpu, wall = time.process_time(), time.perf_counter()
+    async for batch in batches:
+        await feed.ack()
+        if batch[-1].seq >= last:
+            break
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    await batches.aclose()
+    await nc.close()
+    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+            "cpu_us_per_event": round(1e6 * cpu / last, 1),
+            "events_per_s": round(last / wall)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--raw", action="store_true",
                         help="follow_raw_events: the transport alone, no decode or check")
+    parser.add_argument("--durable", action="store_true",
+                        help="the dashboard's durable pull consumer, not decoded")
     args = parser.parse_args()
     events = history(max(10, args.events // 4), 10)[:args.events]
     with tempfile.TemporaryDirectory(prefix="berth-follow-") as tmp:
         server = servers.start_nats(Path(tmp))
         try:
             last = asyncio.run(fill(server, events))
-            result = asyncio.run(read_all(server, last, args.raw))
+            result = asyncio.run(read_durable(server, last) if args.durable
+                                 else read_all(server, last, args.raw))
         finally:
             server.stop()
-    name = "follow_raw_events" if args.raw else "follow_events"
+    name = ("durable_feed" if args.durable else
+            "follow_raw_events" if args.raw else "follow_events")
     print(json.dumps({"benchmark": name, "events": last, **result}))
 
 

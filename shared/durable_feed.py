@@ -19,12 +19,32 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from berth.shared import pull_fetch, subjects
-from berth.shared.nats_io import RawEvent, raw_event, stream_seq
+from berth.shared import subjects
+from berth.shared.nats_io import NO_HEADERS, RawEvent, WireHeaders, raw_event
+from berth.shared.pull_fetch import PullReader
+
+# An event as read, with the reply subject that acknowledges it (and, the consumer
+# acknowledging all, every event before it).
+Pulled = tuple[RawEvent, str]
 
 log = logging.getLogger(__name__)
 
 CONSUMER_IDLE_LIMIT = 24 * 3600.0
+ACK_TIMEOUT = 1.0  # nats-py's for `Msg.ack_sync`
+
+
+def _pulled(msg: Msg) -> Pulled:
+    return raw_event(msg), msg.reply
+
+
+def _taken(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> Pulled | None:
+    """An event as the client reads it; None for a reply of another form than
+    "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...." (nats-py reads those)."""
+    tokens = reply.split(b".")
+    if len(tokens) != 9 or tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        return None
+    return RawEvent(int(tokens[5]), data, WireHeaders(headers) if headers else NO_HEADERS,
+                    subject.decode()), reply.decode()
 
 
 class DurableEventFeed:
@@ -39,7 +59,8 @@ class DurableEventFeed:
         self.fetch_wait = fetch_wait
         self.resumed = False  # the last open bound to the consumer as it stood
         self._sub: JetStreamContext.PullSubscription | None = None
-        self._unacked: Msg | None = None
+        self._reader: PullReader[Pulled] | None = None
+        self._unacked = ""  # the reply subject of the last event passed on, if not acked
 
     async def open(self, after_seq: int) -> None:
         try:
@@ -71,7 +92,8 @@ class DurableEventFeed:
                 inactive_threshold=CONSUMER_IDLE_LIMIT,
             ))
         self._sub = await self.js.pull_subscribe_bind(self.name, stream=subjects.EVENTS_STREAM)
-        self._unacked = None
+        self._reader = PullReader(self._sub, _pulled, _taken)
+        self._unacked = ""
         log.info("events consumer %s %s after sequence %d", self.name,
                  "resumed" if self.resumed else "created", after_seq)
 
@@ -82,9 +104,9 @@ class DurableEventFeed:
         expected = after_seq + 1
         reopened_at: int | None = None
         while True:
-            assert self._sub is not None
+            assert self._reader is not None
             try:
-                msgs = await pull_fetch.fetch(self._sub, self.batch, self.fetch_wait)
+                pulled = await self._reader.fetch(self.batch, self.fetch_wait)
             except TimeoutError:  # nothing new (nats-py raises the builtin one too)
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
@@ -94,8 +116,8 @@ class DurableEventFeed:
                 await self._reopen(expected - 1)
                 continue
             batch: list[RawEvent] = []
-            for msg in msgs:
-                seq = stream_seq(msg)
+            for raw, reply in pulled:
+                seq = raw.seq
                 if seq < expected:
                     continue  # a redelivery of something already passed on
                 if seq > expected and await self._purged(expected, seq):
@@ -109,8 +131,8 @@ class DurableEventFeed:
                 elif seq > expected:
                     log.warning("events %d..%d are not in the stream; going on", expected,
                                 seq - 1)
-                batch.append(raw_event(msg, seq))
-                self._unacked = msg
+                batch.append(raw)
+                self._unacked = reply
                 expected = seq + 1
             if batch:
                 yield batch
@@ -127,15 +149,18 @@ class DurableEventFeed:
         return msg.seq is not None and msg.seq >= delivered
 
     async def ack(self) -> None:
-        if self._unacked is not None:
+        if self._unacked:
             # Confirmed by the server (one round trip per batch), so the position is known
-            # when a clean stop saves the state beside it.
-            await self._unacked.ack_sync()
-            self._unacked = None
+            # when a clean stop saves the state beside it. As nats-py's `Msg.ack_sync` (an
+            # empty request: an acknowledgement).
+            await self.js._nc.request(self._unacked, timeout=ACK_TIMEOUT)
+            self._unacked = ""
 
     async def _reopen(self, after_seq: int) -> None:
         while True:
             try:
+                if self._reader is not None:
+                    self._reader.close()
                 if self._sub is not None:
                     await self._sub.unsubscribe()
             except nats.errors.Error:

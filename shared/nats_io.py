@@ -16,7 +16,7 @@ import time
 import types
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import nats
@@ -151,6 +151,16 @@ def auth_options(creds: Credentials | None) -> dict[str, Any]:
 # subject, payload, raw headers. False: no room, nats-py is to queue it.
 StreamTaker = Callable[[int, bytes, bytes, bytes | None], bool]
 
+class PullTaker(Protocol):
+    """What `Client.take_pull` hands a pull subscription's messages to."""
+
+    def take(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> bool:
+        """A data message as read; False: nats-py is to queue it."""
+
+    def queued(self) -> None:
+        """nats-py queued a message of the subscription (a status, or one not taken)."""
+
+
 # A header block with no status line: what every data message of a stream carries.
 _PLAIN_HEADERS = b"NATS/1.0\r\n"
 
@@ -217,6 +227,7 @@ class Client(NATS):
         self._ps = FastParser(self)
         self._handlers: dict[int, Callable[[Msg], None]] = {}
         self._streams: dict[Subscription, StreamTaker] = {}
+        self._pulls: dict[Subscription, PullTaker] = {}
 
     async def subscribe_now(self, subject: str, handler: Callable[[Msg], None]
                             ) -> Subscription:
@@ -246,6 +257,17 @@ class Client(NATS):
     def release_stream(self, psub: JetStreamContext.PushSubscription) -> None:
         self._streams.pop(psub._sub, None)
 
+    def take_pull(self, sub: Subscription, taker: PullTaker) -> None:
+        """Hands the data messages of a pull subscription's inbox `sub` to `taker` as they
+        are read, while nats-py's queue for it is empty (so they never overtake one queued);
+        status messages, and a message `taker` refuses, are queued as nats-py does, and
+        `taker.queued()` is told. Requires `TAKES_STREAMS`. Undone when `sub` is
+        unsubscribed."""
+        self._pulls[sub] = taker
+
+    def release_pull(self, sub: Subscription) -> None:
+        self._pulls.pop(sub, None)
+
     def _take_now(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                   headers: bytes | None) -> bool:
         """Hands a message to its `subscribe_now` handler or `take_stream` taker in the read
@@ -266,7 +288,12 @@ class Client(NATS):
             return True
         take = self._streams.get(sub)
         if take is None:
-            return False
+            pull = self._pulls.get(sub)
+            if pull is None or not sub._pending_queue.empty() \
+                    or not pull.take(subject, reply, data, headers):
+                return False
+            self._count_in(sub, data)
+            return True
         tokens = reply.split(b".")
         if len(tokens) != 9 or tokens[0] != b"$JS" or tokens[1] != b"ACK":
             return False  # a flow-control request, or a reply form nats-py reads itself
@@ -297,6 +324,11 @@ class Client(NATS):
         handler = self._handlers.get(sid)
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            if self._pulls:
+                sub = self._subs.get(sid)
+                pull = self._pulls.get(sub) if sub is not None else None
+                if pull is not None:
+                    pull.queued()
             return
         sub = self._subs.get(sid)
         if sub is None:
@@ -321,6 +353,11 @@ class Client(NATS):
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         # Unsubscribed: the handler goes too (a leader's holds its whole term's state).
         self._handlers.pop(sid, None)
+        sub = self._subs.get(sid)
+        if sub is not None:
+            # Not `_streams`: nats-py moves an ordered consumer's subscription object to a
+            # new sid this way, and its taker goes on.
+            self._pulls.pop(sub, None)
         super()._remove_sub(sid, max_msgs)
 
     @staticmethod

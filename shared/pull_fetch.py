@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+
+from berth.shared import nats_io
+
+T = TypeVar("T")
 
 # The statuses that end a pull request without an error (nats-py's "temporary" ones).
 _REQUEST_OVER = (api.StatusCode.NO_MESSAGES, api.StatusCode.REQUEST_TIMEOUT,
@@ -43,61 +48,145 @@ async def fetch(psub: JetStreamContext.PullSubscription, batch: int,
     """Up to `batch` messages: those the stream has now, or else the first to arrive within
     `wait` seconds and any that came with it. Raises TimeoutError when none came, and
     nats-py's APIError for a status that is not the end of a request (a deleted consumer)."""
-    inside = _internals(psub)
-    if inside is None:
+    if _internals(psub) is None:
         return await psub.fetch(batch, timeout=wait)
-    sub, queue, request_subject, inbox = inside
-    # Messages of an earlier request that outlived its fetch are taken first.
-    msgs: list[Msg] = []
-    _take_queued(sub, queue, msgs, batch)
-    if len(msgs) >= batch:
-        return msgs
-    loop = asyncio.get_running_loop()
-    for lingering in (False, True):
-        if lingering and msgs:
-            return msgs
-        request: dict[str, Any] = {"batch": batch - len(msgs)}
-        if lingering:
-            request["expires"] = int(wait * 1e9)
-        else:
-            request["no_wait"] = True
-        await psub._nc.publish(request_subject, json.dumps(request).encode(), inbox)
-        deadline = loop.time() + wait
-        while len(msgs) < batch:
-            if queue.empty():
-                if lingering and msgs:
-                    return msgs  # the first came: do not wait for the batch to fill
+    return await PullReader(psub, _as_is).fetch(batch, wait)
+
+
+def _as_is(msg: Msg) -> Msg:
+    return msg
+
+
+# A data message as `Client.take_pull` hands it over (subject, reply, payload, raw headers),
+# made into a reader's item; None: not one this reader takes (nats-py queues it).
+MakeItem = Callable[[bytes, bytes, bytes, bytes | None], T | None]
+
+
+class PullReader(Generic[T]):
+    """Batches from one pull subscription, each message made into an item of type `T`:
+    by `convert` from nats-py's `Msg`, or, given `make` and berth's client, by `make` from
+    the message as the client reads it (`nats_io.Client.take_pull`), without a `Msg`, its
+    headers parsed, or nats-py's queue (a third of a catching-up dashboard's CPU per
+    event, docs/performance.md). Status messages still go through nats-py's queue, read
+    here after the data taken before them, so the batches are the same either way.
+    `close()` before unsubscribing."""
+
+    def __init__(self, psub: JetStreamContext.PullSubscription, convert: Callable[[Msg], T],
+                 make: MakeItem[T] | None = None) -> None:
+        inside = _internals(psub)
+        if inside is None:
+            raise TypeError("a nats-py pull subscription without the members read here")
+        self._psub = psub
+        self._sub, self._queue, self._request_subject, self._inbox = inside
+        self._convert = convert
+        self._make = make
+        self._taken: list[T] = []
+        self._waiter: asyncio.Future[None] | None = None  # the fetch waiting for a message
+        client = psub._nc
+        self._client = client if make is not None and nats_io.TAKES_STREAMS \
+            and isinstance(client, nats_io.Client) else None
+        if self._client is not None:
+            self._client.take_pull(self._sub, self)
+
+    @property
+    def taking(self) -> bool:
+        """Whether the client hands this reader its data messages as it reads them."""
+        return self._client is not None
+
+    def take(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> bool:
+        assert self._make is not None
+        item = self._make(subject, reply, data, headers)
+        if item is None:
+            return False
+        self._taken.append(item)
+        if self._waiter is not None:
+            self.queued()
+        return True
+
+    def queued(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.release_pull(self._sub)
+            self._client = None
+
+    async def fetch(self, batch: int, wait: float) -> list[T]:
+        """As the module's `fetch`, in items."""
+        # Messages of an earlier request that outlived its fetch are taken first.
+        items: list[T] = []
+        self._take_ready(items, batch, None)
+        if len(items) >= batch:
+            return items
+        loop = asyncio.get_running_loop()
+        for lingering in (False, True):
+            if lingering and items:
+                return items
+            request: dict[str, Any] = {"batch": batch - len(items)}
+            if lingering:
+                request["expires"] = int(wait * 1e9)
+            else:
+                request["no_wait"] = True
+            await self._psub._nc.publish(self._request_subject, json.dumps(request).encode(),
+                                         self._inbox)
+            deadline = loop.time() + wait
+            while len(items) < batch:
+                if self._take_ready(items, batch, lingering):
+                    break  # the server ended the request
+                if len(items) >= batch:
+                    break
+                if lingering and items:
+                    return items  # the first came: do not wait for the batch to fill
                 left = deadline - loop.time()
                 if left <= 0:
                     break
                 try:
                     async with asyncio.timeout(left):  # in this task: no task per wait
-                        msg = await queue.get()
+                        if self._client is not None:
+                            self._waiter = loop.create_future()
+                            try:
+                                await self._waiter
+                            finally:
+                                self._waiter = None
+                        else:
+                            msg = await self._queue.get()
+                            if self._read_queued(msg, items, lingering):
+                                break
                 except TimeoutError:
                     break
-            else:
-                msg = queue.get_nowait()
-            sub._pending_size -= len(msg.data)
-            status = JetStreamContext.is_status_msg(msg)
-            if not status:
-                msgs.append(msg)
-            elif status in _REQUEST_OVER:
-                if lingering:
-                    # Perhaps the end of an earlier fetch's request, which outlived it (its
-                    # expiry came after that fetch stopped waiting): this one's own ends at
-                    # the deadline, which the wait above keeps.
-                    continue
-                break
-            elif status != api.StatusCode.CONTROL_MESSAGE:  # an idle heartbeat: skipped
-                raise nats.js.errors.APIError.from_msg(msg)
-    if not msgs:
-        raise TimeoutError
-    return msgs
+        if not items:
+            raise TimeoutError
+        return items
 
+    def _take_ready(self, items: list[T], batch: int, lingering: bool | None) -> bool:
+        """Moves what has arrived into `items`, in order (what was taken, then the queue:
+        a message is taken only while the queue is empty, so every one queued is newer),
+        up to `batch`. True: a status ended this request. `lingering` None: no request of
+        this fetch is out yet, so statuses are of earlier ones and skipped."""
+        taken = self._taken
+        if taken:
+            room = batch - len(items)
+            items.extend(taken[:room])
+            del taken[:room]
+        while len(items) < batch and not self._queue.empty():
+            if self._read_queued(self._queue.get_nowait(), items, lingering):
+                return True
+        return False
 
-def _take_queued(sub: Any, queue: asyncio.Queue[Msg], msgs: list[Msg], batch: int) -> None:
-    while len(msgs) < batch and not queue.empty():
-        msg = queue.get_nowait()
-        sub._pending_size -= len(msg.data)
-        if not JetStreamContext.is_status_msg(msg):
-            msgs.append(msg)
+    def _read_queued(self, msg: Msg, items: list[T], lingering: bool | None) -> bool:
+        self._sub._pending_size -= len(msg.data)
+        status = JetStreamContext.is_status_msg(msg)
+        if not status:
+            items.append(self._convert(msg))
+        elif lingering is None or status == api.StatusCode.CONTROL_MESSAGE:
+            pass  # an earlier request's end, or an idle heartbeat
+        elif status in _REQUEST_OVER:
+            # Lingering: perhaps the end of an earlier fetch's request, which outlived it
+            # (its expiry came after that fetch stopped waiting): this one's own ends at the
+            # deadline, which the wait keeps.
+            return not lingering
+        else:
+            raise nats.js.errors.APIError.from_msg(msg)
+        return False
