@@ -56,6 +56,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from procstat import cpu_by_process, cpu_seconds, cpu_used, status_mib  # bench/procstat.py
+from sigterm import tear_down_on_sigterm  # bench/sigterm.py
 
 from berth.shared import nats_io, redis_auth, redis_io, redis_keys, subjects
 from berth.shared.checker import check_cluster
@@ -841,6 +842,7 @@ def main() -> None:
                         help="processes the simulated hosts are spread over (default: 1 "
                         "below 8 cores, else one per 4 cores, at most 4)")
     args = parser.parse_args()
+    tear_down_on_sigterm()
     Cluster.nats_nodes = args.nats_nodes
     Cluster.sim_procs = args.sim_procs
     Cluster.profile = args.profile

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sigterm import tear_down_on_sigterm  # bench/sigterm.py, beside this script
+
 from berth.client import publish_submit
 from berth.shared import nats_io, servers
 from berth.shared.lifecycle import ClusterState
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
+    tear_down_on_sigterm()
     with tempfile.TemporaryDirectory() as tmp:
         stack = start_stack(Path(tmp), workers=args.workers)
         try:

@@ -824,20 +824,21 @@ class ClusterState:
         else:
             bisect.insort(task.attempts, attempt, key=lambda a: a.attempt_id)
         key = attempt_key(event.job_id, event.task_index, event.attempt_id)
-        worker.used = worker.used + job.spec.resources.amounts
+        spec = job.spec
+        amounts = spec.resources.amounts  # a property that builds it: read once
+        worker.used = worker.used + amounts
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         self._worker_changed(worker.worker_id)
-        rank = job.spec.priority.rank
+        rank = spec.priority.rank
         self.live_by_rank[rank] = self.live_by_rank.get(rank, 0) + 1
-        spec = job.spec
-        limit_rules.take(self.usage, spec.user, spec.resources.amounts, spec.tokens)
+        limit_rules.take(self.usage, spec.user, amounts, spec.tokens)
         version = self.limit_versions.get(event.limits_seq, self.limits)
         self.over_limits += [f"{key}: {why}" for why in limit_rules.over_limits(
-            version, self.usage, spec.user, spec.resources.amounts, spec.tokens)]
+            version, self.usage, spec.user, amounts, spec.tokens)]
         user = self.recent_use.get(spec.user)
         if user is None:
             user = self.recent_use[spec.user] = recent.UserUsage()
-        recent.attempt_started(user, spec.resources.amounts, event.ts, self.usage_half_life)
+        recent.attempt_started(user, amounts, event.ts, self.usage_half_life)
         for port in event.ports.values():
             worker.ports_used[port] = key
         for index in event.devices:
@@ -1113,11 +1114,12 @@ class ClusterState:
         key = attempt_key(job_id, task_index, attempt.attempt_id)
         if worker is not None and worker.live_attempts.pop(key, None) is not None:
             spec = self.jobs[job_id].spec
-            worker.used = worker.used - spec.resources.amounts
+            amounts = spec.resources.amounts
+            worker.used = worker.used - amounts
             self._worker_changed(worker.worker_id)
             self.live_by_rank[spec.priority.rank] -= 1
-            limit_rules.give_back(self.usage, spec.user, spec.resources.amounts, spec.tokens)
-            recent.attempt_ended(self.recent_use[spec.user], spec.resources.amounts,
+            limit_rules.give_back(self.usage, spec.user, amounts, spec.tokens)
+            recent.attempt_ended(self.recent_use[spec.user], amounts,
                                  attempt.assigned_at, attempt.finished_at or attempt.assigned_at,
                                  self.usage_half_life)
             for port in attempt.ports.values():

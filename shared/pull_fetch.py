@@ -48,8 +48,6 @@ async def fetch(psub: JetStreamContext.PullSubscription, batch: int,
     """Up to `batch` messages: those the stream has now, or else the first to arrive within
     `wait` seconds and any that came with it. Raises TimeoutError when none came, and
     nats-py's APIError for a status that is not the end of a request (a deleted consumer)."""
-    if _internals(psub) is None:
-        return await psub.fetch(batch, timeout=wait)
     return await PullReader(psub, _as_is).fetch(batch, wait)
 
 
@@ -69,22 +67,22 @@ class PullReader(Generic[T]):
     headers parsed, or nats-py's queue (a third of a catching-up dashboard's CPU per
     event, docs/performance.md). Status messages still go through nats-py's queue, read
     here after the data taken before them, so the batches are the same either way.
-    `close()` before unsubscribing."""
+    `close()` before unsubscribing. With a nats-py that lacks the members read here, it
+    reads through nats-py's own `fetch`."""
 
     def __init__(self, psub: JetStreamContext.PullSubscription, convert: Callable[[Msg], T],
                  make: MakeItem[T] | None = None) -> None:
-        inside = _internals(psub)
-        if inside is None:
-            raise TypeError("a nats-py pull subscription without the members read here")
         self._psub = psub
-        self._sub, self._queue, self._request_subject, self._inbox = inside
+        self._inside = _internals(psub)
+        if self._inside is not None:
+            self._sub, self._queue, self._request_subject, self._inbox = self._inside
         self._convert = convert
         self._make = make
         self._taken: list[T] = []
         self._waiter: asyncio.Future[None] | None = None  # the fetch waiting for a message
         client = psub._nc
-        self._client = client if make is not None and nats_io.TAKES_STREAMS \
-            and isinstance(client, nats_io.Client) else None
+        self._client = client if make is not None and self._inside is not None \
+            and nats_io.TAKES_STREAMS and isinstance(client, nats_io.Client) else None
         if self._client is not None:
             self._client.take_pull(self._sub, self)
 
@@ -115,6 +113,8 @@ class PullReader(Generic[T]):
 
     async def fetch(self, batch: int, wait: float) -> list[T]:
         """As the module's `fetch`, in items."""
+        if self._inside is None:
+            return [self._convert(msg) for msg in await self._psub.fetch(batch, timeout=wait)]
         # Messages of an earlier request that outlived its fetch are taken first.
         items: list[T] = []
         self._take_ready(items, batch, None)

@@ -157,3 +157,18 @@ async def test_without_the_internals_messages_come_through_nats_pys_queue(
         seen += await reader.fetch(5, 1.0)
     assert seen == [(n, f"test-{n}") for n in range(1, 13)]
     assert len(by_nats_py) == 12
+
+
+async def test_a_subscription_without_the_members_read_here_uses_nats_pys_fetch(
+        nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pull_fetch, "_internals", lambda psub: None)
+    await publish_events(nc, 7)
+    sub = await pull(nc, "plain-test")
+    reader = pull_fetch.PullReader(sub, item_of_msg, item_taken)  # type: ignore[arg-type]
+    assert not reader.taking
+    assert await reader.fetch(10, 1.0) == [(n, f"test-{n}") for n in range(1, 8)]
+    await publish_events(nc, 3, first_epoch=8)
+    batch = await pull_fetch.fetch(sub, 10, 1.0)  # type: ignore[arg-type]
+    assert [stream_seq(m) for m in batch] == [8, 9, 10]
+    with pytest.raises(TimeoutError):
+        await pull_fetch.fetch(sub, 10, 0.2)  # type: ignore[arg-type]
