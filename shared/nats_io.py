@@ -717,14 +717,18 @@ def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
                     msg.headers or {}, msg.subject)
 
 
-# Messages a follower holds for its reader before the client queues the next (in its own
-# queue, up to its pending limits; past them it drops them, and the ordered consumer starts
-# again after the last one taken). A follower catching up on a long history reads the
-# socket faster than it folds, so this is reached, and then the queue's slower path runs
-# until the reader has emptied both. 100,000 here read a catch-up faster, but a leader
-# 150,000 events behind (W4 at 10,000 hosts on 2 cores) held ~70 MiB more: the memory a
-# lagging follower holds stays as it was.
-FOLLOW_BUFFER = 10_000
+# What a follower holds for its reader before the client queues the next message (in its
+# own queue, up to its pending limits; past them it drops them, and the ordered consumer
+# starts again after the last one taken): as many messages, and as many payload bytes, as
+# that queue would hold (the subscription's pending_msgs_limit below, nats-py's default
+# pending bytes). The server does not wait for a follower that falls behind (flow control
+# unanswered, it still sent all of 200,000 events), so the backlog is held here or in the
+# client's queue either way, and here it costs less: 200,000 events held 111 MiB here
+# against 181 MiB as nats-py's queued messages, and were then read at a sixth of the CPU.
+# (A buffer of 10,000, with the rest queued, was kept for a while on the strength of one
+# W4 run at 10,000 hosts; later pairs read the same peak RSS either way, docs/performance.md.)
+FOLLOW_BUFFER = 1_000_000
+FOLLOW_BUFFER_BYTES = 64 * 1024 * 1024
 FOLLOW_YIELD_EVERY = 64
 
 
@@ -760,21 +764,26 @@ async def follow_raw_events(
     arrived = asyncio.Event()
     room = asyncio.Event()
     last_seq = start_seq - 1
+    held = 0  # payload bytes in `buffer`
     client = js._nc if TAKES_STREAMS and isinstance(js._nc, Client) else None
     taken = client is not None
 
+    def full() -> bool:
+        return len(buffer) >= FOLLOW_BUFFER or held >= FOLLOW_BUFFER_BYTES
+
     def accept(raw: RawEvent) -> None:
-        nonlocal last_seq
+        nonlocal last_seq, held
         if raw.seq <= last_seq:
             return  # delivered again after a re-subscription
         last_seq = raw.seq
+        held += len(raw.data)
         buffer.append(raw)
         arrived.set()
         if drained is not None:
             drained.clear()
 
     def take(seq: int, subject: bytes, data: bytes, headers: bytes | None) -> bool:
-        if len(buffer) >= FOLLOW_BUFFER:
+        if full():
             return False  # nats-py queues it, and those after it, until the reader is here
         accept(RawEvent(seq, data, WireHeaders(headers) if headers else NO_HEADERS,
                         subject.decode()))
@@ -791,7 +800,7 @@ async def follow_raw_events(
 
     async def on_message(msg: Msg) -> None:
         # With a nats-py whose ordered consumer `take_stream` cannot read.
-        while len(buffer) >= FOLLOW_BUFFER:
+        while full():
             room.clear()
             await room.wait()
         accept(raw_event(msg))
@@ -852,7 +861,9 @@ async def follow_raw_events(
             # every FOLLOW_YIELD_EVERY messages at most (nats-py's iterator suspended on
             # every one).
             for _ in range(min(len(buffer), FOLLOW_YIELD_EVERY)):
-                yield buffer.popleft()
+                raw = buffer.popleft()
+                held -= len(raw.data)
+                yield raw
             room.set()
             await asyncio.sleep(0)
     finally:

@@ -56,9 +56,14 @@ async def test_a_followers_messages_are_taken_in_the_read_loop(
         await follower.aclose()
 
 
+@pytest.mark.parametrize("bound", ["messages", "bytes"])
 async def test_a_reader_behind_a_full_buffer_gets_the_queued_messages_in_order(
-        nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nats_io, "FOLLOW_BUFFER", 3)
+        nc: NATS, monkeypatch: pytest.MonkeyPatch, bound: str) -> None:
+    if bound == "messages":
+        monkeypatch.setattr(nats_io, "FOLLOW_BUFFER", 3)
+    else:
+        # These events' payloads are 72-74 bytes: two leave room for a third, not a fourth.
+        monkeypatch.setattr(nats_io, "FOLLOW_BUFFER_BYTES", 2 * 74 + 1)
     await publish_events(nc, 1)
     follower = nats_io.follow_raw_events(nc.jetstream(), 1)
     try:
