@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from berth.shared import subjects
-from berth.shared.nats_io import NO_HEADERS, RawEvent, WireHeaders, raw_event
+from berth.shared.nats_io import NO_HEADERS, RawEvent, WireHeaders, ack_reply_tokens, raw_event
 from berth.shared.pull_fetch import PullReader
 
 # An event as read, with the reply subject that acknowledges it (and, the consumer
@@ -40,8 +40,8 @@ def _pulled(msg: Msg) -> Pulled:
 def _taken(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> Pulled | None:
     """An event as the client reads it; None for a reply of another form than
     "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...." (nats-py reads those)."""
-    tokens = reply.split(b".")
-    if len(tokens) != 9 or tokens[0] != b"$JS" or tokens[1] != b"ACK":
+    tokens = ack_reply_tokens(reply)
+    if tokens is None:
         return None
     return RawEvent(int(tokens[5]), data, WireHeaders(headers) if headers else NO_HEADERS,
                     subject.decode()), reply.decode()

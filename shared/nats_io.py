@@ -151,6 +151,17 @@ def auth_options(creds: Credentials | None) -> dict[str, Any]:
 # subject, payload, raw headers. False: no room, nats-py is to queue it.
 StreamTaker = Callable[[int, bytes, bytes, bytes | None], bool]
 
+def ack_reply_tokens(reply: bytes) -> list[bytes] | None:
+    """The tokens of a JetStream message's reply subject as read off the wire,
+    "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<stored ns>.
+    <pending>"; None for any other form (a longer one names a domain and account: nats-py
+    reads those)."""
+    tokens = reply.split(b".")
+    if len(tokens) == 9 and tokens[0] == b"$JS" and tokens[1] == b"ACK":
+        return tokens
+    return None
+
+
 class PullTaker(Protocol):
     """What `Client.take_pull` hands a pull subscription's messages to."""
 
@@ -294,8 +305,8 @@ class Client(NATS):
                 return False
             self._count_in(sub, data)
             return True
-        tokens = reply.split(b".")
-        if len(tokens) != 9 or tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        tokens = ack_reply_tokens(reply)
+        if tokens is None:
             return False  # a flow-control request, or a reply form nats-py reads itself
         jsi = sub._jsi
         dseq = int(tokens[6])
@@ -719,16 +730,18 @@ def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
 
 # What a follower holds for its reader before the client queues the next message (in its
 # own queue, up to its pending limits; past them it drops them, and the ordered consumer
-# starts again after the last one taken): as many messages, and as many payload bytes, as
-# that queue would hold (the subscription's pending_msgs_limit below, nats-py's default
-# pending bytes). The server does not wait for a follower that falls behind (flow control
-# unanswered, it still sent all of 200,000 events), so the backlog is held here or in the
-# client's queue either way, and here it costs less: 200,000 events held 111 MiB here
-# against 181 MiB as nats-py's queued messages, and were then read at a sixth of the CPU.
+# starts again after the last one taken). The server does not wait for a follower that
+# falls behind (flow control unanswered, it still sent all of 200,000 events), so the
+# backlog is held here or in the client's queue either way, and here it costs less:
+# 200,000 events held 111 MiB here against 181 MiB as nats-py's queued messages, and were
+# then read at a sixth of the CPU. The payload bytes held here and in that queue are
+# bounded together as the queue alone was before (nats-py's default for a JetStream
+# subscription, 256 MiB), half each.
 # (A buffer of 10,000, with the rest queued, was kept for a while on the strength of one
 # W4 run at 10,000 hosts; later pairs read the same peak RSS either way, docs/performance.md.)
 FOLLOW_BUFFER = 1_000_000
-FOLLOW_BUFFER_BYTES = 64 * 1024 * 1024
+FOLLOW_BUFFER_BYTES = 128 * 1024 * 1024
+FOLLOW_QUEUE_BYTES = 128 * 1024 * 1024
 FOLLOW_YIELD_EVERY = 64
 
 
@@ -819,7 +832,8 @@ async def follow_raw_events(
             # exited attempts kept their reservations: the fault suite's nats-restart); 1 s
             # costs one small message a second per idle follower.
             idle_heartbeat=1.0,
-            pending_msgs_limit=1_000_000,
+            pending_msgs_limit=FOLLOW_BUFFER,
+            pending_bytes_limit=FOLLOW_QUEUE_BYTES,
         )
         if client is not None:
             client.take_stream(sub, take)
