@@ -742,6 +742,7 @@ def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
 FOLLOW_BUFFER = 1_000_000
 FOLLOW_BUFFER_BYTES = 128 * 1024 * 1024
 FOLLOW_QUEUE_BYTES = 128 * 1024 * 1024
+FOLLOW_QUEUE_MSGS = 1_000_000
 FOLLOW_YIELD_EVERY = 64
 
 
@@ -832,7 +833,7 @@ async def follow_raw_events(
             # exited attempts kept their reservations: the fault suite's nats-restart); 1 s
             # costs one small message a second per idle follower.
             idle_heartbeat=1.0,
-            pending_msgs_limit=FOLLOW_BUFFER,
+            pending_msgs_limit=FOLLOW_QUEUE_MSGS,
             pending_bytes_limit=FOLLOW_QUEUE_BYTES,
         )
         if client is not None:
