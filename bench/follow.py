@@ -50,33 +50,38 @@ async def fill(server: servers.ServerProcess, events: list[tuple[str, bytes]]) -
     return last
 
 
-async def read_all(server: servers.ServerProcess, last: int, raw: bool) -> dict[str, float]:
+async def read_all(server: servers.ServerProcess, last: int, how: str) -> dict[str, float]:
+    """Reads up to sequence `last`: "events" (decoded and checked), "raw" or "durable"."""
     nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
-    events: AsyncGenerator[nats_io.RawEvent | nats_io.EventRecord] = (
-        nats_io.follow_raw_events if raw else nats_io.follow_events)(nc.jetstream())
+    js = nc.jetstream()
+
+    async def sequences() -> AsyncGenerator[int]:
+        """The last sequence read, after each message or (durable) batch."""
+        if how == "durable":
+            feed = DurableEventFeed(js, "bench-follow")
+            batches = feed.batches(0)
+            try:
+                async for batch in batches:
+                    await feed.ack()
+                    yield batch[-1].seq
+            finally:
+                await batches.aclose()
+            return
+        events: AsyncGenerator[nats_io.RawEvent | nats_io.EventRecord] = (
+            nats_io.follow_raw_events if how == "raw" else nats_io.follow_events)(js)
+        try:
+            async for record in events:
+                yield record.seq
+        finally:
+            await events.aclose()
+
+    reading = sequences()
     cpu, wall = time.process_time(), time.perf_counter()
-    async for record in events:
-        if record.seq >= last:
+    async for seq in reading:
+        if seq >= last:
             break
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    await events.aclose()
-    await nc.close()
-    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
-            "cpu_us_per_event": round(1e6 * cpu / last, 1),
-            "events_per_s": round(last / wall)}
-
-
-async def read_durable(server: servers.ServerProcess, last: int) -> dict[str, float]:
-    nc = await nats_io.connect(server.url, "berth-bench", server.admin_creds())
-    feed = DurableEventFeed(nc.jetstream(), "bench-follow")
-    batches = feed.batches(0)
-    cpu, wall = time.process_time(), time.perf_counter()
-    async for batch in batches:
-        await feed.ack()
-        if batch[-1].seq >= last:
-            break
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    await batches.aclose()
+    await reading.aclose()
     await nc.close()
     return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
             "cpu_us_per_event": round(1e6 * cpu / last, 1),
@@ -96,12 +101,11 @@ def main() -> None:
         server = servers.start_nats(Path(tmp))
         try:
             last = asyncio.run(fill(server, events))
-            result = asyncio.run(read_durable(server, last) if args.durable
-                                 else read_all(server, last, args.raw))
+            how = "durable" if args.durable else "raw" if args.raw else "events"
+            result = asyncio.run(read_all(server, last, how))
         finally:
             server.stop()
-    name = ("durable_feed" if args.durable else
-            "follow_raw_events" if args.raw else "follow_events")
+    name = {"durable": "durable_feed", "raw": "follow_raw_events"}.get(how, "follow_events")
     print(json.dumps({"benchmark": name, "events": last, **result}))
 
 
