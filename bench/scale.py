@@ -247,25 +247,35 @@ class Cluster:
         self.stack: Stack = start_stack(self.data, workers=0, extra_env=env,
                                         nats_nodes=self.nats_nodes)
         self.hosts = hosts
-        if real_cpu is not None:
-            for i in range(hosts):
-                self.stack.start_worker(f"w{i}", real_cpu, 4096)
-        else:
-            shares = sim_shares(hosts, self.sim_procs or sim_processes(),
-                                _option(sim_args, "--sim-slice-size"))
-            for k, share in enumerate(shares):
-                name = "sim" if k == 0 else f"sim{k}"
-                self.stack.start_service("worker", "--id", name, "--simulate", str(share),
-                                         "--address", "127.0.0.1", *sim_args, label=name)
+        try:
+            if real_cpu is not None:
+                for i in range(hosts):
+                    self.stack.start_worker(f"w{i}", real_cpu, 4096)
+            else:
+                shares = sim_shares(hosts, self.sim_procs or sim_processes(),
+                                    _option(sim_args, "--sim-slice-size"))
+                for k, share in enumerate(shares):
+                    name = "sim" if k == 0 else f"sim{k}"
+                    self.stack.start_service("worker", "--id", name, "--simulate", str(share),
+                                             "--address", "127.0.0.1", *sim_args, label=name)
+        except BaseException:  # a SystemExit too (SIGTERM, bench/sigterm.py)
+            self.stack.stop()
+            raise
         self.nc: NATS | None = None
         self.seen = Observed()
         self._observer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Cluster:
-        self.nc = await nats_io.connect(self.stack.nats.url, "berth-bench",
-                                        self.stack.nats.admin_creds())
-        self._observer = asyncio.create_task(observe(self.nc, self.seen))
-        await self.wait_for_hosts()
+        # `async with` runs no __aexit__ for an __aenter__ that raises (hosts that never
+        # registered, a SIGTERM): the stack must still go.
+        try:
+            self.nc = await nats_io.connect(self.stack.nats.url, "berth-bench",
+                                            self.stack.nats.admin_creds())
+            self._observer = asyncio.create_task(observe(self.nc, self.seen))
+            await self.wait_for_hosts()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         return self
 
     async def wait_for_hosts(self) -> None:

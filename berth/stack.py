@@ -301,7 +301,7 @@ def start_servers(data_dir: Path, nats_port: int | None = None, redis_port: int 
         nats = servers.start_nats(data_dir, nats_port)
     try:
         redis = servers.start_redis(data_dir, redis_port, prefer_redis_on_path)
-    except Exception:
+    except BaseException:  # a SystemExit too (a benchmark's SIGTERM): nothing else stops it
         nats.stop()
         raise
     return nats, redis

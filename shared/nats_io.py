@@ -151,6 +151,7 @@ def auth_options(creds: Credentials | None) -> dict[str, Any]:
 # subject, payload, raw headers. False: no room, nats-py is to queue it.
 StreamTaker = Callable[[int, bytes, bytes, bytes | None], bool]
 
+
 def ack_reply_tokens(reply: bytes) -> list[bytes] | None:
     """The tokens of a JetStream message's reply subject as read off the wire,
     "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<stored ns>.

@@ -120,13 +120,17 @@ class ServerProcess:
         return 1
 
     def stop(self, timeout: float = 10) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc, timeout)
+
+
+def _end(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -136,6 +140,20 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 pass_fds=dir_lock.inherited_fds())
+
+
+def _spawn_listening(argv: list[str], log_path: Path, port: int,
+                     name: str) -> subprocess.Popen[bytes]:
+    """`_spawn`, then waits for it to listen on `port`. A server that does not come up, or
+    whose wait is cut short (a benchmark's SIGTERM is a SystemExit), is stopped: it runs in
+    a session of its own, so nothing else would stop it."""
+    proc = _spawn(argv, log_path)
+    try:
+        wait_for_port(port, proc, name)
+    except BaseException:
+        _end(proc)
+        raise
+    return proc
 
 
 def write_nats_users(auth: AuthDir) -> Path:
@@ -205,8 +223,7 @@ def start_nats(data_dir: Path, port: int | None = None, tls: ServerTls | None = 
     config = store / "server.conf"
     config.write_text(nats_config(port, store, users, store, tls=tls))
     argv = [nats_server_binary(), "-c", str(config)]
-    proc = _spawn(argv, data_dir / "logs" / "nats-server.log")
-    wait_for_port(port, proc, "nats-server")
+    proc = _spawn_listening(argv, data_dir / "logs" / "nats-server.log", port, "nats-server")
     scheme = "tls" if tls is not None else "nats"
     return ServerProcess("nats-server", f"{scheme}://127.0.0.1:{port}", port, proc, auth.path)
 
@@ -313,8 +330,8 @@ class NatsCluster:
         """Starts node `index` again (stopped or killed) on its own config, ports and store."""
         node = self.nodes[index]
         node.stop()
-        proc = _spawn([nats_server_binary(), "-c", str(self.configs[index])], self.logs[index])
-        wait_for_port(node.port, proc, node.name)
+        proc = _spawn_listening([nats_server_binary(), "-c", str(self.configs[index])],
+                                self.logs[index], node.port, node.name)
         node.proc = proc
         return node
 
@@ -495,9 +512,8 @@ def start_redis(
     port = port or free_port()
     users = RedisUsers.ensure(data_dir)
     config = write_redis_config(store or data_dir / "redis", port, users, replica_of)
-    proc = _spawn([redis_server_binary(prefer_path), str(config)],
-                  data_dir / "logs" / f"{name}.log")
-    wait_for_port(port, proc, name)
+    proc = _spawn_listening([redis_server_binary(prefer_path), str(config)],
+                            data_dir / "logs" / f"{name}.log", port, name)
     return RedisServer(name, f"redis://127.0.0.1:{port}/0", port, proc, users=users)
 
 

@@ -1,6 +1,6 @@
 """Two benchmark tools kept from rotting: `bench/follow.py` in each of its modes (a small run,
 its JSON line well formed; the numbers are the benchmark's to report), and a benchmark
-stopped by SIGTERM, as `timeout` stops one, leaving none of its servers running."""
+stopped by SIGTERM, as `timeout` stops one, leaving nothing it started running."""
 
 from __future__ import annotations
 
@@ -30,23 +30,30 @@ def test_the_follow_benchmark_reads_every_event_in_each_mode(flags: list[str],
     assert result["cpu_us_per_event"] > 0 and result["events_per_s"] > 0
 
 
-def servers_of(pid: int) -> set[int]:
-    """The nats-server and valkey-server processes `pid` started (its children: they run in
-    sessions of their own, but their parent is the benchmark until it ends)."""
+def children_of(pid: int) -> set[int]:
+    """The processes `pid` started: its servers (in sessions of their own, but its children
+    until it ends), services and simulated hosts."""
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             status = (entry / "status").read_text()
-            name = (entry / "comm").read_text().strip()
         except OSError:
             continue  # gone meanwhile
         parent = next(line.split()[1] for line in status.splitlines()
                       if line.startswith("PPid:"))
-        if int(parent) == pid and name in ("nats-server", "valkey-server"):
+        if int(parent) == pid:
             found.add(int(entry.name))
     return found
+
+
+def is_server(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/comm").read_text().strip()
+                in ("nats-server", "valkey-server"))
+    except OSError:
+        return False
 
 
 def alive(pid: int) -> bool:
@@ -58,25 +65,41 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_benchmark_stopped_by_sigterm_leaves_no_server_running() -> None:
-    # A W1 far longer than the test: it is stopped while it runs.
-    bench = subprocess.Popen([sys.executable, "bench/scale.py", "--only", "W1", "--hosts",
-                              "20", "--jobs", "1000000"], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_a_benchmark_stopped_by_sigterm_leaves_nothing_running(tmp_path: Path,
+                                                               when: str) -> None:
+    """Stopped as its first server comes up (the others may be starting), or once all run:
+    every process it started is stopped."""
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err_file:
+        # A W1 far longer than the test: it is stopped while it runs.
+        bench = subprocess.Popen([sys.executable, "bench/scale.py", "--only", "W1", "--hosts",
+                                  "20", "--jobs", "1000000"], cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=err_file)
+    seen: set[int] = set()
     try:
         deadline = time.monotonic() + 60
-        while len(servers := servers_of(bench.pid)) < 2:  # nats-server and valkey
-            assert bench.poll() is None, bench.communicate()[1][-3000:]
+        servers = 1 if when == "starting" else 2  # nats-server, then valkey
+        while sum(map(is_server, seen)) < servers:
+            assert bench.poll() is None, err_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "the benchmark's servers never started"
-            time.sleep(0.1)
+            seen |= children_of(bench.pid)
+            time.sleep(0.02)
+        if when == "running":
+            time.sleep(1.0)
         bench.send_signal(signal.SIGTERM)
-        _, err = bench.communicate(timeout=60)
+        while bench.poll() is None:  # anything it starts before it ends is its to stop
+            seen |= children_of(bench.pid)
+            assert time.monotonic() < deadline + 60, "the benchmark did not end"
+            time.sleep(0.02)
     finally:
         if bench.poll() is None:
             bench.kill()
+            bench.wait()
+    err = err_path.read_text()
     assert bench.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "stopped by SIGTERM: tearing down" in err
     deadline = time.monotonic() + 15
-    while (left := {pid for pid in servers if alive(pid)}) and time.monotonic() < deadline:
+    while (left := {pid for pid in seen if alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == set()
