@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from berth.shared import subjects
-from berth.shared.nats_io import NO_HEADERS, RawEvent, WireHeaders, ack_reply_tokens, raw_event
+from berth.shared.nats_io import RawEvent, ack_reply_tokens, raw_event, wire_event
 from berth.shared.pull_fetch import PullReader
 
 # An event as read, with the reply subject that acknowledges it (and, the consumer
@@ -43,8 +43,7 @@ def _taken(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> 
     tokens = ack_reply_tokens(reply)
     if tokens is None:
         return None
-    return RawEvent(int(tokens[5]), data, WireHeaders(headers) if headers else NO_HEADERS,
-                    subject.decode()), reply.decode()
+    return wire_event(int(tokens[5]), subject, data, headers), reply.decode()
 
 
 class DurableEventFeed:

@@ -720,6 +720,13 @@ def stored_ns(msg: Msg) -> int:
     return int(stamp.timestamp() * 1e9) if stamp else 0
 
 
+def wire_event(seq: int, subject: bytes, data: bytes, headers: bytes | None) -> RawEvent:
+    """A message as a taker gets it off the wire (`Client.take_stream`, `take_pull`), as
+    stored: its headers read only when asked for."""
+    return RawEvent(seq, data, WireHeaders(headers) if headers else NO_HEADERS,
+                    subject.decode())
+
+
 def raw_event(msg: Msg, seq: int | None = None) -> RawEvent:
     """`msg` as stored; `seq`: its stream sequence, if the caller has read it already."""
     # The message's own headers, not a copy: the message is dropped once read, and no
@@ -800,8 +807,7 @@ async def follow_raw_events(
     def take(seq: int, subject: bytes, data: bytes, headers: bytes | None) -> bool:
         if full():
             return False  # nats-py queues it, and those after it, until the reader is here
-        accept(RawEvent(seq, data, WireHeaders(headers) if headers else NO_HEADERS,
-                        subject.decode()))
+        accept(wire_event(seq, subject, data, headers))
         return True
 
     def take_queued(sub: JetStreamContext.PushSubscription) -> None:
