@@ -75,7 +75,12 @@ def test_kept_order_equals_the_order_built_from_scratch(
         expected = from_scratch(set(pending), held, specs, used)
         assert list(queue.ordered(used, charge)) == expected
         assert list(kept.ordered(used, charge)) == expected
-        assert kept.known == queue.known == pending.keys()
+        assert kept.keys() == queue.keys() == pending.keys()
+        assert all(kept.filed(key) and queue.filed(key) for key in pending)
+        # A job is listed (has an entry in its queue) exactly when it has a place.
+        for q in (queue, kept):
+            assert {j for queue_ in q.queues.values() for _, j in queue_.entries} == \
+                q.places.keys()
         assert {j: set(kept.tasks(j)) for j in kept.indices} == \
             {j: set(queue.tasks(j)) for j in queue.indices}
         assert {j: set(queue.tasks(j)) for j in queue.indices} == {

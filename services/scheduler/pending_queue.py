@@ -63,7 +63,9 @@ class _Queue:
 class PendingQueue:
     """What it keeps per waiting job is what W4's peak memory is made of (every job of a
     burst waits at once): a job of one pending task keeps its index as a plain int (a set
-    of one is 216 bytes), and a job's place is its queue's key, one tuple per queue."""
+    of one is 216 bytes), and a job's place is its queue's key, one tuple per queue. Two
+    dicts keyed by job say all it knows of a job; a set beside them, of the filed keys or
+    of the listed jobs, was ~160 bytes more per waiting job."""
 
     def __init__(self, need_of: Callable[[str], tuple[Amounts, bool] | None] | None = None
                  ) -> None:
@@ -73,37 +75,42 @@ class PendingQueue:
         self.needs: Counter[Amounts] = Counter()  # jobs with a task pending, by need
         self.gangs = 0  # gangs with a task pending
         self.needs_known = need_of is not None
-        self.known: set[Key] = set()
         # Job -> its pending task index, or a set of them when more than one is pending; a
-        # job is here while one is pending. Read it with `tasks`.
+        # job is here while one is pending. Read it with `tasks` and `filed`.
         self.indices: dict[str, int | set[int]] = {}
-        # Job -> the (band, user) of its queue, for a job with an entry in it.
+        # Job -> the (band, user) of its queue, for a job with an entry in it, live or not.
         self.places: dict[str, tuple[int, str]] = {}
         self.queues: dict[tuple[int, str], _Queue] = {}
-        self.listed: set[str] = set()  # jobs with an entry in their queue, live or not
 
     def tasks(self, job_id: str) -> Collection[int]:
         """The pending task indices of a job with any pending (not to be changed)."""
         filed = self.indices[job_id]
         return (filed,) if isinstance(filed, int) else filed
 
+    def filed(self, key: Key) -> bool:
+        """Whether (job id, task index) is filed as pending."""
+        filed = self.indices.get(key[0])
+        if filed is None:
+            return False
+        return filed == key[1] if isinstance(filed, int) else key[1] in filed
+
+    def keys(self) -> set[Key]:
+        """Every filed (job id, task index): what `pending` held at the last sync."""
+        return {(job_id, index) for job_id in self.indices for index in self.tasks(job_id)}
+
     def sync(self, pending: Mapping[Key, object], place_of: Callable[[str], Place]) -> None:
         """Files what changed in `pending` (ClusterState.pending) since the last call."""
-        keys = pending.keys()
-        added = keys - self.known
-        removed = self.known - keys
-        self.known -= removed
-        self.known |= added
+        filed = self.filed
+        added = [key for key in pending if not filed(key)]
+        removed = [key for key in self.keys() if key not in pending]
         self._refile(added, removed, place_of)
 
     def apply(self, changes: Mapping[Key, bool], place_of: Callable[[str], Place]) -> None:
         """Files the changes to `pending` since the last call (ClusterState.pending_changes:
         True entered, False left): the same as `sync`, at the cost of the changes alone."""
-        known = self.known
-        added = [key for key, now in changes.items() if now and key not in known]
-        removed = [key for key, now in changes.items() if not now and key in known]
-        known.difference_update(removed)
-        known.update(added)
+        filed = self.filed
+        added = [key for key, now in changes.items() if now and not filed(key)]
+        removed = [key for key, now in changes.items() if not now and filed(key)]
         self._refile(added, removed, place_of)
 
     def _refile(self, added: Iterable[Key], removed: Iterable[Key],
@@ -176,13 +183,12 @@ class PendingQueue:
         queue = self.queues.get(name)
         if queue is None:
             queue = self.queues[name] = _Queue(name)
-        self.places[job_id] = queue.name
         queue.live += 1
         entry = (place.seq, job_id)
         at = bisect.bisect_left(queue.entries, entry)
-        if job_id not in self.listed:
+        if job_id not in self.places:  # not listed yet (a requeued task's job may be)
             queue.entries.insert(at, entry)  # at the end, unless it is a requeued task's
-            self.listed.add(job_id)
+            self.places[job_id] = queue.name
         queue.start = min(queue.start, at)
 
     def _compact(self, queue: _Queue) -> None:
@@ -191,7 +197,6 @@ class PendingQueue:
             if entry[1] in self.indices:
                 kept.append(entry)
             else:  # filed afresh (place_of) if a task of it waits again
-                self.listed.discard(entry[1])
                 self.places.pop(entry[1], None)
         queue.entries = kept
         queue.start = 0
@@ -203,7 +208,6 @@ class PendingQueue:
             i += 1
         if i > 4096 and i > len(entries) // 2:  # a consumed front: drop it
             for _, job_id in entries[:i]:
-                self.listed.discard(job_id)
                 self.places.pop(job_id, None)
             del entries[:i]
             i = 0
