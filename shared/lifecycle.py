@@ -9,8 +9,10 @@ out (release a reservation, kill a process); a pure projection ignores them.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import deque
 from dataclasses import dataclass
+from typing import Generic, TypeVar, overload
 
 import msgspec
 
@@ -107,11 +109,11 @@ class AttemptView(msgspec.Struct, kw_only=True, gc=False):
     usage: ResourceUse | None = None  # what its process tree used, from its exit report
 
 
-class TaskView(msgspec.Struct, kw_only=True, gc=False):
-    job_id: str
-    index: int
-    state: TaskState = S.PENDING
-    attempts: list[AttemptView] = []
+class TaskMore(msgspec.Struct, kw_only=True, gc=False):
+    """What a task keeps only once it is retried, preempted, resumed, refused or voided:
+    most tasks never are, and every fold keeps every task (docs/performance.md, "A task's
+    rare fields"). TaskView reads and writes these as its own attributes."""
+
     failure_count: int = 0
     preemption_count: int = 0
     # Runtime timeouts of a resumable task that were retried (its `max_resumes` budget).
@@ -119,12 +121,6 @@ class TaskView(msgspec.Struct, kw_only=True, gc=False):
     # Brought down because another gang member failed terminally: finished, whatever its
     # own counters say (they count only its own attempts).
     stopped_with_gang: bool = False
-    exit_code: int | None = None
-    error: str = ""
-    pending_reason: str = ""
-    # When the task last became PENDING (submission or retry): scheduling_timeout counts
-    # from here, so a retried task gets the full timeout again (after its backoff, if any).
-    pending_since: float = 0.0
     # Under the job's retry policy (task_rules.retry_plan), all from event timestamps in
     # the log: its retries so far (the backoff's exponent), when its retry window opened,
     # and the time before which it may not be placed (0: none). A new leader derives the
@@ -139,6 +135,66 @@ class TaskView(msgspec.Struct, kw_only=True, gc=False):
     # command may have reached a worker, which never starts an attempt key twice, so no
     # later attempt may take that id (docs/reliability.md, "Late assignments").
     burned_attempt_id: int = -1
+
+
+_NO_MORE = TaskMore()  # read-only: what a task without its own TaskMore reads
+T = TypeVar("T")
+
+
+class _More(Generic[T]):
+    """A TaskView attribute kept in its TaskMore: reads the default until one is set. Some
+    are read for every assignment, so the default and the getter are looked up once."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.default: T = getattr(_NO_MORE, name)
+        self.get = operator.attrgetter(name)
+
+    @overload
+    def __get__(self, task: None, owner: type) -> _More[T]: ...
+    @overload
+    def __get__(self, task: TaskView, owner: type) -> T: ...
+    def __get__(self, task: TaskView | None, owner: type) -> T | _More[T]:
+        if task is None:
+            return self
+        more = task.more
+        if more is None:
+            return self.default
+        value: T = self.get(more)
+        return value
+
+    def __set__(self, task: TaskView, value: T) -> None:
+        more = task.more
+        if more is None:
+            if value == self.default:
+                return  # the default: nothing to keep
+            more = task.more = TaskMore()
+        setattr(more, self.name, value)
+
+
+class TaskView(msgspec.Struct, kw_only=True, gc=False):
+    job_id: str
+    index: int
+    state: TaskState = S.PENDING
+    attempts: list[AttemptView] = []
+    exit_code: int | None = None
+    error: str = ""
+    pending_reason: str = ""
+    # When the task last became PENDING (submission or retry): scheduling_timeout counts
+    # from here, so a retried task gets the full timeout again (after its backoff, if any).
+    pending_since: float = 0.0
+    more: TaskMore | None = None  # its rare fields, once one is set (TaskMore)
+
+    failure_count = _More[int]()
+    preemption_count = _More[int]()
+    resume_count = _More[int]()
+    stopped_with_gang = _More[bool]()
+    retries = _More[int]()
+    retry_since = _More["float | None"]()
+    retry_at = _More[float]()
+    retries_ended = _More[bool]()
+    refused_reports = _More["tuple[str, ...]"]()
+    burned_attempt_id = _More[int]()
 
     @property
     def key(self) -> tuple[str, int]:

@@ -24,7 +24,7 @@ from berth.shared.usage import FairShare, UserUsage
 
 # Bumped whenever the saved shape or the fold's meaning changes: an older snapshot is then
 # ignored and the projection rebuilds from sequence 1.
-FORMAT = 13
+FORMAT = 14
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

@@ -73,8 +73,8 @@ def test_reports_lost_and_applied_twice_are_counted() -> None:
                 AttemptView(attempt_id=2, worker_id="w", incarnation="i", exited=True,
                             worker_failure=True)]
     state.jobs["j1-a"] = JobView(job_id="j1-a", spec=spec, submit_seq=1, submitted_at=0,
-                                 tasks=[TaskView(job_id="j1-a", index=0, attempts=attempts,
-                                                 failure_count=2)])
+                                 tasks=[TaskView(job_id="j1-a", index=0, attempts=attempts)])
+    state.jobs["j1-a"].tasks[0].failure_count = 2
     reports = {"j1-a/0/0": {TaskState.FAILED, TaskState.SUCCEEDED}}
     # Attempt 1 never confirmed gone: lost. Attempt 0 reported two ends, and the task
     # counts two failures for one failed attempt: twice, twice.
