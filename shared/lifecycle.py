@@ -111,8 +111,8 @@ class AttemptView(msgspec.Struct, kw_only=True, gc=False):
 
 class TaskMore(msgspec.Struct, kw_only=True, gc=False):
     """What a task keeps only once it is retried, preempted, resumed, refused or voided:
-    most tasks never are, and every fold keeps every task (docs/performance.md, "A task's
-    rare fields"). TaskView reads and writes these as its own attributes."""
+    most tasks never are, and every fold keeps every task (docs/performance.md, "What a
+    waiting and a finished job cost"). TaskView reads and writes these as its own attributes."""
 
     failure_count: int = 0
     preemption_count: int = 0
