@@ -79,7 +79,10 @@ def test_kept_order_equals_the_order_built_from_scratch(
         assert all(kept.filed(key) and queue.filed(key) for key in pending)
         # A job is listed (has an entry in its queue) exactly when it has a place.
         for q in (queue, kept):
-            assert {j for queue_ in q.queues.values() for _, j in queue_.entries} == \
+            assert all(list(zip(queue_.seqs, queue_.jobs, strict=True)) ==
+                       sorted(zip(queue_.seqs, queue_.jobs, strict=True))
+                       for queue_ in q.queues.values())
+            assert {j for queue_ in q.queues.values() for j in queue_.jobs} == \
                 q.places.keys()
         assert {j: set(kept.tasks(j)) for j in kept.indices} == \
             {j: set(queue.tasks(j)) for j in queue.indices}
@@ -103,7 +106,7 @@ def test_a_long_consumed_front_is_dropped_and_a_requeued_job_found_again() -> No
     queue.sync({(f"j{n}", 0): None for n in range(9_000, 10_000)}, place.__getitem__)
     first = list(queue.ordered({}, lambda j: 1.0))
     assert first == [f"j{n}" for n in range(9_000, 10_000)]
-    assert len(queue.queues[(0, "ann")].entries) <= 2 * 1_000 + 64  # dead ones dropped
+    assert len(queue.queues[(0, "ann")].jobs) <= 2 * 1_000 + 64  # dead ones dropped
     # A task of an early job waits again (a retry): it goes back to its place in the order.
     queue.sync({(f"j{n}", 0): None for n in [5, *range(9_000, 10_000)]}, place.__getitem__)
     assert list(queue.ordered({}, lambda j: 1.0))[:2] == ["j5", "j9000"]
@@ -126,3 +129,16 @@ def test_the_least_need_is_unknown_once_a_job_left_the_fold() -> None:
     assert queue.least_need() is None  # not trusted again in this queue's life
     assert queue.gang_waits()
     assert PendingQueue().least_need() is None  # without need_of
+
+
+def test_a_queue_position_is_that_of_its_seq_then_job_id() -> None:
+    # The entries are two lists sorted together, as the (seq, job id) pairs they replace
+    # were: equal seqs (never from one stream, but cheap to keep right) by job id.
+    from berth.services.scheduler.pending_queue import _Queue
+
+    queue = _Queue((0, "ann"), seqs=[3, 5, 5, 5, 9], jobs=["a", "b", "d", "f", "c"])
+    pairs = list(zip(queue.seqs, queue.jobs, strict=True))
+    for seq, job_id in [(1, "z"), (3, "a"), (4, "a"), (5, "a"), (5, "c"), (5, "d"),
+                        (5, "e"), (5, "g"), (9, "c"), (10, "a")]:
+        expected = sum(pair < (seq, job_id) for pair in pairs)
+        assert queue.position(seq, job_id) == expected, (seq, job_id)

@@ -55,9 +55,20 @@ class _Queue:
     outnumber the live ones."""
 
     name: tuple[int, str]  # (band, user): the one copy every job's place refers to
-    entries: list[tuple[int, str]] = field(default_factory=list)  # (seq, job id), sorted
+    # Its entries, sorted by (seq, job id): two lists side by side, not a list of pairs (a
+    # pair per waiting job was 56 bytes of W4's peak).
+    seqs: list[int] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
     start: int = 0  # every entry before it is of a job with nothing pending
     live: int = 0  # entries of jobs with a task pending
+
+    def position(self, seq: int, job_id: str) -> int:
+        """Where (seq, job id) is, or would go, in the sorted entries."""
+        seqs, jobs = self.seqs, self.jobs
+        at = bisect.bisect_left(seqs, seq)
+        while at < len(seqs) and seqs[at] == seq and jobs[at] < job_id:
+            at += 1
+        return at
 
 
 class PendingQueue:
@@ -140,7 +151,7 @@ class PendingQueue:
                 now.add(index)
         for name in thinned:
             queue = self.queues[name]
-            if len(queue.entries) - queue.start > 2 * queue.live + 64:
+            if len(queue.jobs) - queue.start > 2 * queue.live + 64:
                 self._compact(queue)
 
     def _count_need(self, job_id: str, change: int) -> None:
@@ -184,37 +195,41 @@ class PendingQueue:
         if queue is None:
             queue = self.queues[name] = _Queue(name)
         queue.live += 1
-        entry = (place.seq, job_id)
-        at = bisect.bisect_left(queue.entries, entry)
+        at = queue.position(place.seq, job_id)
         if job_id not in self.places:  # not listed yet (a requeued task's job may be)
-            queue.entries.insert(at, entry)  # at the end, unless it is a requeued task's
+            # At the end, unless it is a requeued task's.
+            queue.seqs.insert(at, place.seq)
+            queue.jobs.insert(at, job_id)
             self.places[job_id] = queue.name
         queue.start = min(queue.start, at)
 
     def _compact(self, queue: _Queue) -> None:
-        kept = []
-        for entry in queue.entries:
-            if entry[1] in self.indices:
-                kept.append(entry)
+        seqs: list[int] = []
+        jobs: list[str] = []
+        for seq, job_id in zip(queue.seqs, queue.jobs, strict=True):
+            if job_id in self.indices:
+                seqs.append(seq)
+                jobs.append(job_id)
             else:  # filed afresh (place_of) if a task of it waits again
-                self.places.pop(entry[1], None)
-        queue.entries = kept
+                self.places.pop(job_id, None)
+        queue.seqs, queue.jobs = seqs, jobs
         queue.start = 0
 
     def _live(self, queue: _Queue) -> Iterator[tuple[int, str]]:
-        entries = queue.entries
+        seqs, jobs, indices = queue.seqs, queue.jobs, self.indices
         i = queue.start
-        while i < len(entries) and entries[i][1] not in self.indices:
+        while i < len(jobs) and jobs[i] not in indices:
             i += 1
-        if i > 4096 and i > len(entries) // 2:  # a consumed front: drop it
-            for _, job_id in entries[:i]:
+        if i > 4096 and i > len(jobs) // 2:  # a consumed front: drop it
+            for job_id in jobs[:i]:
                 self.places.pop(job_id, None)
-            del entries[:i]
+            del seqs[:i]
+            del jobs[:i]
             i = 0
         queue.start = i
-        for k in range(i, len(entries)):
-            if entries[k][1] in self.indices:
-                yield entries[k]
+        for k in range(i, len(jobs)):
+            if jobs[k] in indices:
+                yield seqs[k], jobs[k]
 
     def ordered(self, used: Mapping[str, float],
                 charge: Callable[[str], float | None]) -> Iterator[str]:
