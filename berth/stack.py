@@ -148,7 +148,7 @@ class Stack:
     def stop_child(self, label: str, timeout: float = 15) -> None:
         proc = self.children.pop(label)
         self.supervised.pop(label, None)
-        stop_process(proc, timeout)
+        servers.stop_process(proc, timeout)
 
     def supervise(self) -> list[str]:
         """One look at every child and server: one that exited is given a restart time
@@ -249,7 +249,7 @@ class Stack:
             if self.children[label].poll() is None:
                 self.children[label].send_signal(signal.SIGTERM)
         for label in order:
-            stop_process(self.children.pop(label), 15)
+            servers.stop_process(self.children.pop(label), 15)
         if self.owns_servers:
             self.redis.stop()
             self.nats.stop()
@@ -273,16 +273,6 @@ class Stack:
         tmp = self.data_dir / (STACK_INFO + ".tmp")
         tmp.write_text(json.dumps(info, indent=2))
         tmp.replace(self.data_dir / STACK_INFO)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def start_servers(data_dir: Path, nats_port: int | None = None, redis_port: int | None = None,

@@ -120,10 +120,11 @@ class ServerProcess:
         return 1
 
     def stop(self, timeout: float = 10) -> None:
-        _end(self.proc, timeout)
+        stop_process(self.proc, timeout)
 
 
-def _end(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL past `timeout` seconds; returns once it has exited."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -151,7 +152,7 @@ def _spawn_listening(argv: list[str], log_path: Path, port: int,
     try:
         wait_for_port(port, proc, name)
     except BaseException:
-        _end(proc)
+        stop_process(proc)
         raise
     return proc
 
