@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from berth.services.worker_agent import supervise
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,19 +35,8 @@ def test_the_follow_benchmark_reads_every_event_in_each_mode(flags: list[str],
 def children_of(pid: int) -> set[int]:
     """The processes `pid` started: its servers (in sessions of their own, but its children
     until it ends), services and simulated hosts."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        parent = next(line.split()[1] for line in status.splitlines()
-                      if line.startswith("PPid:"))
-        if int(parent) == pid:
-            found.add(int(entry.name))
-    return found
+    found = supervise.children_of(pid)
+    return set(supervise.walk_proc(pid) if found is None else found)
 
 
 def is_server(pid: int) -> bool:
