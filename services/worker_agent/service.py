@@ -845,13 +845,16 @@ async def run(settings: Settings, args: argparse.Namespace, stop: asyncio.Event)
     nc = await nats_io.connect_service(settings, f"berth-worker-{args.id}", role, scope)
     serving = None
     try:
-        serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
         if args.simulate:
+            serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
             await run_simulated(settings, args, nc, stop)
         else:
             agent = WorkerAgent(settings, nc, args.id, args.resources, args.attributes,
                                 args.address, devices=args.devices, nvml=gpus.real_nvml())
+            # Its gauges before the server answers: a scrape of a just-restarted agent
+            # found the server up and the worker's own series missing.
             metrics.instrument([agent])
+            serving = await shared_metrics.serve(settings.metrics_host, settings.metrics_port)
             await agent.serve(stop)
     finally:
         if serving is not None:
