@@ -82,6 +82,11 @@ WORKERS = ["w0", "w1"]
 SHAPES = [(1, None), (2, None), (3, None)]  # cpu of each job shape
 BACKOFF = 0.02
 RETRY = RetryPolicy(on_events=[RetryEvent.ERROR], backoff=Backoff(initial=BACKOFF, max=BACKOFF))
+# A backoff that outlasts the ticks a test makes before it waits it out, on a loaded machine
+# too (BACKOFF ran out between two ticks when the suite ran in two processes on 2 cores).
+LONG_BACKOFF = 0.5
+LONG_RETRY = RetryPolicy(on_events=[RetryEvent.ERROR],
+                         backoff=Backoff(initial=LONG_BACKOFF, max=LONG_BACKOFF))
 
 
 def new_leader() -> Leader:
@@ -99,10 +104,11 @@ def register(worker: str, incarnation: str, cpu: int = 2) -> WorkerRegistered:
                             resources=Resources(cpu=cpu, memory_mb=4096), ts=time.time())
 
 
-def submit(n: int, cpu: int, timeout: float | None = None) -> JobSubmitted:
+def submit(n: int, cpu: int, timeout: float | None = None,
+           retry: RetryPolicy = RETRY) -> JobSubmitted:
     return JobSubmitted(job_id=f"j{n}", submit_seq=n + 1, ts=time.time(), spec=JobSpec(
         name="t", user=f"u{n % 2}", command=["true"], resources=Resources(cpu=cpu, memory_mb=100),
-        retry=RETRY, max_retries_failure=3, scheduling_timeout=timeout))
+        retry=retry, max_retries_failure=3, scheduling_timeout=timeout))
 
 
 def fresh_placement(leader: Leader, hosts: list[placement.Host]) -> placement.Placement:
@@ -208,7 +214,7 @@ def test_what_ends_a_skip() -> None:
 
     fold(LeaderElected(scheduler_id="s", epoch=1, ts=time.time()))
     fold(register("w0", "i0", cpu=1))
-    fold(submit(0, 1))
+    fold(submit(0, 1, retry=LONG_RETRY))
     fold(TaskAssigned(job_id="j0", task_index=0, attempt_id=0, worker_id="w0",
                       incarnation="i0", epoch=1, ts=time.time()))
     fold(submit(1, 1))
