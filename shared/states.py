@@ -84,6 +84,9 @@ ATTEMPT_TERMINAL = frozenset(
     }
 )
 
+# What a worker reports when an attempt's process has ended.
+PROCESS_ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED})
+
 # An attempt in one of these states holds resources on its worker.
 ATTEMPT_LIVE = frozenset({TaskState.ASSIGNED, TaskState.BUILDING, TaskState.RUNNING})
 

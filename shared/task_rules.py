@@ -49,21 +49,22 @@ def can_transition(current: TaskState, new: TaskState) -> bool:
 PROGRESS = (S.ASSIGNED, S.BUILDING, S.RUNNING)
 
 
-def report_path(current: TaskState, reported: TaskState) -> list[TaskState] | None:
+@functools.cache  # every report of every attempt asks: a lookup, not a walk
+def report_path(current: TaskState, reported: TaskState) -> tuple[TaskState, ...] | None:
     """The diagram's steps from `current` to a state a worker reported, or None if the
     report would break the diagram (e.g. a regression). Every step is an edge of
     TRANSITIONS; a report may imply steps its worker did not report separately (a process
     that exits before its RUNNING report was stored is ASSIGNED -> BUILDING -> RUNNING ->
     SUCCEEDED, never a jump)."""
     if can_transition(current, reported):
-        return [reported]
+        return (reported,)
     if current not in PROGRESS:
         return None
     path: list[TaskState] = []
     for step in PROGRESS[PROGRESS.index(current) + 1:]:
         path.append(step)
         if can_transition(step, reported):
-            return [*path, reported]
+            return (*path, reported)
     return None
 
 

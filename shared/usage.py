@@ -62,24 +62,30 @@ def _advance(d: Decayed, t: float, k: float) -> None:
 
 
 def started(d: Decayed, r: float, at: float, half_life: float) -> None:
-    if not r:
-        return
-    k = _k(half_life)
+    if r:
+        _started(d, r, at, _k(half_life))
+
+
+def _started(d: Decayed, r: float, at: float, k: float) -> None:
     _advance(d, at, k)
     d.rate += r
-    d.live += r * math.exp(-k * (d.as_of - at))
+    # exp(-k * 0) is exactly 1.0: the same sum without the call (time mostly moves on).
+    d.live += r if d.as_of == at else r * math.exp(-k * (d.as_of - at))
 
 
 def ended(d: Decayed, r: float, since: float, at: float, half_life: float) -> None:
     """The attempt that `started` with `r` at `since` ended at `at`."""
-    if not r:
-        return
-    k = _k(half_life)
+    if r:
+        _ended(d, r, since, at, _k(half_life))
+
+
+def _ended(d: Decayed, r: float, since: float, at: float, k: float) -> None:
     at = max(at, since)
     _advance(d, at, k)
     d.rate = max(0.0, d.rate - r)
     d.live = max(0.0, d.live - r * math.exp(-k * (d.as_of - since)))
-    d.done += r * (1 - math.exp(-k * (at - since))) / k * math.exp(-k * (d.as_of - at))
+    done = r * (1 - math.exp(-k * (at - since))) / k
+    d.done += done if d.as_of == at else done * math.exp(-k * (d.as_of - at))
     if not d.rate:
         d.live = 0.0  # no float dust left behind once nothing runs
 
@@ -96,17 +102,24 @@ def rates(amounts: Amounts) -> tuple[float, float]:
     return amounts.cpu / 1000, float(amounts.dev)
 
 
+# The two below run for every assignment and exit every fold folds: the same arithmetic as
+# `started` and `ended` per dimension, with k worked out once and no call for a dimension
+# the attempt does not use.
 def attempt_started(u: UserUsage, amounts: Amounts, at: float, half_life: float) -> None:
-    cpu, dev = rates(amounts)
-    started(u.cpu, cpu, at, half_life)
-    started(u.dev, dev, at, half_life)
+    k = _k(half_life)
+    if amounts.cpu:
+        _started(u.cpu, amounts.cpu / 1000, at, k)
+    if amounts.dev:
+        _started(u.dev, float(amounts.dev), at, k)
 
 
 def attempt_ended(u: UserUsage, amounts: Amounts, since: float, at: float,
                   half_life: float) -> None:
-    cpu, dev = rates(amounts)
-    ended(u.cpu, cpu, since, at, half_life)
-    ended(u.dev, dev, since, at, half_life)
+    k = _k(half_life)
+    if amounts.cpu:
+        _ended(u.cpu, amounts.cpu / 1000, since, at, k)
+    if amounts.dev:
+        _ended(u.dev, float(amounts.dev), since, at, k)
 
 
 def cost(u: UserUsage, now: float, half_life: float, device_weight: float) -> float:

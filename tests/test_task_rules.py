@@ -87,7 +87,7 @@ def test_state_table(state: TaskState, proto: int, terminal: bool, retriable: bo
 )
 def test_report_path(current: TaskState, reported: TaskState, path: list[TaskState] | None
                      ) -> None:
-    assert task_rules.report_path(current, reported) == path
+    assert task_rules.report_path(current, reported) == (tuple(path) if path else None)
     for a, b in zip([current, *(path or [])], path or [], strict=False):
         assert task_rules.can_transition(a, b)
 

@@ -30,7 +30,6 @@ from berth.shared.messages import (
     JobSubmitted,
     TaskAssigned,
     TasksAssigned,
-    assignments_in,
 )
 from berth.shared.nats_io import RawEvent
 from berth.shared.usage import FairShare
@@ -163,13 +162,14 @@ class Projection:
         if isinstance(event, AttemptReported):  # most events: nothing of the projection's own
             state.apply(raw.seq, event)
         elif isinstance(event, (TaskAssigned, TasksAssigned)):
-            assigned = assignments_in(event)
-            new = [a for a in assigned if self._attempt_of(a) is None]
-            state.apply(raw.seq, event)
-            for a in new:
-                if (attempt := self._attempt_of(a)) is not None:
-                    timeline.index_attempt(self.host_attempts, state.jobs[a.job_id],
-                                           a.task_index, attempt)
+            made: list[tuple[JobView, int, AttemptView]] = []
+            state.new_attempts = made  # only assignments make attempts
+            try:
+                state.apply(raw.seq, event)
+            finally:
+                state.new_attempts = None
+            for job, task_index, attempt in made:
+                timeline.index_attempt(self.host_attempts, job, task_index, attempt)
         elif isinstance(event, JobSubmitted):
             known = len(state.jobs)
             state.apply(raw.seq, event)
@@ -205,10 +205,6 @@ class Projection:
     def cluster_now(self) -> timeline.ClusterPoint | None:
         """The cluster as it stands, as of the newest event; None before any."""
         return timeline.cluster_point(self.state, self._last_ts) if self._last_ts else None
-
-    def _attempt_of(self, event: TaskAssigned) -> AttemptView | None:
-        task = self.state.task(event.job_id, event.task_index)
-        return task.attempt(event.attempt_id) if task else None
 
     async def wait_for_change(self, timeout: float) -> bool:
         """Waits until more events are folded; False if `timeout` passed first."""
