@@ -1088,6 +1088,7 @@ class ClusterState:
         if state == S.KILLED and event.timed_out:
             state = task_rules.timeout_outcome(job.spec.resumable, task.resume_count + 1,
                                                job.spec.max_resumes)
+        before = task.state
         self._set_state(job, task, state)
         if state in PROCESS_ENDED:
             task.exit_code = event.exit_code
@@ -1104,7 +1105,8 @@ class ClusterState:
             if decision == task_rules.RetryDecision.SHOULD_RETRY:
                 self._retry(job, task, RetryEvent.ERROR, event.ts)
             self._cascade_gang(job, task, event.ts, effects)
-        self._update_job(job, event.ts, effects)
+        if task_rules.job_state_may_change(before, state):
+            self._update_job(job, event.ts, effects)
 
     # --- helpers --------------------------------------------------------------------------
 

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from enum import Enum
 
 from berth.shared.messages import RetryEvent, RetryPolicy
-from berth.shared.states import JOB_TERMINAL, JobState, JobStates, TaskState, TaskStates
+from berth.shared.states import (
+    ATTEMPT_LIVE,
+    JOB_TERMINAL,
+    JobState,
+    JobStates,
+    TaskState,
+    TaskStates,
+)
 
 S = TaskStates  # TaskState's members, looked up faster (states.TaskStates)
 J = JobStates
@@ -172,6 +179,14 @@ def job_state_from_counts(counts: Mapping[TaskState, int], total: int,
     if live:
         return J.RUNNING
     return J.PENDING
+
+
+def job_state_may_change(before: TaskState, after: TaskState) -> bool:
+    """Whether one task moving from `before` to `after` may change its job's state. The
+    job's state counts the live states only together (and master_done looks for SUCCEEDED),
+    so a move from one live state to another, a worker's BUILDING or RUNNING report, never
+    does: the fold skips the job then (two of a task's four changes)."""
+    return before not in ATTEMPT_LIVE or after not in ATTEMPT_LIVE
 
 
 @functools.cache

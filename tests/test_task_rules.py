@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from berth.shared import task_rules
 from berth.shared.states import ATTEMPT_TERMINAL, JobState, TaskState
@@ -193,3 +195,28 @@ def test_a_one_task_jobs_state_is_its_counts_state() -> None:
         for allowed in (0, 1, 2, 50):
             assert task_rules.one_task_job_state(state, allowed) == \
                 task_rules.job_state_from_counts({state: 1}, 1, allowed), (state, allowed)
+
+
+@given(st.lists(st.sampled_from(list(TaskState)), min_size=1, max_size=12),
+       st.integers(0, 11), st.sampled_from(list(TaskState)), st.integers(0, 3))
+def test_a_move_the_fold_skips_never_changes_the_jobs_state(
+        tasks: list[TaskState], which: int, after: TaskState, max_task_failures: int) -> None:
+    """The fold does not work a job's state out again when job_state_may_change says a
+    task's move cannot change it: it must then be the same before and after the move."""
+    which %= len(tasks)
+    before = tasks[which]
+    moved = [*tasks[:which], after, *tasks[which + 1:]]
+    if not task_rules.job_state_may_change(before, after):
+        assert (task_rules.derive_job_state(moved, max_task_failures)
+                == task_rules.derive_job_state(tasks, max_task_failures))
+        if which == 0:  # stop_criteria master-done looks at task 0 alone
+            assert not task_rules.master_done(True, before)
+            assert not task_rules.master_done(True, after)
+
+
+def test_only_moves_between_live_states_are_skipped() -> None:
+    live = {S.ASSIGNED, S.BUILDING, S.RUNNING}
+    for before in TaskState:
+        for after in TaskState:
+            assert task_rules.job_state_may_change(before, after) == (
+                before not in live or after not in live), (before, after)
