@@ -887,7 +887,7 @@ class ClusterState:
             self.new_attempts.append((job, task.index, attempt))
         key = attempt_key(event.job_id, event.task_index, event.attempt_id)
         spec = job.spec
-        amounts = spec.resources.amounts  # a property that builds it: read once
+        amounts = spec.resources.amounts  # read once (a property, cached by size)
         worker.used = worker.used + amounts
         worker.live_attempts[key] = (event.job_id, event.task_index, event.attempt_id)
         self._worker_changed(worker.worker_id)
