@@ -1336,9 +1336,7 @@ class ClusterState:
         else:
             new_state = task_rules.job_state_from_counts(
                 job.state_counts, len(job.tasks), job.spec.max_task_failures)
-        # The criterion first: the rule's call costs more than the test, and few jobs have it.
-        if job.spec.stop_criteria == MASTER_DONE and task_rules.master_done(
-                True, job.tasks[0].state):
+        if task_rules.master_done(job.spec.stop_criteria == MASTER_DONE, job.tasks[0].state):
             new_state = J.SUCCEEDED
         if new_state == job.state:
             return
