@@ -408,32 +408,42 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     ] = {}
 
     def __post_init__(self) -> None:
+        # Runs for every spec any reader decodes (each follower of the events stream decodes
+        # every submit), so each check is guarded by what it checks being there at all:
+        # most specs have no constraints, setup, ports or dependencies
+        # (docs/performance.md).
+        set_ = msgspec.structs.force_setattr
         # Tuples, as decoding makes them, also when built in Python from lists: a spec then
         # equals its own round trip. Tuples because a fold keeps every job's spec, and an
         # empty tuple, unlike an empty list, is one shared object (docs/performance.md).
-        for name in _SPEC_SEQUENCES:
-            if type(value := getattr(self, name)) is not tuple:
-                msgspec.structs.force_setattr(self, name, tuple(value))
+        if not (type(self.command) is tuple and type(self.constraints) is tuple
+                and type(self.ports) is tuple and type(self.setup) is tuple
+                and type(self.after) is tuple and type(self.after_any) is tuple):
+            for name in _SPEC_SEQUENCES:
+                if type(value := getattr(self, name)) is not tuple:
+                    set_(self, name, tuple(value))
         # A user's jobs all name the user, and a sweep's jobs mostly share their arguments:
         # one string each, not one per decoded spec (a fold keeps every job's spec).
-        msgspec.structs.force_setattr(self, "user", sys.intern(self.user))
+        set_(self, "user", sys.intern(self.user))
         # Jobs ask for a few shapes of resources: one object for each (up to a bound, so a
         # flood of distinct shapes grows nothing).
         shared = _SHARED_RESOURCES.setdefault(self.resources, self.resources)
         if len(_SHARED_RESOURCES) > _SHARED_RESOURCES_KEPT:
             _SHARED_RESOURCES.clear()
-        msgspec.structs.force_setattr(self, "resources", shared)
-        for name in ("env", "tokens"):
-            if not getattr(self, name):
-                msgspec.structs.force_setattr(self, name, EMPTY)
-        msgspec.structs.force_setattr(self, "command", tuple(
-            sys.intern(arg) if len(arg) <= _INTERNED_ARG else arg for arg in self.command))
-        if not self.command[0].strip():
+        set_(self, "resources", shared)
+        if not self.env:
+            set_(self, "env", EMPTY)
+        if not self.tokens:
+            set_(self, "tokens", EMPTY)
+        command = self.command
+        set_(self, "command", tuple([
+            sys.intern(arg) if len(arg) <= _INTERNED_ARG else arg for arg in command]))
+        if not command[0].strip():
             raise ValueError("command: the program (command[0]) is empty")
-        for i, arg in enumerate(self.command):
-            if "\0" in arg:
-                raise ValueError(f"command[{i}]: contains a NUL byte (no process argument "
-                                 "can)")
+        # One search of the joined arguments; the index only when there is one to name.
+        if "\0" in "".join(command):
+            i = next(i for i, arg in enumerate(command) if "\0" in arg)
+            raise ValueError(f"command[{i}]: contains a NUL byte (no process argument can)")
         for key, value in self.env.items():
             if "\0" in value:
                 raise ValueError(f"env.{key}: contains a NUL byte (no environment value can)")
@@ -445,13 +455,15 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
                                  f"got {c.value!r}")
             if c.op == Op.IN and not c.values:
                 raise ValueError(f"constraint on {c.key!r}: IN needs a list of values")
-        for i, line in enumerate(self.setup):
-            if "\0" in line:
-                raise ValueError(f"setup[{i}]: contains a NUL byte (no shell line can)")
-        for field, ids in (("after", self.after), ("after_any", self.after_any)):
-            if len(set(ids)) != len(ids):
-                raise ValueError(f"{field}: job ids must be unique")
-        if len(set(self.ports)) != len(self.ports):
+        if self.setup:
+            for i, line in enumerate(self.setup):
+                if "\0" in line:
+                    raise ValueError(f"setup[{i}]: contains a NUL byte (no shell line can)")
+        if self.after or self.after_any:
+            for field, ids in (("after", self.after), ("after_any", self.after_any)):
+                if len(set(ids)) != len(ids):
+                    raise ValueError(f"{field}: job ids must be unique")
+        if self.ports and len(set(self.ports)) != len(self.ports):
             raise ValueError("ports: names must be unique")
         if not self.preemptible and self.priority != Priority.PRODUCTION:
             raise ValueError(f"preemptible: false is only for priority production (this job "
@@ -463,7 +475,6 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         if self.coscheduling and self.coscheduling.shareable and self.resources.amounts.dev:
             raise ValueError("coscheduling.shareable: a job with accelerators holds its "
                              "group exclusively")
-
 
 def check_retry(policy: RetryPolicy, max_retries_failure: int,
                 scheduling_timeout: float | None) -> None:

@@ -107,7 +107,7 @@ def load_script(client: aioredis.Redis, name: str) -> AsyncScript:
 
 
 # One script call: the script, its keys, its arguments.
-ScriptCall = tuple[AsyncScript, list[str], list[str | int]]
+ScriptCall = tuple[AsyncScript, list[str], Sequence[str | int | bytes]]
 
 
 async def run_scripts(client: aioredis.Redis, calls: Sequence[ScriptCall],

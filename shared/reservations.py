@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
@@ -150,7 +151,7 @@ class ReservationStore:
         self._unhold = load_script(client, "unhold")
         self._set_limits = load_script(client, "set_limits")
 
-    async def _fenced(self, script: AsyncScript, keys: list[str], args: list[str | int]
+    async def _fenced(self, script: AsyncScript, keys: list[str], args: Sequence[str | int | bytes]
                       ) -> Any:
         """Runs a write script (`_fenced_calls`)."""
         (result,) = await self._fenced_calls([(script, keys, args)])
@@ -262,7 +263,7 @@ class ReservationStore:
             "g": [{"name": g.name, "job": g.job_id, "members": [hosts[m] for m in g.members],
                    "exclusive": g.exclusive} for g in groups],
         }
-        return self._reserve, keys, [epoch, json.dumps(request)]
+        return self._reserve, keys, [epoch, msgspec.json.encode(request)]
 
     async def preempt(self, epoch: int, eviction: Eviction) -> int:
         """One eviction (preempt_many): raises ReservationConflict if Redis refused it;
@@ -292,7 +293,7 @@ class ReservationStore:
             "victims": [{"h": hosts[w], "key": k} for w, k in e.victims],
             "need": [{"h": hosts[w], **n.as_dict()} for w, n in e.needs.items()],
         } for e in evictions]}
-        result = await self._fenced(self._preempt, keys, [epoch, json.dumps(request)])
+        result = await self._fenced(self._preempt, keys, [epoch, msgspec.json.encode(request)])
         if result[0] == "stale_epoch":
             raise StaleEpochError(f"epoch is now {result[1]}")
         return [str(why) for why in result[1:]]

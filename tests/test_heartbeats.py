@@ -73,3 +73,23 @@ def test_an_unstarted_attempt_killed_since_gets_its_kill_sent_again() -> None:
     # and one the worker still lists while being killed is a stray to kill again
     listed = judge(state, state.workers["w1"], heartbeat("j1/0/0"), now=100.5, grace=GRACE)
     assert listed.strays == [("j1", 0, 0)]
+
+
+def test_a_listed_key_berth_never_makes_is_passed_over() -> None:
+    state = state_with(0)
+    state.apply(4, report(0, S.RUNNING))
+    verdict = judge(state, state.workers["w1"], heartbeat("j1/0/0", "garbage", "j2/x/0", "j3/0/7"),
+                    now=500.0, grace=GRACE)
+    assert verdict.strays == [("j3", 0, 7)]
+    assert verdict.lost_runs == [] and verdict.unconfirmed_kills == []
+
+
+def test_a_live_attempt_missing_beside_a_stray_is_still_judged() -> None:
+    # As many keys listed as live attempts, one of them a stray: the unlisted live attempt
+    # must still be found lost (a count of the list alone would pass over it).
+    state = state_with(0, 0)
+    verdict = judge(state, state.workers["w1"], heartbeat("j1/0/0", "j9/0/0",
+                                                          reported_seq=state.last_seq),
+                    now=500.0, grace=GRACE)
+    assert verdict.strays == [("j9", 0, 0)]
+    assert verdict.lost_runs == [("j1", 1, 0)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from berth.shared.lifecycle import ClusterState, WorkerView
@@ -26,18 +27,27 @@ def judge(state: ClusterState, worker: WorkerView, hb: Heartbeat, now: float,
     """Compares the attempts a heartbeat lists with the fold's live attempts on that worker.
     An attempt leaves the list only once its exit is reported (Heartbeat.reported_seq), so
     one missing from it is judged only once the fold has reached that report: before, it
-    may simply have finished."""
+    may simply have finished. Runs for every heartbeat of every host, so a live attempt's
+    key is not parsed again (the fold keeps it parsed)."""
     verdict = Verdict()
+    live_attempts = worker.live_attempts
     running = set(hb.attempts)
+    listed_live = 0
     for key in running:
-        job_id, index, attempt_id = parse_attempt_key(key)
-        task = state.task(job_id, index) if key in worker.live_attempts else None
-        live = task.attempt(attempt_id) if task else None
+        ref = live_attempts.get(key)
+        if ref is None:
+            with contextlib.suppress(ValueError):  # no key berth makes: no kill names it
+                verdict.strays.append(parse_attempt_key(key))
+            continue
+        listed_live += 1
+        job_id, index, attempt_id = ref
+        task = state.task(job_id, index)
+        live = task.attempt(attempt_id) if task is not None else None
         if live is None or live.kill_requested:
-            verdict.strays.append((job_id, index, attempt_id))
-    if hb.reported_seq > state.last_seq:
-        return verdict
-    for key, (job_id, index, attempt_id) in worker.live_attempts.items():
+            verdict.strays.append(ref)
+    if hb.reported_seq > state.last_seq or listed_live == len(live_attempts):
+        return verdict  # the fold lags the worker's reports, or every live attempt is listed
+    for key, (job_id, index, attempt_id) in live_attempts.items():
         if key in running or not hb.covers(key):
             continue  # listed, or in another window of a long list
         task = state.task(job_id, index)
