@@ -14,7 +14,15 @@ import random
 import ssl
 import time
 import types
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    ItemsView,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -211,6 +219,13 @@ class WireHeaders(Mapping[str, str]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._headers()
+
+    # Mapping's own `items` and `get` go through `__getitem__` key by key.
+    def items(self) -> ItemsView[str, str]:
+        return self._headers().items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._headers().get(key, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._headers())

@@ -11,10 +11,12 @@ nobody will read costs about half as much (docs/performance.md).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 
 from opentelemetry import context, propagate, trace
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -73,9 +75,16 @@ def trace_carrier(headers: Mapping[str, str]) -> str | dict[str, str]:
     """What a message's headers need kept to parent later spans: its traceparent string
     alone when that is all it propagates (kept per job for as long as it waits, so small),
     else the headers the configured propagators read (OTEL_PROPAGATORS)."""
-    fields = propagate.get_global_textmap().fields
+    fields = _fields_of(propagate.get_global_textmap())
     kept = {k: v for k, v in headers.items() if k in fields}
     return kept["traceparent"] if kept.keys() == {"traceparent"} else kept
+
+
+@functools.lru_cache(maxsize=4)
+def _fields_of(textmap: TextMapPropagator) -> frozenset[str]:
+    # A composite propagator builds its set anew each time it is asked (for every submit a
+    # leader folds); a propagator's fields are fixed once it is made.
+    return frozenset(textmap.fields)
 
 
 def carrier_headers(carrier: str | dict[str, str] | None) -> dict[str, str] | None:

@@ -142,3 +142,5 @@ def test_wire_headers_read_as_the_client_parses_them(block: bytes,
     assert len(headers) == len(parsed)
     assert ("ok" in headers) == ("ok" in parsed)
     assert headers.get("missing") is None
+    assert dict(headers.items()) == parsed
+    assert all(headers.get(name) == value for name, value in parsed.items())
