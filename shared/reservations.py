@@ -36,8 +36,9 @@ class NotDurable(Exception):
     but a failover now could lose it, so the writer must not act on it."""
 
 
-@dataclass(frozen=True)
-class Reservation:
+# A Struct, not a frozen dataclass: one per placement, and a frozen dataclass's __init__
+# sets each field through object.__setattr__ (2.3 against 0.14 us here).
+class Reservation(msgspec.Struct, frozen=True, gc=False):
     worker_id: str
     attempt_key: str
     job_id: str

@@ -4,9 +4,9 @@ capacity in every dimension, device kinds, ports and gang groups re-checked at c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 
 from berth.shared import redis_auth, redis_io, servers
 from berth.shared.capacity import Amounts, GroupClaim

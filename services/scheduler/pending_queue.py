@@ -27,14 +27,15 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
+
 from berth.shared.capacity import Amounts
 from berth.shared.lifecycle import JobView
 
 Key = tuple[str, int]  # (job id, task index), as ClusterState.pending has them
 
 
-@dataclass(frozen=True, slots=True)
-class Place:
+class Place(msgspec.Struct, frozen=True, gc=False):
     """Where a job stands in the order, whatever its pending tasks: fixed by its spec."""
 
     band: int
