@@ -658,7 +658,7 @@ class EventPublisher:
                     done.set_result(seq)
 
 
-@dataclass
+@dataclass(slots=True)
 class EventRecord:
     """An events-stream message as the fold takes it: the event, or None (with `refused`
     saying why) for a message the fold does not believe (shared/event_origin.py)."""

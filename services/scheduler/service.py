@@ -1122,13 +1122,14 @@ class Leader:
                 ports=a.ports, group=a.group, coordinator=a.coordinator, devices=list(a.devices),
                 limits_seq=self.limits_synced,
             ))
-        span.set_attributes({
-            "berth.epoch": self.epoch,
-            "berth.reservations": len(reservations),
-            "berth.hosts": sorted({r.worker_id for r in reservations}
-                                  | {m for g in result.groups for m in g.members}),
-            "berth.groups": [f"{g.name}:{g.job_id}" for g in result.groups],
-        })
+        if span.is_recording():  # a sort of every host placed on, for a span that is kept
+            span.set_attributes({
+                "berth.epoch": self.epoch,
+                "berth.reservations": len(reservations),
+                "berth.hosts": sorted({r.worker_id for r in reservations}
+                                      | {m for g in result.groups for m in g.members}),
+                "berth.groups": [f"{g.name}:{g.job_id}" for g in result.groups],
+            })
         try:
             await self._reserve_with_releases(reservations, result.groups)
         except ReservationConflict as exc:
