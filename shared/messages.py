@@ -37,6 +37,9 @@ JobId = Annotated[
 # retry for ever. A JobSubmitted that brings such an id into the fold is refused as
 # undecodable (only the submitter or an admin can write one).
 SubjectToken = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+# An attempt's key as `attempt_key` writes it: a fold parses the keys an event names, and one
+# it could not parse would stop every fold of the log (refused as undecodable instead).
+AttemptKey = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,128}/[0-9]{1,9}/[0-9]{1,9}$")]
 Seconds = Annotated[float, Meta(gt=0, le=366 * 24 * 3600)]
 User = Annotated[str, Meta(max_length=128, description="Who asked (free text).")]
 Reason = Annotated[str, Meta(max_length=1024)]
@@ -776,7 +779,7 @@ class TasksPreempted(Event, tag="tasks_preempted"):
 
     id: str  # unique: the leader folds it at once, and again when the log delivers it
     job_id: str
-    victims: list[str]
+    victims: list[AttemptKey]
     hosts: list[str]
     epoch: int
 

@@ -253,3 +253,23 @@ def test_a_heartbeat_is_believed_only_from_its_own_workers_subject() -> None:
         read_heartbeat(subjects.heartbeat("w1"), hb)
     with pytest.raises(RefusedEvent, match="undecodable"):
         read_heartbeat(subjects.heartbeat("w1"), b"[" * 5000)
+
+
+@pytest.mark.parametrize(("victim", "believed"), [
+    ("j3-aaaa/0/1", True), ("j3-aaaa/x/1", False), ("garbage", False), ("j3-aaaa/0/1/2", False),
+    ("j3-aaaa/0/" + "9" * 5000, False),
+])
+def test_a_preemption_naming_a_victim_no_fold_could_parse_is_refused(victim: str,
+                                                                     believed: bool) -> None:
+    # Every fold parses a preemption's victims: one it could not parse would stop them all.
+    from berth.shared.lifecycle import ClusterState
+    from berth.shared.messages import TasksPreempted
+
+    event = encode(TasksPreempted(id="p1", job_id="j3-aaaa", victims=[victim], hosts=[W],
+                                  epoch=1))
+    subject = subjects.task_events("j3-aaaa")
+    if believed:
+        ClusterState().apply(1, read_event(subject, event))
+    else:
+        with pytest.raises(RefusedEvent, match="undecodable"):
+            read_event(subject, event)
