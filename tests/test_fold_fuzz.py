@@ -12,7 +12,11 @@ from typing import Any
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nats.aio.client import Client as NATS
 
+from berth.services.dashboard_api.projection import Projection
+from berth.shared import subjects
+from berth.shared.event_origin import refusal
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import (
     AnyEvent,
@@ -33,6 +37,7 @@ from berth.shared.messages import (
     encode,
     event_decoder,
 )
+from berth.shared.nats_io import NO_HEADERS, RawEvent
 from berth.shared.states import TaskState
 from tests.test_lifecycle import J1, assigned, event_sequences, report, submitted
 
@@ -114,3 +119,27 @@ def test_no_decodable_event_stops_the_fold(events: list[AnyEvent]) -> None:
     state = ClusterState()
     for seq, event in enumerate(events, 1):
         state.apply(seq, event)
+
+
+def believed_subject(event: AnyEvent) -> str | None:
+    """A subject the fold believes `event` from (shared/event_origin.py), if any."""
+    worker, job = getattr(event, "worker_id", ""), getattr(event, "job_id", "")
+    candidates = [subjects.attempt_reports(worker), subjects.submit_outcome("u", 1),
+                  subjects.LEADER_EVENTS, subjects.task_events(job), subjects.ASSIGNMENTS,
+                  subjects.PENDING_REASONS, subjects.worker_verdicts(worker),
+                  subjects.worker_events(worker), subjects.JOBS_COMPACTED,
+                  subjects.ADMIN_QUOTAS, subjects.admin_tokens(getattr(event, "name", ""))]
+    return next((c for c in candidates if refusal(c, event) is None), None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated_histories())
+def test_no_decodable_event_stops_the_dashboards_projection(events: list[AnyEvent]) -> None:
+    # The fold, and what the dashboard indexes beside it (job list, host timeline).
+    projection = Projection(NATS(), worker_dead_after=10.0)
+    for seq, event in enumerate(events, 1):
+        # Some changed events no subject may bring (refused and counted, as they should be).
+        subject = believed_subject(event) or subjects.ASSIGNMENTS
+        projection._apply(RawEvent(seq, encode(event), NO_HEADERS, subject))
+    # The dashboard's job list indexes exactly the jobs the fold holds.
+    assert {job.job_id for job in projection.job_order} == set(projection.state.jobs)
