@@ -479,6 +479,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
             raise ValueError("coscheduling.shareable: a job with accelerators holds its "
                              "group exclusively")
 
+
 def check_retry(policy: RetryPolicy, max_retries_failure: int,
                 scheduling_timeout: float | None) -> None:
     """A policy that could not do what it says is refused at submit, in one line."""
