@@ -3,10 +3,11 @@ write anything on any subject), every fold (the scheduler, a standby, the dashbo
 `berth doctor`) must fold past whatever decodes. An event the fold could not handle would
 stop them all, on every replay. Here: valid histories (test_lifecycle's), one event of them
 changed at one leaf to a value of the same JSON kind, kept if it still decodes, and folded
-in among the others."""
+in among the others. And no heartbeat stops the leader's judgement of it."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
@@ -15,12 +16,14 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
 from berth.services.dashboard_api.projection import Projection
+from berth.services.scheduler.heartbeats import judge
 from berth.shared import subjects
 from berth.shared.event_origin import refusal
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import (
     AnyEvent,
     AttemptsReported,
+    Heartbeat,
     JobsCompacted,
     JobSpec,
     LeaderElected,
@@ -36,6 +39,7 @@ from berth.shared.messages import (
     decode,
     encode,
     event_decoder,
+    parse_attempt_key,
 )
 from berth.shared.nats_io import NO_HEADERS, RawEvent
 from berth.shared.states import TaskState
@@ -143,3 +147,35 @@ def test_no_decodable_event_stops_the_dashboards_projection(events: list[AnyEven
         projection._apply(RawEvent(seq, encode(event), NO_HEADERS, subject))
     # The dashboard's job list indexes exactly the jobs the fold holds.
     assert {job.job_id for job in projection.job_order} == set(projection.state.jobs)
+
+
+KEYS = [*STRINGS, "j1-aaaa/0/1", "j2-bbbb/1/0", "j1-aaaa/2/4", "j1-aaaa/-1/0", "j1-aaaa/0/99"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated_histories(), st.lists(st.sampled_from(KEYS) | st.text(max_size=12), max_size=6),
+       st.sampled_from(["w1", "w2"]), st.integers(-1, 10**6), st.sampled_from(KEYS),
+       st.sampled_from(KEYS))
+def test_no_heartbeat_stops_the_leaders_judgement(
+        events: list[AnyEvent], listed: list[str], worker_id: str, reported_seq: int,
+        covers_from: str, covers_to: str) -> None:
+    """Whatever a worker lists (its heartbeat decodes whatever the strings), the leader's
+    comparison with the fold neither raises nor names an attempt to kill or re-send that is
+    not one: each is a parsed key, and those to re-send are live on that worker."""
+    state = ClusterState()
+    for seq, event in enumerate(events, 1):
+        state.apply(seq, event)
+    worker = state.workers.get(worker_id)
+    if worker is None:
+        return
+    hb = Heartbeat(worker_id=worker_id, incarnation=worker.incarnation, ts=0.0,
+                   attempts=listed, reported_seq=reported_seq, covers_from=covers_from,
+                   covers_to=covers_to)
+    verdict = judge(state, worker, hb, now=1e6, grace=2.0)
+    parsed = set()
+    for key in listed:
+        with contextlib.suppress(ValueError):
+            parsed.add(parse_attempt_key(key))
+    assert set(verdict.strays) <= parsed
+    for ref in [*verdict.lost_runs, *verdict.unconfirmed_kills]:
+        assert ref in worker.live_attempts.values()
