@@ -107,19 +107,21 @@ def rates(amounts: Amounts) -> tuple[float, float]:
 # the attempt does not use.
 def attempt_started(u: UserUsage, amounts: Amounts, at: float, half_life: float) -> None:
     k = _k(half_life)
-    if amounts.cpu:
-        _started(u.cpu, amounts.cpu / 1000, at, k)
-    if amounts.dev:
-        _started(u.dev, float(amounts.dev), at, k)
+    cpu, dev = rates(amounts)
+    if cpu:
+        _started(u.cpu, cpu, at, k)
+    if dev:
+        _started(u.dev, dev, at, k)
 
 
 def attempt_ended(u: UserUsage, amounts: Amounts, since: float, at: float,
                   half_life: float) -> None:
     k = _k(half_life)
-    if amounts.cpu:
-        _ended(u.cpu, amounts.cpu / 1000, since, at, k)
-    if amounts.dev:
-        _ended(u.dev, float(amounts.dev), since, at, k)
+    cpu, dev = rates(amounts)
+    if cpu:
+        _ended(u.cpu, cpu, since, at, k)
+    if dev:
+        _ended(u.dev, dev, since, at, k)
 
 
 def cost(u: UserUsage, now: float, half_life: float, device_weight: float) -> float:
