@@ -103,3 +103,26 @@ def test_a_specs_empty_maps_are_one_read_only_object_and_its_strings_are_shared(
     long_arg = "x" * 300  # past the interned length: kept as decoded
     three = JobSpec(name="c", command=["run", long_arg], env={"K": "v"})
     assert three.env == {"K": "v"} and three.env is not EMPTY and three.command[1] == long_arg
+
+
+def test_every_sequence_of_a_spec_built_from_lists_is_a_tuple_as_decoding_makes_it() -> None:
+    # JobSpec.__post_init__ tests its sequence fields one attribute at a time before
+    # converting (it runs for every decoded spec); a field added to _SPEC_SEQUENCES but not
+    # to that test would stay a list here.
+    import msgspec
+    import pytest
+
+    from berth.shared import messages
+    from berth.shared.messages import Constraint, JobSpec, Op
+
+    values = {"command": ["x"], "constraints": [Constraint(key="rack", op=Op.EXISTS)],
+              "ports": ["http"], "setup": ["true"], "after": ["j1-aaaa"],
+              "after_any": ["j2-bbbb"]}
+    assert set(values) == set(messages._SPEC_SEQUENCES)
+    for name, value in values.items():
+        # Only this field a list: the others tuples already.
+        spec = JobSpec(name="a", **{"command": ("x",), name: value})
+        assert type(getattr(spec, name)) is tuple, name
+        assert msgspec.json.decode(messages.encode(spec), type=JobSpec) == spec, name
+    with pytest.raises(ValueError, match="after: job ids must be unique"):
+        JobSpec(name="a", command=["x"], after=["j1-aaaa", "j1-aaaa"])
