@@ -25,16 +25,14 @@ from berth.shared.messages import (
     AttemptReported,
     JobCancelRequested,
     JobsCompacted,
-    JobSubmitted,
     PendingReason,
     PendingReasonsChanged,
     SubmitDeduplicated,
-    TaskAssigned,
-    WorkerRegistered,
     encode,
 )
 from berth.shared.nats_io import RawEvent
 from berth.shared.states import JobState, TaskState
+from tests.test_fold_fuzz import believed_subject
 from tests.test_lifecycle import assigned, registered, report, submitted
 
 S = TaskState
@@ -225,28 +223,14 @@ def test_a_live_dashboard_drops_compacted_jobs_from_its_list_and_timeline() -> N
     host timeline, indexes of its own beside the fold, lose the jobs too."""
     projection = Projection(NATS(), worker_dead_after=10.0)
     events = [*log_of_two_jobs(), compacted("j1-0001")]
-    subject_of = {JobsCompacted: subjects.JOBS_COMPACTED}
     for seq, event in enumerate(events, start=1):
-        subject = subject_of.get(type(event)) or origin_subject(event)
+        subject = believed_subject(event)
+        assert subject is not None, event
         projection._apply(RawEvent(seq, encode(event), {}, subject))
     assert set(projection.state.jobs) == {"j2-0002"}
     assert [job.job_id for job in projection.job_order] == ["j2-0002"]
     assert projection.job_order_seqs == [2]
     assert [e.job_id for e in projection.host_attempts["w1"]] == ["j2-0002"]
-
-
-def origin_subject(event: AnyEvent) -> str:
-    """The subject the fold believes `event` from (shared/event_origin.py)."""
-    match event:
-        case JobSubmitted():
-            return subjects.submit_outcome("u", event.submit_seq)
-        case TaskAssigned():
-            return subjects.task_events(event.job_id)
-        case AttemptReported():
-            return subjects.attempt_reports(event.worker_id)
-        case WorkerRegistered():
-            return subjects.worker_events(event.worker_id)
-    raise AssertionError(f"no subject for {event!r}")
 
 
 async def test_a_compacted_stream_backs_up_and_restores_with_its_gaps(nc: NATS) -> None:
