@@ -21,7 +21,9 @@ def cpu_seconds(pid: int, reaped: bool = False) -> float:
 
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone before the open, or between the open and the read (ESRCH): a zygote's
+        # attempt that exits while its tree is walked.
         return 0.0
     ticks = int(fields[11]) + int(fields[12])
     if reaped:
