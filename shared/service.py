@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from berth.shared import config, telemetry
@@ -144,6 +144,24 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], again_after: float = 1.0
+                          ) -> None:
+    """Cancels `tasks` and waits for every one to end, cancelling those still running
+    again every `again_after` seconds; what they raised is read (and dropped). On Python
+    3.11 `asyncio.wait_for`, which nats-py's requests use, returns its result and drops
+    a cancellation that lands as its wait ends; a task in a loop then goes on for good.
+    A leader's term end once waited for such a task forever: it neither led (its lease
+    was gone) nor stood by for a new term, and its cluster had no leader."""
+    pending = {t for t in tasks}
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=again_after)
+        for task in done:
+            if not task.cancelled():
+                task.exception()
 
 
 async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:

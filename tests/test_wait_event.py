@@ -1,4 +1,5 @@
-"""shared/service.wait_event: an event wait with a timeout, in the calling task."""
+"""shared/service.wait_event: an event wait with a timeout, in the calling task; and
+cancel_and_wait, which ends tasks even when one drops a cancellation."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from berth.shared.service import wait_event, wait_or_stop
+from berth.shared.service import cancel_and_wait, wait_event, wait_or_stop
 
 
 async def test_an_event_already_set_returns_at_once() -> None:
@@ -39,3 +40,30 @@ async def test_cancelling_the_waiter_is_not_taken_for_a_timeout() -> None:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_a_task_that_drops_a_cancellation_is_cancelled_again() -> None:
+    """As Python 3.11's asyncio.wait_for does when a cancellation lands as its wait ends
+    (nats-py's requests use it): the task goes on, and a term's end that cancelled it once
+    and waited for it waited forever."""
+    dropped: list[int] = []
+
+    async def drops_one() -> None:
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if dropped:
+                    raise
+                dropped.append(1)
+
+    async def fails() -> None:
+        raise RuntimeError("read, not reported as never retrieved")
+
+    task, failing = asyncio.create_task(drops_one()), asyncio.create_task(fails())
+    await asyncio.sleep(0.02)
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=0.1)
+    assert not done and dropped  # one cancellation is not enough
+    await asyncio.wait_for(cancel_and_wait([task, failing], again_after=0.05), 5)
+    assert task.cancelled() and failing.done()

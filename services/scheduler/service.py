@@ -350,11 +350,12 @@ class Leader:
             ]
             await self._until_first_ends(tasks)
         finally:
-            # The background flushes retry until written: this term's end ends them.
-            flushes = [t for t in (self.release_task, self.register_task) if t is not None]
-            for t in [*tasks, *self.heartbeat_work, *flushes]:
-                t.cancel()
-            await asyncio.gather(*tasks, *self.heartbeat_work, *flushes, return_exceptions=True)
+            await service.cancel_and_wait([*tasks, *self.heartbeat_work])
+            # The background flushes retry until written: this term's end ends them, once
+            # the tasks that may start one (the fold, heartbeat work) have ended.
+            await service.cancel_and_wait(
+                [t for t in (self.release_task, self.register_task, *self.heartbeat_work)
+                 if t is not None])
             if hb_sub is not None:
                 await hb_sub.unsubscribe()
             if compact_sub is not None:
@@ -636,6 +637,11 @@ class Leader:
             except redis_io.UNREACHABLE as exc:
                 # Said once, when the term ends on it (the lease cannot be renewed either).
                 log.debug("%s in Redis failed (%s); retrying", what, exc)
+            except StaleEpochError:
+                # Refused for good: another term leads (this one ends at its next renewal).
+                # Retried, it was logged every 30 s for as long as the term lasted.
+                log.info("%s refused: this leader's epoch is over", what)
+                return
             except Exception as exc:
                 outage.failed(exc, "still owed")
             await asyncio.sleep(backoff.next())
