@@ -354,6 +354,11 @@ class Cluster:
             for kind in kinds:
                 for line in [v for v in violations if v.startswith(kind + ":")][:3]:
                     print(f"    {line}", file=sys.stderr)
+        if report.releases_owed or report.assignments_unlogged:
+            print(f"  checker: {len(report.releases_owed)} releases owed by a leader behind "
+                  f"the log (released through seq {report.released_through} of "
+                  f"{report.events_seq}) and {len(report.assignments_unlogged)} commits' "
+                  "assignments not logged yet: lag, not violations", file=sys.stderr)
         return {"violations": len(violations),
                 "double_booked_hosts": report.double_booked_hosts}
 

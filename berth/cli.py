@@ -388,7 +388,9 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     or a token's limit, quota or token counters that disagree with the reservations.
     Prints double_booked_hosts=0, double_booked_ports=0 and double_booked_devices=0 when
     all is well (ports are counted per host address, devices per worker); exit status 1
-    when anything is wrong."""
+    when anything is wrong. releases_owed counts reservations of ended attempts that a
+    leader behind the log has not released yet, assignments_unlogged reservations whose
+    assignment is not logged yet: lag, not violations."""
     import asyncio
 
     from redis.exceptions import RedisError
@@ -424,7 +426,10 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
                     "over_quota": len(report.over_quota),
                     "over_token_limit": len(report.over_token_limit),
                     "limit_use_miscounted": len(report.limit_use_miscounted),
-                    "attempt_keys_reused": len(report.attempt_keys_reused)})
+                    "attempt_keys_reused": len(report.attempt_keys_reused),
+                    "releases_owed": len(report.releases_owed),
+                    "assignments_unlogged": len(report.assignments_unlogged),
+                    "released_through": report.released_through})
         return 0 if report.ok else 1
     for line in report.violations():
         print(f"VIOLATION {line}")
@@ -439,6 +444,9 @@ def cmd_doctor(ctx: typer.Context, redis_url: RedisUrlOption = None,
     print(f"over_token_limit={len(report.over_token_limit)}")
     print(f"limit_use_miscounted={len(report.limit_use_miscounted)}")
     print(f"attempt_keys_reused={len(report.attempt_keys_reused)}")
+    print(f"releases_owed={len(report.releases_owed)} (the leader has written its releases "
+          f"through events seq {report.released_through})")
+    print(f"assignments_unlogged={len(report.assignments_unlogged)}")
     print(f"violations={len(report.violations())}")
     return 0 if report.ok else 1
 

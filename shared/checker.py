@@ -12,8 +12,10 @@ from nats.js import JetStreamContext
 
 from berth.shared import nats_io
 from berth.shared.capacity import Amounts
-from berth.shared.lifecycle import ClusterState
+from berth.shared.lifecycle import ClusterState, Release
+from berth.shared.messages import parse_attempt_key
 from berth.shared.reservations import GroupUsage, HostUsage, ReservationStore
+from berth.shared.states import TaskState
 
 # Violations that must never happen, not even for a moment.
 NEVER = ("over_committed", "groups_held_twice", "hosts_shared_by_gangs", "ports_given_twice",
@@ -45,6 +47,15 @@ class Report:
     compacted_live: list[str] = field(default_factory=list)
     reservations_without_attempt: list[str] = field(default_factory=list)
     attempts_without_reservation: list[str] = field(default_factory=list)
+    # Reservations of attempts the log ended after the leader's RELEASED_THROUGH: releases
+    # a leader behind the log still owes, not a leak (capacity held longer, never given
+    # twice). Not a violation; counted so an operator sees the lag.
+    releases_owed: list[str] = field(default_factory=list)
+    released_through: int = 0
+    # Reservations of the next attempt of a task the log still has pending: a commit whose
+    # assignment is not logged yet (the leader logs it right after the commit), or a
+    # deposed leader's that the next take-over releases. Not a violation either.
+    assignments_unlogged: list[str] = field(default_factory=list)
     refused_double_bookings: int = 0
     events_seq: int = 0
     # Messages in the log no fold believes (shared/event_origin.py): not a violation (they
@@ -82,9 +93,17 @@ class Report:
 
 
 def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[GroupUsage],
-          limits_used: Mapping[str, str] | None = None) -> Report:
-    """`limits_used`: Redis's limits-use hash, read with `hosts` (None: not checked)."""
+          limits_used: Mapping[str, str] | None = None, released_through: int = 0,
+          released_at: Mapping[str, int] | None = None) -> Report:
+    """`limits_used`: Redis's limits-use hash, read with `hosts` (None: not checked).
+    `released_through`: Redis's RELEASED_THROUGH, read with `hosts`; `released_at`: the
+    sequence of the event whose fold released each attempt key (those after
+    `released_through` at least). A reservation of an attempt released after
+    `released_through` is owed by a leader behind the log, not a disagreement; without
+    `released_at` every reservation with no live attempt is one."""
+    released_at = released_at or {}
     report = Report(events_seq=state.last_seq, refused_events=state.refused_events,
+                    released_through=released_through,
                     last_refused_seq=state.last_refused_seq,
                     taken_from_preemptor=list(state.taken_from_preemptor),
                     attempt_keys_reused=list(state.attempt_keys_reused),
@@ -156,13 +175,30 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
     # 3. Redis and the log agree on who holds what.
     for h in hosts:
         live = state.workers[h.worker_id].live_attempts if h.worker_id in state.workers else {}
-        report.reservations_without_attempt += [
-            f"{h.worker_id}: {key}" for key in sorted(h.allocations) if key not in live]
+        for key in sorted(h.allocations):
+            if key in live:
+                continue
+            if released_at.get(key, 0) > released_through:
+                report.releases_owed.append(f"{h.worker_id}: {key}")
+            elif _not_yet_assigned(state, key):
+                report.assignments_unlogged.append(f"{h.worker_id}: {key}")
+            else:
+                report.reservations_without_attempt.append(f"{h.worker_id}: {key}")
     for w in state.workers.values():
         held = redis_hosts[w.worker_id].allocations if w.worker_id in redis_hosts else {}
         report.attempts_without_reservation += [
             f"{w.worker_id}: {key}" for key in sorted(w.live_attempts) if key not in held]
     return report
+
+
+def _not_yet_assigned(state: ClusterState, key: str) -> bool:
+    """Whether attempt `key` is one the log has yet to assign: its task is pending and the
+    key is at or past the task's next attempt id (a key below it is an attempt the log
+    already knows, or one it voided)."""
+    job_id, index, attempt_id = parse_attempt_key(key)
+    task = state.task(job_id, index)
+    return (task is not None and task.state == TaskState.PENDING
+            and attempt_id >= task.next_attempt_id())
 
 
 def miscounted_limit_use(hosts: Sequence[HostUsage], limits_used: Mapping[str, str]
@@ -200,28 +236,50 @@ async def check_cluster(js: JetStreamContext, store: ReservationStore, settle: f
     group and port violations count from either read (they must never happen, even for a
     moment); a disagreement between Redis and the log counts only if it persists, since a
     reservation is written just before its assignment is logged and released just after
-    its exit is."""
+    its exit is. A reservation whose release the leader still owes (its fold is behind the
+    log: Redis's RELEASED_THROUGH is below the event that ended the attempt) is counted
+    apart, in `releases_owed`, however long it lasts, and so is one of a task's next
+    attempt while the log has the task pending (`assignments_unlogged`)."""
     state = ClusterState()
     events = nats_io.follow_events(js)
+    # Only releases after the first read's RELEASED_THROUGH can be owed (it only rises):
+    # the others are not kept, so this stays as small as the leader's lag.
+    released_at: dict[str, int] = {}
     try:
         reports = []
+        floor = -1
         for attempt in range(2):
             if attempt:
                 await asyncio.sleep(settle)
             until = await nats_io.last_event_seq(js)
-            hosts, groups, limits_used = await store.usage_with_limits()
+            redis = await store.snapshot()
+            if floor < 0:
+                floor = redis.released_through
             while state.last_seq < until:
                 record = await anext(events)
-                state.apply(record.seq, record.event)
-            reports.append(check(state, hosts, groups, limits_used))
+                for effect in state.apply(record.seq, record.event):
+                    if isinstance(effect, Release) and record.seq > floor:
+                        released_at[effect.attempt_key] = record.seq
+            reports.append(check(state, redis.hosts, redis.groups, redis.limits_used,
+                                 redis.released_through, released_at))
     finally:
         await events.aclose()
     first, second = reports
     merged = Report(events_seq=second.events_seq, refused_events=second.refused_events,
-                    last_refused_seq=second.last_refused_seq)
+                    last_refused_seq=second.last_refused_seq,
+                    releases_owed=second.releases_owed,
+                    released_through=second.released_through,
+                    assignments_unlogged=second.assignments_unlogged)
     for name in NEVER:
         setattr(merged, name, sorted(set(getattr(first, name)) | set(getattr(second, name))))
     for name in PERSISTENT:
         setattr(merged, name, sorted(set(getattr(first, name)) & set(getattr(second, name))))
+    # Owed or unlogged at the first read, and neither but still held at the second: the
+    # leader has written its releases past the attempt's end since, or the log has
+    # assigned the task another attempt, and this reservation stayed.
+    merged.reservations_without_attempt = sorted(
+        set(second.reservations_without_attempt)
+        & set(first.reservations_without_attempt + first.releases_owed
+              + first.assignments_unlogged))
     merged.refused_double_bookings = await store.refused_double_bookings()
     return merged

@@ -60,3 +60,8 @@ LIMITS = f"{PREFIX}:limits"
 # What live reservations hold against those limits, kept by reserve.lua and release.lua:
 # "<cpu|mem|dev>:<user>" and "t:<name>" -> amount.
 LIMITS_USED = f"{PREFIX}:limits_used"
+# The events-stream sequence through which the leader has written every release its fold
+# owes (release.lua, fenced; it only rises). A reservation of an attempt the log ended
+# after it is a release still owed by a leader behind the log; one ended at or before it
+# is a leak (shared/checker.py).
+RELEASED_THROUGH = f"{PREFIX}:released_through"

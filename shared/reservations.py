@@ -108,6 +108,16 @@ class GroupUsage:
     live: int
 
 
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """What the checker reads of Redis, in one MULTI (ReservationStore.snapshot)."""
+
+    hosts: list[HostUsage]
+    groups: list[GroupUsage]
+    limits_used: dict[str, str]  # redis_keys.LIMITS_USED
+    released_through: int  # redis_keys.RELEASED_THROUGH (0: never written)
+
+
 def _check(result: list[str]) -> int:
     status, detail = result[0], result[1]
     if status == "stale_epoch":
@@ -225,13 +235,14 @@ class ReservationStore:
 
     async def reserve(self, epoch: int, placements: Sequence[Reservation],
                       groups: Sequence[GroupClaim] = (), check_limits: bool = True,
-                      releases: Sequence[tuple[str, str]] = ()) -> None:
+                      releases: Sequence[tuple[str, str]] = (), released_through: int = 0
+                      ) -> None:
         """Commits all placements and group claims, or none (raises StaleEpochError or
         ReservationConflict). Quotas and tokens are checked unless `check_limits` is false
         (re-reserving attempts that already run: a lowered limit stops nothing).
-        `releases` (as `release` takes them) are written first, in the same round trip;
-        they stand whether or not the placements are refused."""
-        calls = [self._release_call(epoch, releases)] if releases else []
+        `releases` and `released_through` (as `release` takes them) are written first, in
+        the same round trip; they stand whether or not the placements are refused."""
+        calls = [self._release_call(epoch, releases, released_through)] if releases else []
         if placements:
             calls.append(self._reserve_call(epoch, placements, groups, check_limits))
         if calls:
@@ -306,31 +317,43 @@ class ReservationStore:
         keys = [redis_keys.EPOCH, *(redis_keys.host(w) for w in hosts)]
         return _check(await self._fenced(self._unhold, keys, [epoch, job_id]))
 
-    async def release(self, epoch: int, releases: Sequence[tuple[str, str]]) -> int:
-        """Releases (worker_id, attempt_key) pairs; returns how many were still held."""
+    async def release(self, epoch: int, releases: Sequence[tuple[str, str]],
+                      released_through: int = 0) -> int:
+        """Releases (worker_id, attempt_key) pairs; returns how many were still held.
+        `released_through`: the events sequence through which these are all the releases
+        the caller's fold owes (recorded as redis_keys.RELEASED_THROUGH if higher; 0 says
+        nothing)."""
         if not releases:
             return 0
-        (result,) = await self._fenced_calls([self._release_call(epoch, releases)])
+        (result,) = await self._fenced_calls([self._release_call(epoch, releases,
+                                                                 released_through)])
         return _check(result)
 
-    def _release_call(self, epoch: int, releases: Sequence[tuple[str, str]]) -> ScriptCall:
+    def _release_call(self, epoch: int, releases: Sequence[tuple[str, str]],
+                      released_through: int) -> ScriptCall:
         keys = [redis_keys.EPOCH, redis_keys.GROUPS]
         for worker_id, _ in releases:
             keys += [redis_keys.host(worker_id), redis_keys.host_allocations(worker_id)]
-        keys.append(redis_keys.LIMITS_USED)
-        return self._release, keys, [epoch, *(key for _, key in releases)]
+        keys += [redis_keys.LIMITS_USED, redis_keys.RELEASED_THROUGH]
+        return self._release, keys, [epoch, released_through, *(key for _, key in releases)]
 
     async def usage(self) -> tuple[list[HostUsage], list[GroupUsage]]:
         """Every host's capacity and reservations and every group claim (for reconciliation
         and checks), read in one MULTI: a commit landing between two reads would otherwise
         look like a disagreement, e.g. between a host's counters and its reservations."""
-        hosts, groups, _ = await self.usage_with_limits()
-        return hosts, groups
+        snapshot = await self.snapshot()
+        return snapshot.hosts, snapshot.groups
 
     async def usage_with_limits(self) -> tuple[list[HostUsage], list[GroupUsage],
                                                dict[str, str]]:
-        """usage(), and the limits-use hash read in the same MULTI (the checker compares
-        its counters with the reservations)."""
+        """usage(), and the limits-use hash read in the same MULTI."""
+        snapshot = await self.snapshot()
+        return snapshot.hosts, snapshot.groups, snapshot.limits_used
+
+    async def snapshot(self) -> UsageSnapshot:
+        """usage(), with the limits-use hash and RELEASED_THROUGH read in the same MULTI
+        (the checker compares the counters with the reservations, and tells an owed
+        release from a leak)."""
         # The client decodes responses (redis_io.connect), so every value here is a str.
         hosts: set[str] = await self.client.smembers(redis_keys.HOSTS)  # type: ignore[assignment]
         groups: set[str] = await self.client.smembers(redis_keys.GROUPS)  # type: ignore[assignment]
@@ -342,8 +365,10 @@ class ReservationStore:
             for key in group_keys:
                 pipe.hgetall(key)
             pipe.hgetall(redis_keys.LIMITS_USED)
-            replies: list[dict[str, str]] = await pipe.execute()
-        limits_used = replies.pop()
+            pipe.get(redis_keys.RELEASED_THROUGH)
+            replies: list[Any] = await pipe.execute()
+        released_through = int(replies.pop() or 0)
+        limits_used: dict[str, str] = replies.pop()
         host_usage: list[HostUsage] = []
         for n, worker_id in enumerate(worker_ids):
             h, allocs = replies[2 * n:2 * n + 2]
@@ -366,7 +391,7 @@ class ReservationStore:
                 members=tuple(_worker_of_host_key(m) for m in members),
                 exclusive=g.get("exclusive") == "1", live=int(g.get("live", 0)),
             ))
-        return host_usage, group_usage, limits_used
+        return UsageSnapshot(host_usage, group_usage, limits_used, released_through)
 
     async def host_usage(self) -> list[HostUsage]:
         return (await self.usage())[0]

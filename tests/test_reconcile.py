@@ -70,6 +70,25 @@ async def test_an_attempt_ending_while_redis_is_read_is_not_reserved_again(
         assert [list(h.allocations) for h in await store.host_usage()] == [[]]
 
 
+async def test_releases_say_how_far_they_go_only_once_the_take_over_has_reconciled(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer]) -> None:
+    """A take-over's replay carries out no releases; its reconcile releases what the replay
+    ended. A release written before that must not claim RELEASED_THROUGH up to the fold,
+    or the checker would call the replay's unreleased reservations leaks."""
+    async with leader_on(nc, clean_servers[1]) as (leader, store, epoch):
+        await running_and_reserved(leader, store, epoch)
+        leader.state.apply(5, report(0, TaskState.SUCCEEDED, 0))  # replayed: no effects
+        leader.unreleased.append(("w1", attempt_key("j0", 0, 0)))
+        await leader._flush_releases()
+        snapshot = await store.snapshot()
+        assert snapshot.released_through == 0
+        assert list(snapshot.hosts[0].allocations) == [attempt_key("j1", 0, 0)]
+        await leader._reconcile()
+        snapshot = await store.snapshot()
+        assert list(snapshot.hosts[0].allocations) == []
+        assert snapshot.released_through == 5 and leader.releases_complete
+
+
 async def test_a_host_whose_registration_is_still_queued_is_recorded_before_a_commit(
         nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer]) -> None:
     """Hosts are recorded in Redis in the background (many per round trip), so a tick may
@@ -102,18 +121,22 @@ async def test_a_release_that_failed_is_retried_without_waiting_for_a_commit(
         release = store.release
         tries: list[int] = []
 
-        async def failing_twice(epoch: int, releases: list[tuple[str, str]]) -> None:
+        async def failing_twice(epoch: int, releases: list[tuple[str, str]],
+                                released_through: int = 0) -> None:
             tries.append(len(releases))
             if len(tries) <= 2:
                 raise failure
-            await release(epoch, releases)
+            await release(epoch, releases, released_through)
 
         monkeypatch.setattr(store, "release", failing_twice)
+        leader.releases_complete = True  # as after a take-over's reconcile
         await leader._carry_out(leader.state.apply(5, report(0, TaskState.SUCCEEDED, 0)))
         assert leader.release_task is not None
         await asyncio.wait_for(leader.release_task, 10)
         assert tries == [1, 1, 1] and leader.unreleased == []
-        assert [list(h.allocations) for h in await store.host_usage()] == [[]]
+        snapshot = await store.snapshot()
+        assert [list(h.allocations) for h in snapshot.hosts] == [[]]
+        assert snapshot.released_through == 5  # the fold's, with the release it covers
 
 
 async def test_a_commit_sends_the_releases_owed_in_its_own_round_trip(
@@ -132,7 +155,8 @@ async def test_a_commit_sends_the_releases_owed_in_its_own_round_trip(
         assert leader.unreleased == owed
         leader.state.apply(6, submitted("j2"))
 
-        async def not_alone(epoch: int, releases: list[tuple[str, str]]) -> int:
+        async def not_alone(epoch: int, releases: list[tuple[str, str]],
+                            released_through: int = 0) -> int:
             raise AssertionError("a release sent in a round trip of its own")
 
         monkeypatch.setattr(store, "release", not_alone)

@@ -148,6 +148,33 @@ async def test_release_is_idempotent(store: ReservationStore) -> None:
     assert (usage.used, usage.allocations) == (Amounts(), {})
 
 
+async def test_released_through_is_recorded_with_releases_and_only_rises(
+        store: ReservationStore) -> None:
+    """RELEASED_THROUGH tells the checker how far the leader's releases have gone: written
+    in the release's own script (and a commit's), never lowered, never by a deposed
+    leader, and not by a release that says nothing (0)."""
+    epoch = await leader_with_hosts(store, "h1")
+    await store.reserve(epoch, [res("h1", f"j/{n}/0", 100) for n in range(5)])
+    assert (await store.snapshot()).released_through == 0
+    await store.release(epoch, [("h1", "j/0/0")], 40)
+    assert (await store.snapshot()).released_through == 40
+    await store.release(epoch, [("h1", "j/1/0")], 30)  # a stale claim: kept at 40
+    await store.release(epoch, [("h1", "j/2/0")])
+    assert (await store.snapshot()).released_through == 40
+    await store.reserve(epoch, [res("h1", "k/0/0", 100)], releases=[("h1", "j/3/0")],
+                        released_through=55)
+    snapshot = await store.snapshot()
+    assert snapshot.released_through == 55
+    assert sorted(snapshot.hosts[0].allocations) == ["j/4/0", "k/0/0"]
+    await store.client.delete("berth:leader")
+    new = await store.acquire_lease("b", 60_000)
+    with pytest.raises(StaleEpochError):
+        await store.release(epoch, [("h1", "j/4/0")], 90)
+    assert (await store.snapshot()).released_through == 55
+    await store.release(new, [("h1", "j/4/0")], 60)
+    assert (await store.snapshot()).released_through == 60
+
+
 async def test_a_deposed_leader_cannot_write(store: ReservationStore) -> None:
     old = await leader_with_hosts(store, "h1")
     await store.client.delete("berth:leader")

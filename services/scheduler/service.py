@@ -270,6 +270,11 @@ class Leader:
         # fold pauses, and always before a tick reserves (the Lua must never find in Redis
         # what the fold has already freed).
         self.unreleased: list[tuple[str, str]] = []
+        # Whether every release owed for the events folded so far is either written or in
+        # `unreleased`: not so until the take-over's reconcile has released what the
+        # replay ended (the replay carries out no effects). Until then a write of releases
+        # says nothing of how far they go (redis_keys.RELEASED_THROUGH).
+        self.releases_complete = False
         self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
         # The last tick, if it placed, committed and preempted nothing: the ticks after it
         # are skipped while nothing it was given changes (idle_tick.py).
@@ -421,6 +426,7 @@ class Leader:
         # gone out, and its reservation was written back for good (bench/partitions.py
         # nats-minority, 2 disagreements once in 15 runs).
         live = {w.worker_id: set(w.live_attempts) for w in self.state.workers.values()}
+        folded_through = self.state.last_seq
         stale: list[tuple[str, str]] = []
         missing: dict[str, list[str]] = {}
         holds: dict[str, list[str]] = {}
@@ -441,7 +447,10 @@ class Leader:
         # Stale ones first: the capacity they hold may be what a lost one needs back.
         if stale:
             log.info("releasing %d reservations with no live attempt", len(stale))
-            await self.store.release(self.epoch, stale)
+            await self.store.release(self.epoch, stale, folded_through)
+        # Every reservation in Redis of an attempt the fold has ended was in `stale` (and
+        # none is ever made again), so from here the releases owed are all in `unreleased`.
+        self.releases_complete = True
         # Under the release lock, and only what is still live: a release folded from now on
         # reaches Redis after the reservation it undoes.
         async with self.release_lock:
@@ -603,18 +612,22 @@ class Leader:
 
     async def _flush_releases(self) -> None:
         while self.unreleased:
-            async with self._owed_releases() as owed:
-                await self.store.release(self.epoch, owed)
+            async with self._owed_releases() as (owed, through):
+                await self.store.release(self.epoch, owed, through)
 
     @contextlib.asynccontextmanager
-    async def _owed_releases(self) -> AsyncIterator[list[tuple[str, str]]]:
-        """The releases owed, taken under the release lock for one write. Owed again if the
+    async def _owed_releases(self) -> AsyncIterator[tuple[list[tuple[str, str]], int]]:
+        """The releases owed, taken under the release lock for one write, and the events
+        sequence through which they are all the fold owes (0 before the take-over's
+        reconcile): effects are carried out before the fold's next await, so every release
+        of an event folded so far is in `unreleased` or already written. Owed again if the
         write fails (the next flush or commit retries them), unless Redis refused the
         reservations written after them: they stand then."""
         async with self.release_lock:
             owed, self.unreleased = self.unreleased, []
+            through = self.state.last_seq if self.releases_complete else 0
             try:
-                yield owed
+                yield owed, through
             except ReservationConflict:
                 raise
             except BaseException:
@@ -1159,8 +1172,9 @@ class Leader:
         """The reservations, after the releases still owed, in one round trip: a commit
         soon after reports (one lone job after another) paid two. The releases stand even
         when the reservations are refused; on any other error they are owed still."""
-        async with self._owed_releases() as owed:
-            await self.store.reserve(self.epoch, reservations, groups, releases=owed)
+        async with self._owed_releases() as (owed, through):
+            await self.store.reserve(self.epoch, reservations, groups, releases=owed,
+                                     released_through=through)
 
     async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
         """Tasks this tick could not place whose scheduling_timeout has run out become

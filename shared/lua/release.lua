@@ -2,12 +2,15 @@
 -- was declared dead). Releasing an attempt that holds nothing changes nothing. When a
 -- group's last reservation goes, the group and its hosts are free for another gang.
 -- KEYS[1] the fencing epoch; KEYS[2] the set of held group keys;
--- KEYS[3+2k], KEYS[4+2k]: host hash, allocation hash of release k; last, the limits-use
+-- KEYS[3+2k], KEYS[4+2k]: host hash, allocation hash of release k; then the limits-use
 -- hash (redis_keys.LIMITS_USED), where the reservation's quota use ("u") and tokens
--- ("tok") go back. A reservation's ports
+-- ("tok") go back; last, redis_keys.RELEASED_THROUGH. A reservation's ports
 -- are released from the address port hash it recorded (pk), its devices from the device
 -- hash it recorded (dk), as its group from its group key.
--- ARGV[1] the caller's epoch; ARGV[k+2] the attempt key of release k (k = 0 ..)
+-- ARGV[1] the caller's epoch; ARGV[2] the log sequence through which the caller's fold
+-- owes no release but these (0: not said); ARGV[k+3] the attempt key of release k
+-- (k = 0 ..). RELEASED_THROUGH only rises: the checker reads it to tell a release still
+-- owed from a leaked reservation.
 -- Returns {"ok", released} or {"stale_epoch", current}.
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tonumber(ARGV[1]) ~= current then
@@ -15,10 +18,10 @@ if tonumber(ARGV[1]) ~= current then
 end
 local dims = {'cpu', 'mem', 'disk', 'dev'}
 local released = 0
-local UK = KEYS[#KEYS]
-for k = 0, #ARGV - 2 do
+local UK = KEYS[#KEYS - 1]
+for k = 0, #ARGV - 3 do
   local host, alloc = KEYS[3 + 2 * k], KEYS[4 + 2 * k]
-  local key = ARGV[k + 2]
+  local key = ARGV[k + 3]
   local held = redis.call('HGET', alloc, key)
   if held then
     local a = cjson.decode(held)
@@ -56,5 +59,9 @@ for k = 0, #ARGV - 2 do
     end
     released = released + 1
   end
+end
+local through = tonumber(ARGV[2])
+if through > tonumber(redis.call('GET', KEYS[#KEYS]) or '0') then
+  redis.call('SET', KEYS[#KEYS], ARGV[2])
 end
 return {'ok', tostring(released)}
