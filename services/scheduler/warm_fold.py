@@ -21,7 +21,7 @@ from pathlib import Path
 import nats.errors
 from nats.js import JetStreamContext
 
-from berth.shared import nats_io, state_snapshot
+from berth.shared import nats_io, service, state_snapshot
 from berth.shared.lifecycle import ClusterState
 from berth.shared.usage import FairShare
 
@@ -108,9 +108,9 @@ class WarmFold:
 
     async def _stop_following(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Cancelled until it ends: its stream checks are nats-py requests, which can
+            # drop a cancellation (service.cancel_and_wait), and a take-over waits here.
+            await service.cancel_and_wait([self._task])
             self._task = None
 
     async def _follow(self, js: JetStreamContext) -> None:
