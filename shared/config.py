@@ -291,6 +291,9 @@ class Settings:
     # loopback unless a host is, since metrics name workers and show the cluster's load.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
+    # Scheduler: the heartbeats a second it asks of the whole cluster, by slowing every
+    # worker's heartbeat (never below heartbeat_interval); 0: each keeps its own.
+    heartbeat_rate: float = 2000.0
 
     @property
     def fence_after(self) -> float:
@@ -298,6 +301,20 @@ class Settings:
         may keep its tasks running: less than the scheduler waits before it may declare the
         worker dead (from when it heard that heartbeat), by the margin (docs/reliability.md)."""
         return self.worker_dead_after - self.fence_margin
+
+    @property
+    def longest_heartbeat_interval(self) -> float:
+        """The slowest heartbeat a leader may ask for: a third of fence_after, so two
+        heartbeats in a row may go unanswered before a worker fences itself (or the
+        configured interval, if that is longer already)."""
+        return max(self.heartbeat_interval, self.fence_after / 3)
+
+    def heartbeat_interval_asked(self, asked: float) -> float:
+        """The interval a worker heartbeats at when the leader asks for `asked` seconds
+        (0: nothing asked): never faster than its own, nor slower than the longest."""
+        if not asked > 0:
+            return self.heartbeat_interval
+        return min(max(asked, self.heartbeat_interval), self.longest_heartbeat_interval)
 
     def __post_init__(self) -> None:
         if not 1 <= self.stream_replicas <= 5:
@@ -341,7 +358,16 @@ class Settings:
             fair_share=fair_share(),
             metrics_host=os.environ.get("BERTH_METRICS_HOST") or "127.0.0.1",
             metrics_port=metrics_port(),
+            heartbeat_rate=_heartbeat_rate(),
         )
+
+
+def _heartbeat_rate() -> float:
+    rate = _env_float("BERTH_HEARTBEAT_RATE", 2000.0)
+    if not rate >= 0:
+        raise SystemExit(f"BERTH_HEARTBEAT_RATE={rate:g} must be 0 (workers keep their own "
+                         "interval) or more (heartbeats a second)")
+    return rate
 
 
 def fair_share() -> FairShare:

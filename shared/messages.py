@@ -953,12 +953,21 @@ class ResetWorker(Command, tag="reset"):
 AnyCommand = RunAttempt | KillAttempt | ResetWorker
 
 
+# Seconds; at most a day, so no value can stop a worker's heartbeat (NaN is refused too).
+HeartbeatInterval = Annotated[float, msgspec.Meta(ge=0, le=86400)]
+
+
 class LeaderAnnouncement(msgspec.Struct, kw_only=True):
-    """Broadcast on election so workers refuse commands of older epochs at once."""
+    """Broadcast on election so workers refuse commands of older epochs at once, and again
+    when the leader's heartbeat pace changes."""
 
     v: int = SCHEMA_VERSION
     epoch: int
     scheduler_id: str
+    # The heartbeat interval the leader asks for (0: none). Anyone allowed on the subject
+    # could claim it, so only simulated hosts heed it here; a real worker takes it from
+    # the answer to its own heartbeat (HeartbeatAck).
+    heartbeat_interval: HeartbeatInterval = 0.0
 
 
 class DeviceStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -978,6 +987,9 @@ class HeartbeatAck(msgspec.Struct, kw_only=True):
 
     v: int = SCHEMA_VERSION
     epoch: int
+    # How often the leader asks this worker to heartbeat (0: as it likes); the worker
+    # clamps it (Settings.heartbeat_interval_asked).
+    heartbeat_interval: HeartbeatInterval = 0.0
 
 
 class Heartbeat(msgspec.Struct, kw_only=True):

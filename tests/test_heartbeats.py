@@ -1,8 +1,15 @@
-"""The leader's reading of a heartbeat: what to kill, and what to send again."""
+"""The leader's reading of a heartbeat: what to kill, and what to send again; and the
+heartbeat pace it asks of the workers."""
 
 from __future__ import annotations
 
-from berth.services.scheduler.heartbeats import judge
+import dataclasses
+
+import msgspec
+import pytest
+
+from berth.services.scheduler.heartbeats import judge, pace
+from berth.shared.config import Settings
 from berth.shared.lifecycle import ClusterState
 from berth.shared.messages import Heartbeat
 from berth.shared.states import TaskState
@@ -93,3 +100,41 @@ def test_a_live_attempt_missing_beside_a_stray_is_still_judged() -> None:
                     now=500.0, grace=GRACE)
     assert verdict.strays == [("j9", 0, 0)]
     assert verdict.lost_runs == [("j1", 1, 0)]
+
+
+@pytest.mark.parametrize(("live", "interval", "rate", "longest", "expected"), [
+    (0, 1.0, 2000, 3.75, 1.0),  # no workers yet
+    (1000, 1.0, 2000, 3.75, 1.0),  # 1,000 a second at 1 s: within the rate
+    (2000, 1.0, 2000, 3.75, 1.0),
+    (2001, 1.0, 2000, 3.75, 1.5),  # just over: the next step
+    (5000, 1.0, 2000, 3.75, 2.5),
+    (10000, 1.0, 2000, 3.75, 3.75),  # 5 s wanted, capped so two may be lost
+    (10000, 1.0, 0, 3.75, 1.0),  # rate 0: the configured interval
+    (10000, 5.0, 2000, 3.75, 5.0),  # never below the configured interval
+    (300, 0.2, 1000, 3.75, 0.5),  # 1,500 a second at 0.2 s: one step
+])
+def test_the_pace_slows_heartbeats_to_the_rate_within_the_bounds(
+        live: int, interval: float, rate: float, longest: float, expected: float) -> None:
+    assert pace(live, interval, rate, longest) == expected
+
+
+def test_a_worker_takes_the_pace_asked_within_its_own_bounds() -> None:
+    settings = dataclasses.replace(Settings.from_env(), heartbeat_interval=1.0,
+                                   worker_dead_after=15.0, fence_margin=3.75)
+    assert settings.longest_heartbeat_interval == 3.75  # a third of the 11.25 s fence
+    assert settings.heartbeat_interval_asked(0.0) == 1.0  # nothing asked
+    assert settings.heartbeat_interval_asked(2.5) == 2.5
+    assert settings.heartbeat_interval_asked(0.1) == 1.0  # never faster than its own
+    assert settings.heartbeat_interval_asked(60.0) == 3.75  # nor past its fence's third
+    slow = dataclasses.replace(settings, heartbeat_interval=5.0)
+    assert slow.heartbeat_interval_asked(2.0) == slow.heartbeat_interval_asked(60.0) == 5.0
+
+
+def test_an_answer_cannot_carry_an_interval_that_would_stop_heartbeats() -> None:
+    from berth.shared.messages import HeartbeatAck, heartbeat_ack_decoder
+
+    assert heartbeat_ack_decoder.decode(b'{"epoch": 3, "heartbeat_interval": 2.5}') == \
+        HeartbeatAck(epoch=3, heartbeat_interval=2.5)
+    for bad in (b"-1", b"1e9", b"NaN", b'"2"'):
+        with pytest.raises(msgspec.DecodeError):
+            heartbeat_ack_decoder.decode(b'{"epoch": 3, "heartbeat_interval": ' + bad + b"}")

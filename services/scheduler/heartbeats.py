@@ -1,8 +1,10 @@
-"""What a worker's heartbeat tells the leader to re-send: a pure function over the fold."""
+"""What a worker's heartbeat tells the leader to re-send (a pure function over the fold),
+and how often the leader asks the workers to heartbeat."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 from berth.shared.lifecycle import ClusterState, WorkerView
@@ -10,6 +12,22 @@ from berth.shared.messages import Heartbeat, parse_attempt_key
 from berth.shared.states import TaskState
 
 AttemptRef = tuple[str, int, int]  # job id, task index, attempt id
+
+# The paced interval moves in steps this long, so one worker joining or leaving seldom
+# changes it (each change is a broadcast, and every worker's next answer carries it).
+PACE_STEP = 0.5
+
+
+def pace(live_workers: int, interval: float, rate: float, longest: float) -> float:
+    """The heartbeat interval the leader asks of every worker: `interval` (the configured
+    one), or longer when that many workers at it would send more than `rate` heartbeats a
+    second (each costs the leader and the dashboard alike), rounded up to PACE_STEP; never
+    above `longest` (Settings.longest_heartbeat_interval) unless `interval` is. Rate 0:
+    `interval`."""
+    if not rate > 0 or live_workers <= 0:
+        return interval
+    wanted = math.ceil(live_workers / rate / PACE_STEP) * PACE_STEP
+    return max(interval, min(wanted, longest))
 
 
 @dataclass

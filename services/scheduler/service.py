@@ -211,7 +211,9 @@ class Leader:
         self.scheduler_id = scheduler_id
         self.lease = lease
         self.epoch = lease.epoch
-        # The answer to a heartbeat: the epoch a worker may trust (docs/reliability.md).
+        # The answer to a heartbeat: the epoch a worker may trust (docs/reliability.md),
+        # and the interval asked of it (heartbeats.pace, set by _pace_heartbeats).
+        self.heartbeat_pace = settings.heartbeat_interval
         self.ack = encode(HeartbeatAck(epoch=self.epoch))
         # Until when (CLOCK_MONOTONIC) the lease is surely still ours: its TTL, less a
         # safety share, from when the acquiring or renewing call was sent (Redis starts the
@@ -390,6 +392,8 @@ class Leader:
         # What the replay built lives as long as the term: keep the collector off it.
         gc.freeze()
         await self._reconcile()
+        # Before the first heartbeat is answered: a large cluster's workers stay paced.
+        await self._pace_heartbeats(len(self._live_workers()))
         log.info(
             "leading with epoch %d: %d jobs, %d workers, %d pending tasks (%d events folded "
             "in the take-over)", self.epoch, len(self.state.jobs), len(self.state.workers),
@@ -1428,7 +1432,7 @@ class Leader:
         now = time.time()
         as_of = min(now, max(hb.ts, now - self.settings.worker_dead_after))
         return heartbeats.judge(self.state, worker, hb, as_of,
-                                grace=2 * self.settings.heartbeat_interval)
+                                grace=2 * self.heartbeat_pace)
 
     async def _reconcile_worker(self, worker: WorkerView, verdict: heartbeats.Verdict) -> None:
         for job_id, index, attempt_id in verdict.strays:
@@ -1467,13 +1471,34 @@ class Leader:
                 for worker in self._live_workers():
                     self.last_heartbeat[worker.worker_id] = now
             last_look = now
-            for worker in self._live_workers():
+            live = self._live_workers()
+            await self._pace_heartbeats(len(live))
+            for worker in live:
                 seen = self.last_heartbeat.setdefault(worker.worker_id, now)
                 silent = now - seen
                 if silent > self.settings.worker_dead_after:
                     await self._declare_dead(worker, silent)
                     self.last_heartbeat[worker.worker_id] = now
             await self._judge_node_health()
+
+    async def _pace_heartbeats(self, live_workers: int) -> None:
+        """Asks every worker for a slower heartbeat as the cluster grows, so the leader and
+        the dashboard hear about BERTH_HEARTBEAT_RATE a second, not one per host per
+        interval: in every answer to a heartbeat (which a real worker trusts), and in a
+        broadcast (which simulated hosts heed)."""
+        pace = heartbeats.pace(live_workers, self.settings.heartbeat_interval,
+                               self.settings.heartbeat_rate,
+                               self.settings.longest_heartbeat_interval)
+        if pace == self.heartbeat_pace:
+            return
+        log.info("asking workers for a heartbeat every %g s (%d live workers, at most "
+                 "BERTH_HEARTBEAT_RATE=%g a second)", pace, live_workers,
+                 self.settings.heartbeat_rate)
+        self.heartbeat_pace = pace
+        self.ack = encode(HeartbeatAck(epoch=self.epoch, heartbeat_interval=pace))
+        self._check_lease()
+        await self.nc.publish(subjects.LEADER, encode(LeaderAnnouncement(
+            epoch=self.epoch, scheduler_id=self.scheduler_id, heartbeat_interval=pace)))
 
     async def _judge_node_health(self) -> None:
         """Quarantines the hosts whose failures meet the policy, and preempts what still

@@ -155,6 +155,8 @@ class WorkerAgent:
         # task's supervisor kills the task at this deadline unless it is renewed, so a
         # paused or cut-off agent's tasks are gone before the scheduler may declare it dead.
         self.fence_deadline = time.monotonic() + settings.fence_after
+        # As the leader asks (Settings.heartbeat_interval_asked): slower in a large cluster.
+        self.heartbeat_interval = settings.heartbeat_interval
 
     # --- life -------------------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class WorkerAgent:
         await service.wait_or_stop(stop, first_heartbeat_after)
         while not stop.is_set():
             await self._heartbeat()
-            await service.wait_or_stop(stop, self.settings.heartbeat_interval)
+            await service.wait_or_stop(stop, self.heartbeat_interval)
         await cmd_sub.unsubscribe()
         if leader_sub is not None:
             await leader_sub.unsubscribe()
@@ -310,6 +312,7 @@ class WorkerAgent:
         except msgspec.DecodeError:
             return  # an answer without an epoch (an older scheduler): the fence only
         self.epochs.answered(ack.epoch, sent)
+        self.heartbeat_interval = self.settings.heartbeat_interval_asked(ack.heartbeat_interval)
 
     async def _check_epoch(self) -> None:
         """A heartbeat out of turn: its answer tells which epoch really leads. One at a
@@ -350,6 +353,10 @@ class WorkerAgent:
     def on_leader(self, ann: LeaderAnnouncement) -> None:
         if self.simulate is None and self.epochs.unchecked(ann.epoch):
             self._spawn(self._check_epoch())
+        if self.simulate is not None and ann.epoch >= self.epochs.current:
+            # Simulated hosts get no answers: they take the pace from the broadcast.
+            self.heartbeat_interval = self.settings.heartbeat_interval_asked(
+                ann.heartbeat_interval)
         if self._claimed(ann.epoch):
             # A new leader starts every worker's heartbeat clock after this announcement:
             # no verdict on this worker can come sooner than that, whatever the old one
