@@ -194,8 +194,12 @@ def check(state: ClusterState, hosts: Sequence[HostUsage], groups: Sequence[Grou
 def _not_yet_assigned(state: ClusterState, key: str) -> bool:
     """Whether attempt `key` is one the log has yet to assign: its task is pending and the
     key is at or past the task's next attempt id (a key below it is an attempt the log
-    already knows, or one it voided)."""
-    job_id, index, attempt_id = parse_attempt_key(key)
+    already knows, or one it voided). A key that is no attempt key is not (a leak to show,
+    not a reason for the checker to stop)."""
+    try:
+        job_id, index, attempt_id = parse_attempt_key(key)
+    except ValueError:
+        return False
     task = state.task(job_id, index)
     return (task is not None and task.state == TaskState.PENDING
             and attempt_id >= task.next_attempt_id())

@@ -114,11 +114,11 @@ def test_a_commit_whose_assignment_is_not_logged_yet_is_not_a_violation() -> Non
                                  state=TaskState.FAILED, exit_code=1))
     assert state.jobs["j2"].tasks[0].state == TaskState.PENDING  # retried
     redis = [host({f"{key}": Allocation(key[:2], NEED, (), "")
-                   for key in ("j1/0/0", "j1/0/3", "j2/0/0", "j2/0/1", "j1/1/0")})]
+                   for key in ("j1/0/0", "j1/0/3", "j2/0/0", "j2/0/1", "j1/1/0", "garbage")})]
     report = check(state, redis, [], released_through=5)
     assert report.assignments_unlogged == ["w1: j1/0/0", "w1: j1/0/3", "w1: j2/0/1"]
     # j2/0/0 ended (at or before RELEASED_THROUGH): a leak; j1 has no task 1.
-    assert report.reservations_without_attempt == ["w1: j1/1/0", "w1: j2/0/0"]
+    assert report.reservations_without_attempt == ["w1: garbage", "w1: j1/1/0", "w1: j2/0/0"]
     assert report.releases_owed == []
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import secrets
 import time
@@ -19,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from berth.services.dashboard_api import timeline
-from berth.shared import nats_io, state_snapshot, subjects
+from berth.shared import nats_io, service, state_snapshot, subjects
 from berth.shared.durable_feed import DurableEventFeed
 from berth.shared.event_origin import RefusedEvent, read_heartbeat
 from berth.shared.lifecycle import AttemptView, ClusterState, JobView
@@ -113,11 +112,9 @@ class Projection:
     async def stop(self) -> None:
         if self._sample_timer is not None:
             self._sample_timer.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Until they end (a dropped cancellation, service.cancel_and_wait, held the stop
+        # until its deadline, and the snapshot below was never saved).
+        await service.cancel_and_wait(self._tasks)
         await self.save_snapshot()
 
     # --- folding --------------------------------------------------------------------------

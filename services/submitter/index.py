@@ -7,7 +7,6 @@ jobs and dedup", says why this and not a Redis key."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -112,6 +111,4 @@ class JobIndex:
 
     async def close(self) -> None:
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._follower
+            await service.cancel_and_wait([self._follower])
