@@ -85,6 +85,7 @@ def check_metrics(stack: Stack, placed_before: float) -> None:
     assert scheduler["berth_scheduler_placements_total"] == placed_before + 3
     assert scheduler["berth_refused_double_bookings"] == 0
     assert scheduler["berth_scheduler_leader"] == 1
+    assert scheduler["berth_heartbeat_interval_seconds"] == 0.5  # two workers: not paced
     assert scheduler["berth_scheduler_tick_seconds_count"] >= 1
     assert scheduler['berth_pending_tasks{band="batch"}'] == 0
     assert scheduler['berth_workers{state="in_service"}'] == 2

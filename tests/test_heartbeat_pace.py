@@ -15,13 +15,14 @@ from berth.shared import subjects
 from berth.shared.messages import JobSpec, Resources
 from berth.stack import Stack
 from tests.conftest import get_json, wait_for_job, wait_until
+from tests.test_end_to_end import scrape
 
 
 async def test_a_leader_slows_every_workers_heartbeat_to_its_rate(make_stack, nc: NATS
                                                                   ) -> None:
     # Two workers at 0.2 s would be 10 heartbeats a second; the leader asks for 2 a
     # second: each worker's every 1 s (within a third of the 4.5 s fence).
-    stack: Stack = make_stack(workers=2, extra_env={
+    stack: Stack = make_stack(workers=2, metrics=True, extra_env={
         "BERTH_HEARTBEAT_INTERVAL": "0.2", "BERTH_HEARTBEAT_RATE": "2",
         "BERTH_WORKER_DEAD_AFTER": "6"})
     log = stack.data_dir / "logs" / "scheduler.log"
@@ -49,3 +50,4 @@ async def test_a_leader_slows_every_workers_heartbeat_to_its_rate(make_stack, nc
     await wait_for_job(stack, str(outcome.job_id), {"succeeded"})
     assert all(w["healthy"] for w in get_json(stack, "/api/workers"))
     assert "declared dead" not in log.read_text()
+    assert scrape(stack.metrics_urls["scheduler"])["berth_heartbeat_interval_seconds"] == 1.0

@@ -78,6 +78,9 @@ def instrument(term: Term, js: JetStreamContext, store: ReservationStore
         if leader is None:
             return
         yield metrics.gauge("berth_scheduler_term_epoch", "This leader's epoch", leader.epoch)
+        yield metrics.gauge("berth_heartbeat_interval_seconds",
+                            "The heartbeat interval this leader asks of every worker "
+                            "(BERTH_HEARTBEAT_RATE)", leader.heartbeat_pace)
         yield from metrics.state_metrics(leader.state, term.stream_seq)
         age = metrics.gauge("berth_worker_heartbeat_age_seconds",
                             "Seconds since the leader last heard the worker's heartbeat",
