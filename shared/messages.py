@@ -144,8 +144,15 @@ class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     key: Annotated[str, Meta(min_length=1, max_length=128)]
     op: Op
     value: Annotated[str, Meta(max_length=1024)] | None = None
-    values: list[Annotated[str, Meta(max_length=1024)]] | None = None
+    # A tuple, so a constraint hashes: placement keys its per-tick caches by a task's
+    # constraints, and a list here made every tick with an IN constraint raise, stopping
+    # the leader and every scheduler after it on the same waiting job.
+    values: tuple[Annotated[str, Meta(max_length=1024)], ...] | None = None
     mode: ConstraintMode = ConstraintMode.REQUIRED
+
+    def __post_init__(self) -> None:
+        if self.values is not None and type(self.values) is not tuple:
+            msgspec.structs.force_setattr(self, "values", tuple(self.values))
 
 
 # A band's rank, lowest first: read several times in each task's fold.

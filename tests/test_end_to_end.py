@@ -247,3 +247,28 @@ async def test_stopped_worker_fails_over_to_another_worker(make_stack, nc: NATS,
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the worker really stopped attempt 0's process
     assert stack.children[first_worker].wait(10) == 0
+
+
+async def test_in_constraints_place_and_wait_and_the_scheduler_stays_up(make_stack,
+                                                                        nc: NATS) -> None:
+    """A task with an IN constraint once stopped the leader's tick (and every scheduler
+    after it, on the same waiting job): the fault suite's fuzzed submits found it."""
+    from berth.shared.messages import Constraint, Op
+
+    stack: Stack = make_stack(workers=0)
+    stack.start_worker("zoned", 1, 512, "-a", "zone=us-a")
+    small = Resources(cpu=0.1, memory_mb=32)
+    waiting = await submit_job(nc, JobSpec(name="eu", command=["true"], resources=small,
+                                           constraints=[Constraint(key="zone", op=Op.IN,
+                                                                   values=["eu"])]))
+    runs = await submit_job(nc, JobSpec(name="us", command=["true"], resources=small,
+                                        constraints=[Constraint(key="zone", op=Op.IN,
+                                                                values=["us-b", "us-a"])]))
+    await wait_for_job(stack, str(runs.job_id), {"succeeded"})
+
+    def reason() -> str:
+        job = get_json(stack, f"/api/jobs/{waiting.job_id}")
+        return str(job["tasks"][0].get("pending_reason") or "")
+
+    await wait_until(lambda: "zone IN [eu]" in reason(), what="the eu job's pending reason")
+    assert stack.children["scheduler"].poll() is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,6 +83,21 @@ ATTRS = {"region": "us", "zone": "us-a", "gen": "5", "pool": "tpu"}
 def test_constraint_operators(op: Op, key: str, value: str | None, values: list[str] | None,
                               expected: bool) -> None:
     assert holds(ATTRS, Constraint(key=key, op=op, value=value, values=values)) is expected
+
+
+def test_tasks_with_an_in_constraint_are_placed_and_left_waiting_without_raising() -> None:
+    """An IN constraint's values, decoded from a submit as a JSON list, once made the
+    constraint unhashable: the tick raised on the first such task (placement keys its
+    caches by constraints), and every scheduler stopped on the same waiting job."""
+    spec = msgspec.json.decode(b'{"key": "zone", "op": "IN", "values": ["us-a", "us-b"]}',
+                               type=Constraint)
+    nowhere = Constraint(key="zone", op=Op.IN, values=["eu"])  # built from a list
+    hosts = [Host("h1", Amounts(4000, 1000), "", dict(ATTRS))]
+    result = place([Unit("j1", (0, 1), Amounts(cpu=1000, mem=10), constraints=(spec,)),
+                    Unit("j2", (0,), Amounts(cpu=1000, mem=10), constraints=(nowhere,))],
+                   hosts)
+    assert [(a.job_id, a.task_index) for a in result.assignments] == [("j1", 0), ("j1", 1)]
+    assert "zone IN [eu]" in result.pending_reasons[("j2", 0)]
 
 
 def test_all_constraints_must_hold() -> None:
