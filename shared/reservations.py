@@ -344,12 +344,6 @@ class ReservationStore:
         snapshot = await self.snapshot()
         return snapshot.hosts, snapshot.groups
 
-    async def usage_with_limits(self) -> tuple[list[HostUsage], list[GroupUsage],
-                                               dict[str, str]]:
-        """usage(), and the limits-use hash read in the same MULTI."""
-        snapshot = await self.snapshot()
-        return snapshot.hosts, snapshot.groups, snapshot.limits_used
-
     async def snapshot(self) -> UsageSnapshot:
         """usage(), with the limits-use hash and RELEASED_THROUGH read in the same MULTI
         (the checker compares the counters with the reservations, and tells an owed

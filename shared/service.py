@@ -154,7 +154,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], again_after: float
     a cancellation that lands as its wait ends; a task in a loop then goes on for good.
     A leader's term end once waited for such a task forever: it neither led (its lease
     was gone) nor stood by for a new term, and its cluster had no leader."""
-    pending = {t for t in tasks}
+    pending = set(tasks)
     while pending:
         for task in pending:
             task.cancel()

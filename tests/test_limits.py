@@ -275,20 +275,20 @@ async def test_the_commit_checks_and_takes_quotas_and_tokens(store: ReservationS
     with pytest.raises(ReservationConflict, match="token io: 2 \\+ 1 over 2"):
         await store.reserve(epoch, [res("b/1/0", "bob", tokens=io)])
     await store.reserve(epoch, [res("b/1/0", "bob"), res("b/2/0", "bob")])
-    hosts, _, used = await store.usage_with_limits()
-    assert used == {"cpu:ann": "1000", "mem:ann": "10", "cpu:bob": "3000", "mem:bob": "30",
-                    "t:io": "2"}
-    assert miscounted_limit_use(hosts, used) == []
+    snapshot = await store.snapshot()
+    assert snapshot.limits_used == {"cpu:ann": "1000", "mem:ann": "10", "cpu:bob": "3000",
+                                    "mem:bob": "30", "t:io": "2"}
+    assert miscounted_limit_use(snapshot.hosts, snapshot.limits_used) == []
     # Releasing gives back; re-reserving what runs ignores a lowered limit.
     assert await store.release(epoch, [("h1", "a/0/0"), ("h1", "b/0/0")]) == 2
-    _, _, used = await store.usage_with_limits()
-    assert used == {"cpu:bob": "2000", "mem:bob": "20"}
+    assert (await store.snapshot()).limits_used == {"cpu:bob": "2000", "mem:bob": "20"}
     await store.set_limits(epoch, rules.redis_fields(limits(Quota(cpu=0), tokens={"io": 0})))
     with pytest.raises(ReservationConflict, match="user quota"):
         await store.reserve(epoch, [res("a/1/0")])
     await store.reserve(epoch, [res("a/0/0", tokens=io)], check_limits=False)
-    hosts, _, used = await store.usage_with_limits()
-    assert used["t:io"] == "1" and miscounted_limit_use(hosts, used) == []
+    snapshot = await store.snapshot()
+    assert snapshot.limits_used["t:io"] == "1"
+    assert miscounted_limit_use(snapshot.hosts, snapshot.limits_used) == []
     with pytest.raises(ReservationConflict, match="no token other"):
         await store.set_limits(epoch, rules.redis_fields(limits()))
         await store.reserve(epoch, [res("c/0/0", tokens=(("other", 1),))])
