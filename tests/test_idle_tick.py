@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from berth.services.scheduler import idle_tick, placement
-from berth.services.scheduler.service import DEEP_WALK_EVERY, MAX_TICK_PLACEMENTS, Leader
+from berth.services.scheduler.service import MAX_TICK_PLACEMENTS, Leader
+from berth.services.scheduler.sweep import SWEEP_EVERY
 from berth.shared.capacity import Amounts
 from berth.shared.config import Settings
 from berth.shared.lifecycle import ClusterState
@@ -258,9 +259,9 @@ def test_what_ends_a_skip() -> None:
 
 
 def test_a_walk_stops_short_only_where_no_waiting_task_could_preempt() -> None:
-    """`Leader._stop_below`: the least need of the waiting tasks, except on a walk of the
-    whole queue (one per DEEP_WALK_EVERY) and while a waiting task might evict a running
-    one (a band above the lowest running, or a gang of that band)."""
+    """`Leader._stop_below`: the least need of the waiting tasks, except while a waiting
+    task might evict a running one (a band above the lowest running, or a gang of that
+    band). A sweep of the waiting tasks starts once per SWEEP_EVERY, never two at once."""
     leader = new_leader()
     state = leader.state
     fold = folder(state)
@@ -280,10 +281,15 @@ def test_a_walk_stops_short_only_where_no_waiting_task_could_preempt() -> None:
     fold(job(2, Priority.BATCH))
     leader._file_pending()
     now = time.time()
-    assert leader._stop_below(now) is None  # the first walk is a whole one
-    assert leader.deep_walk_due == now + DEEP_WALK_EVERY
     assert leader._stop_below(now) == Amounts(1000, 100)  # the least of 2 cpu and 1 cpu
-    assert leader._stop_below(now + DEEP_WALK_EVERY) is None  # a whole walk is due again
+    first = leader.sweep  # the first tick starts a sweep
+    assert first is not None and first.jobs == ["j1", "j2"]
+    assert leader.sweep_due == now + SWEEP_EVERY
+    assert leader._stop_below(now + SWEEP_EVERY) == Amounts(1000, 100)
+    assert leader.sweep is first  # one still running is not restarted
+    leader.sweep = None
+    leader._stop_below(now + SWEEP_EVERY)
+    assert leader.sweep is not None and leader.sweep is not first
 
     fold(job(3, Priority.INTERACTIVE, gang=True))  # a gang of the running band may evict
     leader._file_pending()
@@ -291,3 +297,4 @@ def test_a_walk_stops_short_only_where_no_waiting_task_could_preempt() -> None:
     fold(job(4, Priority.PRODUCTION))  # a band above the running one may evict
     leader._file_pending()
     assert leader._stop_below(now) is None
+    assert leader.sweep is None  # a walk of the whole queue sees every waiting task

@@ -289,8 +289,8 @@ class _SingleTasks:
         self.held = held
 
     def place(self, unit: Unit, index: int, out: Placement) -> None:
-        own = [h for h in candidates(unit, self.held.get(unit.job_id, ()))
-               if unit.need.fits_in(h.free)]
+        held = self.held.get(unit.job_id)  # for a preemptor; asked of every task placed
+        own = [h for h in candidates(unit, held) if unit.need.fits_in(h.free)] if held else ()
         if own:
             mine = min(own, key=lambda h: (-h.free.cpu, h.worker_id))
             ports = _free_ports(mine, unit.ports, self.undo)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import random
@@ -24,6 +25,7 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from berth.services.scheduler import (
     placement,
     preemption,
     schedule_fires,
+    sweep,
     warm_fold,
 )
 from berth.services.scheduler import metrics as scheduler_metrics
@@ -140,13 +143,20 @@ BUS_FRESH_TTLS = 1.0
 # Placements per tick: a tick runs without yielding, and the lease must be renewed (every
 # TTL/3) while thousands of hosts free up at once. The next tick follows at once.
 MAX_TICK_PLACEMENTS = 1000
-# How often a tick walks the whole queue even though the cluster's free capacity ran out
-# before its end (placement's `stop_below`): the waiting tasks it did not reach get their
-# pending reasons and scheduling timeouts looked at then (docs/placement.md).
-DEEP_WALK_EVERY = 10.0
 # Preemptions a tick commits at most (each is one Lua call and one logged event).
 MAX_TICK_PREEMPTIONS = 200
 TICK_STATS_EVERY = 10.0
+
+
+def _bare_unit(job: JobView) -> placement.Unit:
+    """A job's unit with no tasks in it: what its spec says of every task."""
+    spec = job.spec
+    return placement.Unit(
+        job_id=job.job_id, indices=(), need=spec.resources.amounts,
+        device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
+        ports=tuple(spec.ports), gang=spec.coscheduling, user=spec.user,
+        tokens=tuple(sorted(spec.tokens.items())),
+    )
 
 
 class TickStats:
@@ -290,8 +300,13 @@ class Leader:
         self.backoff_due = idle_tick.NEVER
         self.overdue_due = idle_tick.NEVER
         self.reasons_due = idle_tick.NEVER
-        # When the next tick walks the whole queue (wall clock; see DEEP_WALK_EVERY).
-        self.deep_walk_due = 0.0
+        # The sweep of the waiting tasks the ticks' walks do not reach, while one runs,
+        # and when the next starts (wall clock; services/scheduler/sweep.py).
+        self.sweep: sweep.Sweep | None = None
+        self.sweep_due = 0.0
+        # Pending reasons found (by the ticks and the sweep) while their announcement
+        # waited for BERTH_PENDING_REASON_INTERVAL: a sweep's slice is looked at once.
+        self.unannounced: dict[tuple[str, int], str] = {}
         # Events this term folded (a metric): a plain int, since a prometheus Counter's
         # lock costs microseconds per event in a take-over's fold of a long log.
         self.folded = 0
@@ -794,15 +809,31 @@ class Leader:
         for job_id in self.pending_queue.ordered(
                 queue_order.costs(self.state.recent_use, now, fair), charge):
             self.queue_rank[job_id] = len(self.queue_rank)
-            job = self.state.jobs[job_id]
-            if job.spec.coscheduling and (job_id in held_jobs or any(
-                    t.state in ATTEMPT_LIVE for t in job.tasks)):
-                continue
-            t = self._unit_template(job)[1]
-            indices = tuple(sorted(i for i in pending(job_id) if (job_id, i) not in held))
-            # Built field by field: dataclasses.replace costs several times more.
-            yield placement.Unit(t.job_id, indices, t.need, t.device_kind, t.constraints,
-                                 t.ports, t.gang, t.user, t.tokens)
+            unit = self._unit_of(job_id, held, held_jobs)
+            if unit is not None:
+                yield unit
+
+    def _unit_of(self, job_id: str, held: AbstractSet[tuple[str, int]],
+                 held_jobs: AbstractSet[str], keep: bool = True) -> placement.Unit | None:
+        """A pending job's unit: its pending tasks not `held` back (in a retry backoff);
+        None for a gang while any of it is held back or live, or a job all held back.
+        `keep`: its template is kept for the next ticks (they are likely to reach it)."""
+        job = self.state.jobs[job_id]
+        if job.spec.coscheduling and (job_id in held_jobs or any(
+                t.state in ATTEMPT_LIVE for t in job.tasks)):
+            return None
+        cached = self.unit_templates.get(job_id)
+        # A sweep looks at a job once in SWEEP_EVERY: a template kept for each of 150,000
+        # waiting jobs would cost it more time and memory than it saves.
+        t = cached[1] if cached is not None else (
+            self._unit_template(job)[1] if keep else _bare_unit(job))
+        indices = tuple(sorted(i for i in self.pending_queue.tasks(job_id)
+                               if (job_id, i) not in held))
+        if not indices:
+            return None
+        # Built field by field: dataclasses.replace costs several times more.
+        return placement.Unit(t.job_id, indices, t.need, t.device_kind, t.constraints,
+                              t.ports, t.gang, t.user, t.tokens)
 
     def _file_pending(self) -> None:
         """Files what entered or left the pending tasks since the last call."""
@@ -824,18 +855,45 @@ class Leader:
 
     def _stop_below(self, now: float) -> Amounts | None:
         """Placement's `stop_below` for this tick: the least need of any task waiting, or
-        None for a walk of the whole queue, which one tick in DEEP_WALK_EVERY seconds
-        makes, and every tick while a waiting task might preempt (a unit the walk never
-        reached would never be a preemptor)."""
-        if now >= self.deep_walk_due:
-            self.deep_walk_due = now + DEEP_WALK_EVERY
-            return None
+        None for a walk of the whole queue while a waiting task might preempt (a unit the
+        walk never reached would never be a preemptor). Starts a sweep when one is due
+        (sweep.py): it sees the tasks a walk stopped short never reaches."""
         queue = self.pending_queue
         top = queue.top_band()
         if top is None or preemption.could_preempt(top, self._lowest_band_running(),
                                                    queue.gang_waits()):
+            self.sweep, self.sweep_due = None, now + sweep.SWEEP_EVERY  # this walk sees all
             return None
+        if self.sweep is None and now >= self.sweep_due:
+            self.sweep, self.sweep_due = sweep.Sweep(list(queue.indices)), now + sweep.SWEEP_EVERY
         return queue.least_need()
+
+    def _sweep_slice(self, walked: placement.Placement, budget: int | None = None
+                     ) -> dict[tuple[str, int], str]:
+        """The pending reasons of the running sweep's next slice (about `budget` tasks,
+        SWEEP_TASKS by default), on the hosts as they are after this tick's commit: the
+        jobs this tick's walk did not look at. A task found placeable gets none (the ticks
+        place it or reach it)."""
+        assert self.sweep is not None
+        self._file_pending()  # the tick's assignments have left the pending tasks
+        queue = self.pending_queue
+        held = task_rules.held_back(self.state.backoff, time.time())
+        held_jobs = {job_id for job_id, _ in held}
+        # Small: a walk that stops short (while a sweep runs) looks at few.
+        looked_at = {job_id for job_id, _ in walked.pending_reasons}
+        looked_at.update(a.job_id for a in walked.assignments)
+        units = [unit for job_id in self.sweep.take(
+                     queue.indices, looked_at, lambda j: len(queue.tasks(j)),
+                     sweep.SWEEP_TASKS if budget is None else budget)
+                 if (unit := self._unit_of(job_id, held, held_jobs, keep=False)) is not None]
+        if self.sweep.done:
+            self.sweep = None
+        else:
+            self.wake.set()  # the next slice follows the pause
+        if not units:
+            return {}
+        return placement.place(units, self._hosts(), index=self.host_index, limits=(
+            self.state.limits, self.state.usage)).pending_reasons
 
     def _lowest_band_running(self) -> int:
         """The lowest band (highest rank) of any live attempt; -1 if none is live."""
@@ -849,14 +907,8 @@ class Leader:
         built once: its spec never changes."""
         cached = self.unit_templates.get(job.job_id)
         if cached is None:
-            spec = job.spec
             cached = self.unit_templates[job.job_id] = (queue_order.waiting(
-                job, 1, self.settings.fair_share), placement.Unit(
-                job_id=job.job_id, indices=(), need=spec.resources.amounts,
-                device_kind=spec.resources.device_kind, constraints=tuple(spec.constraints),
-                ports=tuple(spec.ports), gang=spec.coscheduling, user=spec.user,
-                tokens=tuple(sorted(spec.tokens.items())),
-            ))
+                job, 1, self.settings.fair_share), _bare_unit(job))
         return cached
 
     def _hosts(self) -> list[placement.Host]:
@@ -899,7 +951,7 @@ class Leader:
             return 0
         started = time.perf_counter()
         hosts = self._hosts()
-        if self._may_skip(hosts):
+        if self.sweep is None and self._may_skip(hosts):
             self.skipped = True
             return 0
         self.idle = None
@@ -928,12 +980,14 @@ class Leader:
                 self.wake.set()  # more may fit: the next tick follows the pause
             await self._let_go_of_holds(result, settled)
             preempted = await self._preempt(result)
-            for key in result.pending_reasons:
-                hold = self.state.holds.get(key[0])
-                if hold is not None and hold.reason:
-                    result.pending_reasons[key] = hold.reason
-            await self._give_up_overdue(result.pending_reasons)
-            await self._announce_pending_reasons(result.pending_reasons)
+            swept = self._sweep_slice(result) if self.sweep is not None else {}
+            for reasons in (result.pending_reasons, swept):
+                for key in reasons:
+                    hold = self.state.holds.get(key[0])
+                    if hold is not None and hold.reason:
+                        reasons[key] = hold.reason
+            await self._give_up_overdue(result.pending_reasons, swept)
+            await self._announce(result.pending_reasons, swept)
             self._note_idle(hosts, result, preempted)
             return len(result.assignments)
 
@@ -949,13 +1003,13 @@ class Leader:
                    preempted: bool) -> None:
         """Records a tick that placed, committed and preempted nothing: the ticks after it
         are skipped while what it was given stays the same."""
-        if not (result.assignments or result.truncated or preempted):
+        if not (result.assignments or result.truncated or preempted or self.sweep):
             # A walk stopped short saw only some waiting tasks' timeouts: skipped only
-            # until the next walk of the whole queue.
-            deep = self.deep_walk_due if result.exhausted else idle_tick.NEVER
+            # until the next sweep (which sees the others) is due.
+            swept = self.sweep_due if result.exhausted else idle_tick.NEVER
             self.idle = idle_tick.IdleTick(
                 hosts, self.tick_limits_seq,
-                min(self.backoff_due, self.overdue_due, self.reasons_due, deep))
+                min(self.backoff_due, self.overdue_due, self.reasons_due, swept))
 
     def _running(self) -> list[preemption.Running]:
         """Every live attempt not already being stopped, as preemption sees it."""
@@ -978,13 +1032,20 @@ class Leader:
         for the preemptor is one fenced commit (preempt.lua), then logged; the victims are
         stopped by the fold's kills. Returns whether it committed or refused any (False:
         it found nothing to evict)."""
-        # A unit held back by a quota or a token would gain nothing from evictions.
-        waiting = {job_id for job_id, _ in result.pending_reasons} - result.held_by_limits
         # The lowest band running: a task may evict only below its band, a gang a
         # squatter of its own band too. Nothing to evict, nothing to plan (e.g. all work
-        # of one band, however much of it waits).
+        # of one band, however much of it waits): none of the waiting could evict if the
+        # highest band filed could not (looking at each of 150,000 waiting jobs of one
+        # band to find that took 0.3 s).
         lowest = self._lowest_band_running()
-        if not waiting or lowest < 0:
+        queue = self.pending_queue
+        top = queue.top_band()
+        if lowest < 0 or top is None or not preemption.could_preempt(
+                top, lowest, queue.gang_waits()):
+            return False
+        # A unit held back by a quota or a token would gain nothing from evictions.
+        waiting = {job_id for job_id, _ in result.pending_reasons} - result.held_by_limits
+        if not waiting:
             return False
         eligible = []
         for job_id in waiting:
@@ -1180,13 +1241,14 @@ class Leader:
             await self.store.reserve(self.epoch, reservations, groups, releases=owed,
                                      released_through=through)
 
-    async def _give_up_overdue(self, unplaced: dict[tuple[str, int], str]) -> None:
-        """Tasks this tick could not place whose scheduling_timeout has run out become
-        UNSCHEDULABLE, with the last reason they could not be placed; notes when the next
-        of the others' timeouts runs out."""
+    async def _give_up_overdue(self, *unplaced: dict[tuple[str, int], str]) -> None:
+        """Tasks this tick could not place (its walk's, its sweep slice's) whose
+        scheduling_timeout has run out become UNSCHEDULABLE, with the last reason they
+        could not be placed; notes when the next of the others' timeouts runs out."""
         now = time.time()
         self.overdue_due = idle_tick.NEVER
-        for (job_id, index), reason in unplaced.items():
+        for (job_id, index), reason in itertools.chain.from_iterable(
+                part.items() for part in unplaced):
             job = self.state.jobs[job_id]
             limit = job.spec.scheduling_timeout
             if limit is None:
@@ -1213,15 +1275,29 @@ class Leader:
             # the stream is a no-op, so its effects are carried out exactly once.
             await self._carry_out(self.state.apply(0, event))
 
-    async def _announce_pending_reasons(self, unplaced: dict[tuple[str, int], str]) -> None:
+    async def _announce(self, walked: dict[tuple[str, int], str],
+                        swept: dict[tuple[str, int], str]) -> None:
+        """Announces the pending reasons of this tick's walk and sweep slice. A slice's
+        tasks are not looked at again until the next sweep, so what it found is kept
+        (`unannounced`) until an announcement is not held back by the interval, and the
+        walk's reasons, newer, go over it."""
+        if swept or self.unannounced:
+            self.unannounced.update(swept)
+            self.unannounced.update(walked)
+            walked = self.unannounced
+        if await self._announce_pending_reasons(walked):
+            self.unannounced = {}
+
+    async def _announce_pending_reasons(self, unplaced: dict[tuple[str, int], str]) -> bool:
         """Records why tasks wait in the event log (so the dashboard and `berth status` show
-        it): only reasons that changed, at most once per BERTH_PENDING_REASON_INTERVAL."""
+        it): only reasons that changed, at most once per BERTH_PENDING_REASON_INTERVAL.
+        False if the interval held it back."""
         now = time.monotonic()
         self.reasons_due = idle_tick.NEVER
         wait = self.reasons_announced_at + self.settings.pending_reason_interval - now
         if wait > 0:
             self.reasons_due = time.time() + wait  # these may have changed: seen to then
-            return
+            return False
         if self.state.last_seq >= self.reasons_in_flight_seq:
             self.reasons_in_flight.clear()
         changed: list[PendingReason] = []
@@ -1234,7 +1310,7 @@ class Leader:
                 continue
             changed.append(PendingReason(job_id, index, reason))
         if not changed:
-            return
+            return True
         self.reasons_announced_at = now
         self.reasons_in_flight = {(r.job_id, r.task_index): r.reason for r in changed}
         # In chunks under the message bound: with tens of thousands of pending tasks one
@@ -1247,6 +1323,7 @@ class Leader:
             for n, chunk in enumerate(bounded.chunks(changed, _encoded_size))]
         seqs = await nats_io.publish_events(self.js, outgoing)
         self.reasons_in_flight_seq = max(seqs)
+        return True
 
     async def _dispatch(self, assigned: list[TaskAssigned]) -> None:
         """Logs a tick's assignments (their acks awaited together), then sends the run

@@ -1,0 +1,157 @@
+"""The sweep (services/scheduler/sweep.py): the waiting tasks a walk stopped short never
+reaches get their pending reasons and scheduling timeouts a slice at a time. Its
+bookkeeping in a table; on a full cluster, its slices find what one walk of the whole queue
+finds, on drawn queues; and real ticks (real nats-server and Redis) that time tasks out and
+announce their reasons a slice each."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client as NATS
+
+from berth.services.scheduler import placement, sweep
+from berth.shared import nats_io, servers, subjects
+from berth.shared.messages import (
+    Constraint,
+    Coscheduling,
+    JobSpec,
+    JobSubmitted,
+    LeaderElected,
+    PendingReasonsChanged,
+    Priority,
+    Quota,
+    QuotaSet,
+    Resources,
+    TaskAssigned,
+)
+from berth.shared.states import TaskState
+from tests.test_idle_tick import folder, new_leader, register
+from tests.test_lifecycle import registered, submitted
+from tests.test_reconcile import leader_on
+
+
+@pytest.mark.parametrize(("jobs", "pending", "looked_at", "budget", "taken", "at"), [
+    (["a", "b", "c"], {"a", "b", "c"}, set(), 2, ["a", "b"], 2),
+    (["a", "b", "c"], {"a", "c"}, set(), 2, ["a", "c"], 3),  # b was placed or cancelled
+    (["a", "b", "c"], {"a", "b", "c"}, {"a"}, 2, ["b", "c"], 3),  # the walk saw a
+    (["big", "b"], {"big", "b"}, set(), 2, ["big"], 1),  # a job of 3 tasks: over, whole
+    ([], set(), set(), 2, [], 0),
+])
+def test_take(jobs: list[str], pending: set[str], looked_at: set[str], budget: int,
+              taken: list[str], at: int) -> None:
+    s = sweep.Sweep(jobs)
+    count = {"big": 3}.get
+    assert s.take(dict.fromkeys(pending), looked_at, lambda j: count(j, 1), budget) == taken
+    assert s.at == at
+    assert s.done is (at == len(jobs))
+
+
+# --- on a full cluster, a sweep's slices find what a walk of the whole queue does ------------
+
+waiting_jobs = st.lists(st.tuples(
+    st.sampled_from(["one", "two", "huge", "nowhere", "gang", "quota"]),
+    st.integers(1, 3)), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(waiting_jobs, st.integers(1, 7))
+def test_a_sweeps_slices_find_the_reasons_of_a_whole_walk(
+        jobs: list[tuple[str, int]], budget: int) -> None:
+    leader = new_leader()
+    state = leader.state
+    fold = folder(state)
+    now = time.time()
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=now))
+    fold(QuotaSet(user="capped", quota=Quota(cpu=500), ts=now))
+    for w in range(3):  # every cpu taken: a walk stops at once
+        fold(register(f"w{w}", "i0", cpu=2))
+        for i in range(2):
+            fold(JobSubmitted(job_id=f"r{w}-{i}", submit_seq=1, ts=now, spec=JobSpec(
+                name="r", command=["true"], priority=Priority.PRODUCTION,
+                resources=Resources(cpu=1, memory_mb=100))))
+            fold(TaskAssigned(job_id=f"r{w}-{i}", task_index=0, attempt_id=0,
+                              worker_id=f"w{w}", incarnation="i0", epoch=1, ts=now))
+    for n, (kind, replicas) in enumerate(jobs):
+        # A band below the running one's: none of them may evict.
+        spec = JobSpec(name="t", command=["true"], replicas=replicas, priority=Priority.BATCH,
+                       user="capped" if kind == "quota" else "u",
+                       resources=Resources(cpu={"two": 2, "huge": 64}.get(kind, 1),
+                                           memory_mb=100),
+                       constraints=[Constraint(key="zone", op="IN", values=["mars"])]
+                       if kind == "nowhere" else [],
+                       coscheduling=Coscheduling(group_by="rack") if kind == "gang" else None)
+        fold(JobSubmitted(job_id=f"j{n}", submit_seq=n + 10, ts=now, spec=spec))
+    leader._file_pending()
+    hosts = leader._hosts()
+    limits = (state.limits, state.usage)
+    whole = placement.place(leader._units(), hosts, limits=limits)
+    assert not whole.assignments
+
+    stop_below = leader._stop_below(now)
+    assert stop_below is not None and leader.sweep is not None
+    walked = placement.place(leader._units(), hosts, limits=limits, stop_below=stop_below,
+                             index=leader.host_index)
+    assert walked.exhausted
+    found = dict(walked.pending_reasons)
+    while leader.sweep is not None:
+        reasons = leader._sweep_slice(walked, budget)
+        assert len(reasons) < budget + 3  # over its budget by less than a job of 3
+        assert not set(reasons) & set(found)  # no task looked at twice
+        found.update(reasons)
+    assert found == whole.pending_reasons
+
+
+# --- real ticks --------------------------------------------------------------------------
+
+
+async def test_ticks_time_out_the_tasks_past_the_walk_a_slice_each(
+        nc: NATS, clean_servers: tuple[servers.ServerProcess, servers.RedisServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker of 4 cpu, full; 12 one-task jobs wait behind it with a scheduling timeout
+    already run out, 12 more without one. A walk stops at the first of them; the sweep
+    gives up 4 tasks a tick, and announces every waiting task's reason."""
+    monkeypatch.setattr(sweep, "SWEEP_TASKS", 4)
+    async with leader_on(nc, clean_servers[1]) as (leader, _, _):
+        leader.settings = dataclasses.replace(leader.settings, pending_reason_interval=0.0)
+        events = [registered(), submitted("j1", replicas=4)]
+        events += [submitted(f"j{n}", scheduling_timeout=0.5 if n % 2 else None)
+                   for n in range(2, 26)]
+        for seq, event in enumerate(events, start=1):
+            leader.state.apply(seq, event)
+        leader._register_host(leader.state.workers["w1"])
+        await asyncio.sleep(0.6)
+        jobs = leader.state.jobs
+
+        def given_up() -> set[str]:
+            return {j for j, job in jobs.items()
+                    if job.tasks[0].state == TaskState.UNSCHEDULABLE}
+
+        assert await leader.tick() == 4  # j1 placed; the walk stops at j2
+        assert leader.sweep is not None
+        assert given_up() == {"j3", "j5"}  # the slice: j2 to j5
+        ticks = 1
+        while leader.sweep is not None:
+            await leader.tick()
+            ticks += 1
+        assert ticks == 6  # 24 waiting, 4 a slice
+        assert given_up() == {f"j{n}" for n in range(3, 26, 2)}
+
+        js = nc.jetstream()
+        follower = nats_io.follow_raw_events(js, 1, filter_subject=subjects.PENDING_REASONS)
+        announced: dict[tuple[str, int], str] = {}
+        try:
+            while len(announced) < 12:
+                raw = await asyncio.wait_for(anext(follower), 10)
+                change = msgspec.json.decode(raw.data, type=PendingReasonsChanged)
+                announced.update({(r.job_id, r.task_index): r.reason for r in change.reasons})
+        finally:
+            await follower.aclose()
+        assert set(announced) == {(f"j{n}", 0) for n in range(2, 26, 2)}
+        assert all(r.startswith("insufficient cpu") for r in announced.values())
