@@ -53,6 +53,27 @@ def test_take(jobs: list[str], pending: set[str], looked_at: set[str], budget: i
     assert s.done is (at == len(jobs))
 
 
+@pytest.mark.parametrize(("truncated", "exhausted", "sliced", "runs_on"), [
+    (False, True, True, True),  # stopped short for want of room: the next slice
+    (True, False, False, True),  # at its limit: the tasks behind are about to be placed
+    (False, False, False, False),  # it looked at every unit: the sweep's work is done
+])
+def test_a_slice_follows_only_a_walk_stopped_short_for_want_of_room(
+        truncated: bool, exhausted: bool, sliced: bool, runs_on: bool) -> None:
+    leader = new_leader()
+    fold = folder(leader.state)
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=time.time()))
+    fold(register("w0", "i0", cpu=1))
+    fold(JobSubmitted(job_id="j0", submit_seq=1, ts=time.time(), spec=JobSpec(
+        name="t", command=["true"], resources=Resources(cpu=2, memory_mb=100))))
+    leader._file_pending()
+    leader.sweep = sweep.Sweep(["j0"])
+    walked = placement.Placement(truncated=truncated, exhausted=exhausted)
+    reasons = leader._sweep_after(walked)
+    assert bool(reasons) is sliced
+    assert (leader.sweep is not None) is (runs_on and not sliced)
+
+
 # --- on a full cluster, a sweep's slices find what a walk of the whole queue does ------------
 
 waiting_jobs = st.lists(st.tuples(

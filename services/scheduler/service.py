@@ -868,6 +868,19 @@ class Leader:
             self.sweep, self.sweep_due = sweep.Sweep(list(queue.indices)), now + sweep.SWEEP_EVERY
         return queue.least_need()
 
+    def _sweep_after(self, walked: placement.Placement) -> dict[tuple[str, int], str]:
+        """The pending reasons of the running sweep's next slice, if any, after a walk that
+        stopped short for want of capacity. A walk cut short by its limit leaves the rest
+        to the next tick, which follows at once (and the tasks there are about to be
+        placed, not waiting for room: a slice would only place them in vain); a walk that
+        looked at every unit has done what the sweep does."""
+        if self.sweep is None or walked.truncated:
+            return {}
+        if not walked.exhausted:
+            self.sweep = None
+            return {}
+        return self._sweep_slice(walked)
+
     def _sweep_slice(self, walked: placement.Placement, budget: int | None = None
                      ) -> dict[tuple[str, int], str]:
         """The pending reasons of the running sweep's next slice (about `budget` tasks,
@@ -980,7 +993,7 @@ class Leader:
                 self.wake.set()  # more may fit: the next tick follows the pause
             await self._let_go_of_holds(result, settled)
             preempted = await self._preempt(result)
-            swept = self._sweep_slice(result) if self.sweep is not None else {}
+            swept = self._sweep_after(result)
             for reasons in (result.pending_reasons, swept):
                 for key in reasons:
                     hold = self.state.holds.get(key[0])

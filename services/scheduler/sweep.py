@@ -8,8 +8,10 @@ walk the whole queue instead, to give each of them its reason and judge its time
 10,000 hosts with 150,000 tasks waiting that one walk held the event loop ~2 s, past the
 lease's renewal, and the leader lost its lease in the middle of a burst
 (docs/performance.md). A sweep looks at the same tasks a slice at a time instead: it takes
-the jobs waiting when it starts, and each tick while it lasts looks at the next
-SWEEP_TASKS of their tasks, on the hosts as they are then.
+the jobs waiting when it starts, and each tick while it lasts whose walk stopped short looks
+at the next SWEEP_TASKS of their tasks, on the hosts as they are then. A walk cut short by
+its limit of placements leaves the slice to a later tick (the tasks behind it are about to
+be placed, not waiting for room); a walk that looked at every unit ends the sweep.
 
 What a slice finds is what the whole walk would have found on a full cluster, where the
 walk stops short (nothing in it is placed, so order does not matter). Where room frees up
