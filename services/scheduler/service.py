@@ -173,17 +173,19 @@ class TickStats:
         self.longest = 0.0
         self.placed = 0
         self.longest_placing = 0.0
+        self.longest_sweeping = 0.0
         self.skipped = 0
 
     def add(self, seconds: float, placing: float, placed: int, pending: int,
-            skipped: bool = False) -> None:
+            skipped: bool = False, sweeping: float = 0.0) -> None:
         """`placing`: the tick's synchronous part (ordering units, choosing hosts), which
         holds the event loop; `skipped`: nothing had changed since a tick that placed
-        nothing (idle_tick.py)."""
+        nothing (idle_tick.py); `sweeping`: its sweep slice's, which holds it too (sweep.py)."""
         self.ticks += 1
         self.skipped += skipped
         self.seconds += seconds
         self.longest_placing = max(self.longest_placing, placing)
+        self.longest_sweeping = max(self.longest_sweeping, sweeping)
         self.longest = max(self.longest, seconds)
         self.placed += placed
         now = time.monotonic()
@@ -192,11 +194,11 @@ class TickStats:
         if self.placed or pending:
             window = now - self.since
             log.info("ticks: %d in %.0f s (%d skipped: nothing new; %.0f%% busy, mean %.1f "
-                     "ms, longest %.0f ms, longest placing %.0f ms), placed %d (%.0f/s), "
-                     "%d pending", self.ticks, window, self.skipped,
+                     "ms, longest %.0f ms, longest placing %.0f ms, longest sweep slice %.0f "
+                     "ms), placed %d (%.0f/s), %d pending", self.ticks, window, self.skipped,
                      100 * self.seconds / window, 1000 * self.seconds / self.ticks,
-                     1000 * self.longest, 1000 * self.longest_placing, self.placed,
-                     self.placed / window, pending)
+                     1000 * self.longest, 1000 * self.longest_placing,
+                     1000 * self.longest_sweeping, self.placed, self.placed / window, pending)
         self._reset(now)
 
 
@@ -288,6 +290,7 @@ class Leader:
         # says nothing of how far they go (redis_keys.RELEASED_THROUGH).
         self.releases_complete = False
         self.placing_seconds = 0.0  # the last tick's synchronous part (TickStats)
+        self.sweeping_seconds = 0.0  # and its sweep slice's
         # The last tick, if it placed, committed and preempted nothing: the ticks after it
         # are skipped while nothing it was given changes (idle_tick.py).
         self.idle: idle_tick.IdleTick | None = None
@@ -754,7 +757,7 @@ class Leader:
             placed = await self.tick()
             took = time.perf_counter() - started
             stats.add(took, self.placing_seconds, placed, len(self.state.pending),
-                      self.skipped)
+                      self.skipped, self.sweeping_seconds)
             if self.placing_seconds:  # a tick with pending work
                 scheduler_metrics.tick_done(took, placed)
             await self._pause(took)
@@ -955,6 +958,7 @@ class Leader:
         """One round of placement; returns how many tasks it placed. Skipped (0) while
         nothing it would be given changed since a tick that placed nothing (idle_tick.py)."""
         self.placing_seconds = 0.0
+        self.sweeping_seconds = 0.0
         self.skipped = False
         self.left_waiting = False
         if not self.state.pending:
@@ -993,7 +997,9 @@ class Leader:
                 self.wake.set()  # more may fit: the next tick follows the pause
             await self._let_go_of_holds(result, settled)
             preempted = await self._preempt(result)
+            sweeping = time.perf_counter()
             swept = self._sweep_after(result)
+            self.sweeping_seconds = time.perf_counter() - sweeping
             for reasons in (result.pending_reasons, swept):
                 for key in reasons:
                     hold = self.state.holds.get(key[0])
