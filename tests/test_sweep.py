@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
-from berth.services.scheduler import placement, sweep
+from berth.services.scheduler import placement, service, sweep
 from berth.shared import nats_io, servers, subjects
 from berth.shared.messages import (
     Constraint,
@@ -127,6 +127,43 @@ def test_a_sweeps_slices_find_the_reasons_of_a_whole_walk(
         assert not set(reasons) & set(found)  # no task looked at twice
         found.update(reasons)
     assert found == whole.pending_reasons
+
+
+def test_reasons_beyond_one_announcements_share_wait_for_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Leader._announce`: at most ANNOUNCED_AT_ONCE reasons per announcement, the rest
+    kept (`unannounced`) with the next announcement's time noted; none kept while the
+    interval holds an announcement back unless a sweep found it."""
+    monkeypatch.setattr(service, "ANNOUNCED_AT_ONCE", 3)
+    leader = new_leader()
+    given: list[dict[tuple[str, int], str]] = []
+    held_back = False
+
+    async def announce(reasons: dict[tuple[str, int], str]) -> bool:
+        if held_back:
+            return False
+        given.append(dict(reasons))
+        return True
+
+    monkeypatch.setattr(leader, "_announce_pending_reasons", announce)
+    walked = {(f"w{n}", 0): "room" for n in range(4)}
+    swept = {(f"s{n}", 0): "room" for n in range(2)}
+    asyncio.run(leader._announce(walked, {}))
+    assert given == [{("w0", 0): "room", ("w1", 0): "room", ("w2", 0): "room"}]
+    assert leader.unannounced == {("w3", 0): "room"}
+    assert leader.reasons_due > time.time()
+    asyncio.run(leader._announce({}, swept))
+    assert given[-1] == {("w3", 0): "room", ("s0", 0): "room", ("s1", 0): "room"}
+    assert leader.unannounced == {}
+
+    held_back = True
+    asyncio.run(leader._announce(walked, {}))  # the next tick's walk finds them again
+    assert leader.unannounced == {}
+    asyncio.run(leader._announce({("w0", 0): "newer"}, swept))
+    assert leader.unannounced == {**swept, ("w0", 0): "newer"}  # a slice is looked at once
+    held_back = False
+    asyncio.run(leader._announce({("w0", 0): "newest"}, {}))
+    assert given[-1] == {**swept, ("w0", 0): "newest"} and leader.unannounced == {}
 
 
 # --- real ticks --------------------------------------------------------------------------
