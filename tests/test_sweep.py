@@ -74,6 +74,44 @@ def test_a_slice_follows_only_a_walk_stopped_short_for_want_of_room(
     assert (leader.sweep is not None) is (runs_on and not sliced)
 
 
+def test_a_task_arriving_during_a_ticks_last_slice_is_not_skipped() -> None:
+    """A slice files what entered the pending tasks since the walk, but the next tick must
+    still see that it changed: a smaller task arriving then may fit where the walk found no
+    room, and a skipped tick would leave it waiting."""
+    leader = new_leader()
+    state = leader.state
+    fold = folder(state)
+    now = time.time()
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=now))
+    fold(register("w0", "i0", cpu=2))
+
+    def job(n: int, cpu: int) -> JobSubmitted:
+        return JobSubmitted(job_id=f"j{n}", submit_seq=n + 1, ts=now, spec=JobSpec(
+            name="t", command=["true"], resources=Resources(cpu=cpu, memory_mb=100)))
+
+    fold(job(0, 1))
+    fold(TaskAssigned(job_id="j0", task_index=0, attempt_id=0, worker_id="w0",
+                      incarnation="i0", epoch=1, ts=now))
+    fold(job(1, 2))  # 1 cpu free: it waits
+    leader._file_pending()
+    hosts = leader._hosts()
+    stop_below = leader._stop_below(now)
+    assert stop_below is not None and leader.sweep is not None
+    walked = placement.place(leader._units(), hosts, limits=(state.limits, state.usage),
+                             stop_below=stop_below, index=leader.host_index)
+    assert walked.exhausted and not walked.assignments
+    fold(job(2, 1))  # submitted while the tick awaited: it fits
+    assert leader._sweep_after(walked) == {
+        ("j1", 0): "insufficient cpu: need 2 cores, largest free 1 core on 1 worker"}
+    assert leader.sweep is None  # that was its last slice
+    leader._note_idle(hosts, walked, preempted=False)
+    assert leader.idle is not None  # this tick placed nothing ...
+    assert not leader._may_skip(leader._hosts())  # ... but the next is not skipped
+    assert [a.job_id for a in placement.place(
+        leader._units(), leader._hosts(), limits=(state.limits, state.usage)).assignments
+    ] == ["j2"]
+
+
 # --- on a full cluster, a sweep's slices find what a walk of the whole queue does ------------
 
 waiting_jobs = st.lists(st.tuples(

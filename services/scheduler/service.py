@@ -896,8 +896,12 @@ class Leader:
         jobs this tick's walk did not look at. A task found placeable gets none (the ticks
         place it or reach it)."""
         assert self.sweep is not None
-        self._file_pending()  # the tick's assignments have left the pending tasks
-        queue = self.pending_queue
+        queue, state = self.pending_queue, self.state
+        if state.pending_changes and self.queue_follows is state:
+            # What left (this tick's assignments) or entered the pending tasks since the
+            # walk, filed; the changes stay for the next tick's check whether it may be
+            # skipped (filing them again there changes nothing).
+            queue.apply(state.pending_changes, self._place_of)
         held = task_rules.held_back(self.state.backoff, time.time())
         held_jobs = {job_id for job_id, _ in held}
         # Small: a walk that stops short (while a sweep runs) looks at few.
@@ -1027,7 +1031,8 @@ class Leader:
                    preempted: bool) -> None:
         """Records a tick that placed, committed and preempted nothing: the ticks after it
         are skipped while what it was given stays the same."""
-        if not (result.assignments or result.truncated or preempted or self.sweep):
+        if not (result.assignments or result.truncated or preempted
+                or self.sweep is not None):
             # A walk stopped short saw only some waiting tasks' timeouts: skipped only
             # until the next sweep (which sees the others) is due.
             swept = self.sweep_due if result.exhausted else idle_tick.NEVER
