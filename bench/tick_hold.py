@@ -4,12 +4,15 @@ Every part measured here runs without yielding, and the lease is renewed from th
 loop (every TTL/3, valid for 0.8 TTL: 2.4 s with the defaults). docs/performance.md, "No
 tick that holds the loop for seconds".
 
-- full: every host's cpu taken (W4 mid-burst). The walk that stops short, `_preempt`'s
-  look for a preemptor, each slice of the sweep, and, for comparison, the walk of the
-  whole queue that one tick in ten seconds made before the sweep.
+- full: every host's cpu taken (W4 mid-burst). A tick's walk (every need left out: no
+  host has a cpu free), `_preempt`'s look for a preemptor, each slice of the sweep, and,
+  for comparison, the walk of the whole queue that one tick in ten seconds made before
+  the sweep.
 - gpu_backlog: the hosts have cpu free, every GPU is busy, and the waiting jobs want GPUs,
-  with 10 cpu jobs behind them. The walk cannot stop short (the cpu jobs might fit), so it
-  looks at every waiting job: what every tick of such a cluster holds the loop for.
+  with 10 cpu jobs behind them. A tick's walk leaves the GPU jobs out (no host has a GPU
+  free) and places the cpu jobs; the sweep gives the GPU jobs their reasons. For
+  comparison, the walk of the whole queue, which every tick of such a cluster made
+  before (the walk could not stop short: the cpu jobs might fit).
 
     .venv/bin/python bench/tick_hold.py [--hosts 10000] [--waiting 150000] [--quick]
 """
@@ -81,12 +84,29 @@ class _Fold:
         leader, state = self.leader, self.leader.state
         leader._file_pending()
         hosts = leader._hosts()
-        below = leader._stop_below(time.time()) if stop_below == "queue" else None
+        below = None
+        if stop_below == "queue":
+            below = leader._stop_below(time.time())
+        else:
+            leader.left_out = frozenset()  # as a walk of the whole queue had it
         started = time.perf_counter()
         result = placement.place(leader._units(), hosts, limit=MAX_TICK_PLACEMENTS,
                                  limits=(state.limits, state.usage), stop_below=below,
                                  index=leader.host_index)
         return time.perf_counter() - started, result
+
+
+def _sweep(fold: _Fold, walked: placement.Placement) -> dict[str, object]:
+    """Every slice of the sweep the walk started, timed."""
+    leader = fold.leader
+    slices: list[float] = []
+    reasons = 0
+    while leader.sweep is not None:
+        started = time.perf_counter()
+        reasons += len(leader._sweep_slice(walked))
+        slices.append(time.perf_counter() - started)
+    return {"sweep_slices": len(slices), "sweep_slice_max_s": round(max(slices, default=0), 4),
+            "sweep_total_s": round(sum(slices), 3), "sweep_reasons": reasons}
 
 
 def full(hosts: int, waiting: int) -> dict[str, object]:
@@ -99,22 +119,17 @@ def full(hosts: int, waiting: int) -> dict[str, object]:
         fold.job(CPU_TASK)
     leader = fold.leader
     walk_s, walked = fold.walk()
+    stopped_short = walked.exhausted or bool(leader.left_out)
     started = time.perf_counter()
     asyncio.run(leader._preempt(walked))
     preempt_s = time.perf_counter() - started
-    slices: list[float] = []
-    reasons = 0
-    while leader.sweep is not None:
-        started = time.perf_counter()
-        reasons += len(leader._sweep_slice(walked))
-        slices.append(time.perf_counter() - started)
+    swept = _sweep(fold, walked)
     whole_s, whole = fold.walk(stop_below=None)
     return {
         "scenario": "full", "hosts": hosts, "waiting": waiting,
         "walk_s": round(walk_s, 4), "walk_placed": len(walked.assignments),
-        "walk_stopped_short": walked.exhausted, "preempt_look_s": round(preempt_s, 4),
-        "sweep_slices": len(slices), "sweep_slice_max_s": round(max(slices, default=0), 4),
-        "sweep_total_s": round(sum(slices), 3), "sweep_reasons": reasons,
+        "walk_stopped_short": stopped_short,
+        "preempt_look_s": round(preempt_s, 4), **swept,
         "whole_walk_s": round(whole_s, 3), "whole_walk_reasons": len(whole.pending_reasons),
     }
 
@@ -135,10 +150,14 @@ def gpu_backlog(hosts: int, waiting: int) -> dict[str, object]:
     for _ in range(10):
         fold.job(CPU_TASK)
     walk_s, walked = fold.walk()
+    left_out = len(fold.leader.left_out)
+    swept = _sweep(fold, walked)
+    whole_s, whole = fold.walk(stop_below=None)
     return {
         "scenario": "gpu_backlog", "hosts": hosts, "waiting": waiting + 10,
-        "walk_s": round(walk_s, 3), "walk_placed": len(walked.assignments),
-        "walk_stopped_short": walked.exhausted, "walk_reasons": len(walked.pending_reasons),
+        "walk_s": round(walk_s, 4), "walk_placed": len(walked.assignments),
+        "walk_reasons": len(walked.pending_reasons), "needs_left_out": left_out, **swept,
+        "whole_walk_s": round(whole_s, 3), "whole_walk_reasons": len(whole.pending_reasons),
     }
 
 

@@ -76,6 +76,8 @@ def check_index(index: HostIndex) -> None:
         job: sorted(h.worker_id for h in hosts if h.held_for == job)
         for job in {h.held_for for h in hosts} if job is not None}
     assert index.total == sum((h.free for h in hosts), Amounts())
+    assert index.most_free() == Amounts(*(max((getattr(h.free, d) for h in hosts), default=0)
+                                          for d in ("cpu", "mem", "disk", "dev")))
 
 
 def register(worker: str, incarnation: str) -> WorkerRegistered:

@@ -22,6 +22,9 @@ steps = st.lists(
               st.sets(st.tuples(st.integers(0, JOBS - 1), st.integers(0, 3)), max_size=3)),
     min_size=1, max_size=8)
 use = st.dictionaries(st.sampled_from(["ann", "bob", "cy"]), st.sampled_from([0.0, 1.0, 2.5]))
+# The most any host has free (HostIndex.most_free): the jobs of needs beyond it are left out.
+most_free = st.builds(Amounts, st.sampled_from([250, 500, 750]), st.sampled_from([0, 100, 300]),
+                      st.just(0), st.integers(0, 1))
 
 
 def from_scratch(pending: set[tuple[str, int]], held: set[tuple[str, int]],
@@ -38,11 +41,13 @@ def from_scratch(pending: set[tuple[str, int]], held: set[tuple[str, int]],
 
 
 @settings(max_examples=150, deadline=None)
-@given(job_specs, steps, use)
+@given(job_specs, steps, use, most_free)
 def test_kept_order_equals_the_order_built_from_scratch(
         specs_list: list[tuple[int, str, float]],
         history: list[tuple[set[tuple[int, int]], set[tuple[int, int]]]],
-        used: dict[str, float]) -> None:
+        used: dict[str, float], most: Amounts) -> None:
+    """Also with the jobs of needs beyond the most any host has free left out: the order
+    of the others, as if those did not wait."""
     specs = {f"j{n}": (band, user, 100 - 7 * n if n % 2 else 10 + n, charge)
              for n, (band, user, charge) in enumerate(specs_list)}
     def need(job_id: str) -> Amounts:  # what one task of each job needs
@@ -59,13 +64,13 @@ def test_kept_order_equals_the_order_built_from_scratch(
     for tasks, held_raw in history:
         pending = {(f"j{j}", i): None for j, i in sorted(tasks)}
         held = {(f"j{j}", i) for j, i in held_raw} & pending.keys()
-        queue.sync(pending, lambda j: Place(specs[j][0], specs[j][1], specs[j][2]))
+        queue.sync(pending, lambda j: Place(specs[j][0], specs[j][1], specs[j][2], need(j)))
         # What the fold records: the last change of each key, including keys that left and
         # came back (True, present before and after) or came and left (False, in neither).
         changes = {key: key in pending for key in before ^ pending.keys()}
         changes |= {key: True for key in sorted(before & pending.keys())[::2]}
         changes |= {(f"j{n}", 9): False for n in range(2)}  # came and left in between
-        kept.apply(changes, lambda j: Place(specs[j][0], specs[j][1], specs[j][2]))
+        kept.apply(changes, lambda j: Place(specs[j][0], specs[j][1], specs[j][2], need(j)))
         before = set(pending)
 
         def charge(job_id: str, held: set[tuple[str, int]] = held) -> float | None:
@@ -75,6 +80,12 @@ def test_kept_order_equals_the_order_built_from_scratch(
         expected = from_scratch(set(pending), held, specs, used)
         assert list(queue.ordered(used, charge)) == expected
         assert list(kept.ordered(used, charge)) == expected
+        beyond = queue.needs_beyond(most)
+        assert beyond == kept.needs_beyond(most) == {
+            need(j) for j, _ in pending if not need(j).fits_in(most)}
+        fitting = {key for key in pending if need(key[0]).fits_in(most)}
+        assert list(kept.ordered(used, charge, beyond)) == from_scratch(
+            fitting, held, specs, used)
         assert kept.keys() == queue.keys() == pending.keys()
         assert all(kept.filed(key) and queue.filed(key) for key in pending)
         # A job is listed (has an entry in its queue) exactly when it has a place.
@@ -93,6 +104,9 @@ def test_kept_order_equals_the_order_built_from_scratch(
         least = Amounts(*(min(getattr(n, d) for n in needs) for d in ("cpu", "mem", "disk",
                                                                         "dev"))) if needs else None
         assert queue.least_need() == kept.least_need() == least
+        fit = [need(j) for j in {j for j, _ in fitting}]
+        assert kept.least_need(beyond) == (Amounts(*(min(getattr(n, d) for n in fit) for d in (
+            "cpu", "mem", "disk", "dev"))) if fit else None)
         top = min((specs[j][0] for j, _ in pending), default=None)
         assert queue.top_band() == kept.top_band() == top
         gangs = any(int(j[1:]) % 5 == 0 for j, _ in pending)
@@ -106,7 +120,7 @@ def test_a_long_consumed_front_is_dropped_and_a_requeued_job_found_again() -> No
     queue.sync({(f"j{n}", 0): None for n in range(9_000, 10_000)}, place.__getitem__)
     first = list(queue.ordered({}, lambda j: 1.0))
     assert first == [f"j{n}" for n in range(9_000, 10_000)]
-    assert len(queue.queues[(0, "ann")].jobs) <= 2 * 1_000 + 64  # dead ones dropped
+    assert len(queue.queues[(0, "ann", Amounts())].jobs) <= 2 * 1_000 + 64  # dead ones dropped
     # A task of an early job waits again (a retry): it goes back to its place in the order.
     queue.sync({(f"j{n}", 0): None for n in [5, *range(9_000, 10_000)]}, place.__getitem__)
     assert list(queue.ordered({}, lambda j: 1.0))[:2] == ["j5", "j9000"]

@@ -18,9 +18,12 @@ from nats.aio.client import Client as NATS
 
 from berth.services.scheduler import placement, service, sweep
 from berth.shared import nats_io, servers, subjects
+from berth.shared.capacity import Amounts
 from berth.shared.messages import (
     Constraint,
     Coscheduling,
+    CpuDevice,
+    GpuDevice,
     JobSpec,
     JobSubmitted,
     LeaderElected,
@@ -30,6 +33,7 @@ from berth.shared.messages import (
     QuotaSet,
     Resources,
     TaskAssigned,
+    WorkerRegistered,
 )
 from berth.shared.states import TaskState
 from tests.test_idle_tick import folder, new_leader, register
@@ -99,7 +103,8 @@ def test_a_task_arriving_during_a_ticks_last_slice_is_not_skipped() -> None:
     assert stop_below is not None and leader.sweep is not None
     walked = placement.place(leader._units(), hosts, limits=(state.limits, state.usage),
                              stop_below=stop_below, index=leader.host_index)
-    assert walked.exhausted and not walked.assignments
+    # j1's 2 cpu fit on no host: left out of the walk, which is then empty.
+    assert leader.left_out == {Amounts(2000, 100)} and not walked.pending_reasons
     fold(job(2, 1))  # submitted while the tick awaited: it fits
     assert leader._sweep_after(walked) == {
         ("j1", 0): "insufficient cpu: need 2 cores, largest free 1 core on 1 worker"}
@@ -157,7 +162,8 @@ def test_a_sweeps_slices_find_the_reasons_of_a_whole_walk(
     assert stop_below is not None and leader.sweep is not None
     walked = placement.place(leader._units(), hosts, limits=limits, stop_below=stop_below,
                              index=leader.host_index)
-    assert walked.exhausted
+    # No host has a cpu free: every need is left out of the walk, or it stops at once.
+    assert not walked.assignments and (walked.exhausted or leader.left_out)
     found = dict(walked.pending_reasons)
     while leader.sweep is not None:
         reasons = leader._sweep_slice(walked, budget)
@@ -165,6 +171,58 @@ def test_a_sweeps_slices_find_the_reasons_of_a_whole_walk(
         assert not set(reasons) & set(found)  # no task looked at twice
         found.update(reasons)
     assert found == whole.pending_reasons
+
+
+clusters = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4), st.booleans()),
+                    min_size=1, max_size=5)  # per host: cpu, tasks running there, a GPU
+queued = st.lists(st.tuples(st.integers(1, 3), st.booleans(), st.sampled_from(["u", "v"])),
+                  min_size=1, max_size=25)  # per waiting job: cpu, a GPU, user
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters, queued)
+def test_jobs_left_out_of_a_walk_fit_nowhere(
+        cluster: list[tuple[int, int, bool]], queue: list[tuple[int, bool, str]]) -> None:
+    """The jobs of a need no host has room for are left out of a tick's walk: a walk of
+    the whole queue places none of them either, and for one user (whose order their
+    charges do not change) it places exactly what the walk does."""
+    leader = new_leader()
+    state = leader.state
+    fold = folder(state)
+    now = time.time()
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=now))
+    gpu = GpuDevice(variant="h100")
+    n = 0
+    for w, (cpu, running, has_gpu) in enumerate(cluster):
+        fold(WorkerRegistered(worker_id=f"w{w}", incarnation="i0", address="127.0.0.1",
+                              resources=Resources(cpu=cpu, memory_mb=4096,
+                                                  device=gpu if has_gpu else CpuDevice()),
+                              ts=now))
+        for _ in range(min(running, cpu)):
+            fold(JobSubmitted(job_id=f"r{n}", submit_seq=1, ts=now, spec=JobSpec(
+                name="r", command=["true"], priority=Priority.PRODUCTION,
+                resources=Resources(cpu=1, memory_mb=100))))
+            fold(TaskAssigned(job_id=f"r{n}", task_index=0, attempt_id=0, worker_id=f"w{w}",
+                              incarnation="i0", epoch=1, ts=now))
+            n += 1
+    for j, (cpu, wants_gpu, user) in enumerate(queue):
+        fold(JobSubmitted(job_id=f"j{j}", submit_seq=j + 10, ts=now, spec=JobSpec(
+            name="t", command=["true"], user=user, priority=Priority.BATCH,
+            resources=Resources(cpu=cpu, memory_mb=100,
+                                device=gpu if wants_gpu else CpuDevice()))))
+    leader._file_pending()
+    hosts = leader._hosts()
+    limits = (state.limits, state.usage)
+    whole = placement.place(leader._units(), hosts, limits=limits)
+    stop_below = leader._stop_below(now)
+    walked = placement.place(leader._units(), hosts, limits=limits, stop_below=stop_below,
+                             index=leader.host_index)
+    left_out = {job_id for job_id, job in state.jobs.items()
+                if job_id.startswith("j") and job.spec.resources.amounts in leader.left_out}
+    assert not left_out & {a.job_id for a in whole.assignments}
+    assert not left_out & {job_id for job_id, _ in walked.pending_reasons}
+    if len({user for _, _, user in queue}) == 1:
+        assert walked.assignments == whole.assignments
 
 
 def test_reasons_beyond_one_announcements_share_wait_for_the_next(

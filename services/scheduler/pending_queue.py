@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -36,26 +36,32 @@ Key = tuple[str, int]  # (job id, task index), as ClusterState.pending has them
 
 
 class Place(msgspec.Struct, frozen=True, gc=False):
-    """Where a job stands in the order, whatever its pending tasks: fixed by its spec."""
+    """Where a job stands in the order, whatever its pending tasks: fixed by its spec. Its
+    need (one task's) says which of its user's queues in the band it is filed in."""
 
     band: int
     user: str
     seq: int
+    need: Amounts = msgspec.field(default_factory=Amounts)
 
 
 def place_of(job: JobView) -> Place:
     """A job's place, from its spec (the scheduler builds unit templates only for the jobs a
     tick reaches, not for every job of a burst: W4's peak memory)."""
-    return Place(job.spec.priority.rank, job.spec.user, job.submit_seq)
+    return Place(job.spec.priority.rank, job.spec.user, job.submit_seq,
+                 job.spec.resources.amounts)
+
+
+QueueName = tuple[int, str, Amounts]  # (band, user, need)
 
 
 @dataclass
 class _Queue:
-    """One (band, user)'s jobs in submission order. Entries of jobs with no task pending any
-    more are dropped lazily: from the front as the queue is read, and all at once when they
-    outnumber the live ones."""
+    """One (band, user, need)'s jobs in submission order. Entries of jobs with no task
+    pending any more are dropped lazily: from the front as the queue is read, and all at
+    once when they outnumber the live ones."""
 
-    name: tuple[int, str]  # (band, user): the one copy every job's place refers to
+    name: QueueName  # the one copy every job's place refers to
     # Its entries, sorted by (seq, job id): two lists side by side, not a list of pairs (a
     # pair per waiting job was 56 bytes of W4's peak).
     seqs: list[int] = field(default_factory=list)
@@ -90,9 +96,9 @@ class PendingQueue:
         # Job -> its pending task index, or a set of them when more than one is pending; a
         # job is here while one is pending. Read it with `tasks` and `filed`.
         self.indices: dict[str, int | set[int]] = {}
-        # Job -> the (band, user) of its queue, for a job with an entry in it, live or not.
-        self.places: dict[str, tuple[int, str]] = {}
-        self.queues: dict[tuple[int, str], _Queue] = {}
+        # Job -> the name of its queue, for a job with an entry in it, live or not.
+        self.places: dict[str, QueueName] = {}
+        self.queues: dict[QueueName, _Queue] = {}
 
     def tasks(self, job_id: str) -> Collection[int]:
         """The pending task indices of a job with any pending (not to be changed)."""
@@ -127,7 +133,7 @@ class PendingQueue:
 
     def _refile(self, added: Iterable[Key], removed: Iterable[Key],
                 place_of: Callable[[str], Place]) -> None:
-        thinned: set[tuple[int, str]] = set()
+        thinned: set[QueueName] = set()
         indices = self.indices
         for job_id, index in removed:
             filed = indices[job_id]
@@ -171,14 +177,23 @@ class PendingQueue:
         else:
             del self.needs[need]
 
-    def least_need(self) -> Amounts | None:
+    def least_need(self, leaving_out: Container[Amounts] = ()) -> Amounts | None:
         """No more than what one task of any job filed here needs, in each dimension (its
-        least): placement's `stop_below`. None when unknown or nothing is filed."""
-        if not self.needs_known or not self.needs:
+        least), the jobs of the needs `leaving_out` left out: placement's `stop_below`.
+        None when unknown or nothing is left."""
+        if not self.needs_known:
             return None
-        needs = self.needs.keys()
+        needs = [n for n in self.needs if n not in leaving_out]
+        if not needs:
+            return None
         return Amounts(min(n.cpu for n in needs), min(n.mem for n in needs),
                        min(n.disk for n in needs), min(n.dev for n in needs))
+
+    def needs_beyond(self, most: Amounts) -> frozenset[Amounts]:
+        """The needs of the jobs filed that do not fit in `most` (empty when unknown)."""
+        if not self.needs_known:
+            return frozenset()
+        return frozenset(n for n in self.needs if not n.fits_in(most))
 
     def gang_waits(self) -> bool:
         """Whether a gang may have a task filed (True when unknown)."""
@@ -186,12 +201,12 @@ class PendingQueue:
 
     def top_band(self) -> int | None:
         """The highest band (lowest rank) with a job filed, None if none is."""
-        return min((band for (band, _), queue in self.queues.items() if queue.live),
+        return min((band for (band, _, _), queue in self.queues.items() if queue.live),
                    default=None)
 
     def _file(self, job_id: str, place_of: Callable[[str], Place]) -> None:
         place = place_of(job_id)
-        name = (place.band, place.user)
+        name = (place.band, place.user, place.need)
         queue = self.queues.get(name)
         if queue is None:
             queue = self.queues[name] = _Queue(name)
@@ -232,29 +247,44 @@ class PendingQueue:
             if jobs[k] in indices:
                 yield seqs[k], jobs[k]
 
-    def ordered(self, used: Mapping[str, float],
-                charge: Callable[[str], float | None]) -> Iterator[str]:
+    def ordered(self, used: Mapping[str, float], charge: Callable[[str], float | None],
+                leaving_out: Container[Amounts] = ()) -> Iterator[str]:
         """Jobs with pending tasks in placement order. `used` is each user's recent use;
         `charge(job)` is what the job's pending tasks add to its user's key, or None to
         leave it out (all its pending tasks wait out a backoff): it then adds nothing.
-        Read it within one synchronous stretch: it must not outlive a `sync`."""
-        heap: list[tuple[int, float, int, str, Iterator[tuple[int, str]]]] = []
-        for (band, user), queue in self.queues.items():
-            if not queue.live:
+        The jobs of the needs `leaving_out` are left out the same way, without a look at
+        each: their queues are not read. Read it within one synchronous stretch: it must
+        not outlive a `sync`.
+
+        A user's queues in a band (one per need) share one key, the user's use plus the
+        charges of the jobs taken so far: a queue's entry in the heap may hold a key that
+        has grown since (another of the user's queues gave a job), and is put back with
+        the key it has now when it comes first. Keys only grow, so the job that comes first
+        with its key up to date is the next in order: the same order as one queue per user,
+        with each user's jobs in submission order."""
+        heap: list[tuple[int, float, int, str, Iterator[tuple[int, str]], tuple[int, str]]] = []
+        key_of: dict[tuple[int, str], float] = {}
+        for (band, user, need), queue in self.queues.items():
+            if not queue.live or need in leaving_out:
                 continue
             jobs = self._live(queue)
             first = next(jobs, None)
             if first is not None:
-                heap.append((band, used.get(user, 0.0), first[0], first[1], jobs))
+                key = key_of.setdefault((band, user), used.get(user, 0.0))
+                heap.append((band, key, first[0], first[1], jobs, (band, user)))
         heapq.heapify(heap)
         while heap:
-            band, key, _, job_id, jobs = heap[0]
+            band, key, seq, job_id, jobs, whose = heap[0]
+            now = key_of[whose]
+            if key < now:  # another of the user's queues gave a job since
+                heapq.heapreplace(heap, (band, now, seq, job_id, jobs, whose))
+                continue
             added = charge(job_id)
             if added is not None:
                 yield job_id
-                key += added
+                key_of[whose] = now = now + added
             following = next(jobs, None)
             if following is None:
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (band, key, following[0], following[1], jobs))
+                heapq.heapreplace(heap, (band, now, following[0], following[1], jobs, whose))
