@@ -13,10 +13,13 @@ This index gives the same order at the cost of what changed plus what a tick tak
   the fold records those changes (`ClusterState.pending_changes`, `apply`); a new term's
   fold is filed whole once (`sync`, a diff by set operations, which every tick once did:
   with 150,000 waiting it was a third of a tick at 10,000 hosts);
-- each (band, user) keeps its jobs in submission order. Within one, the fair-share keys
-  only grow (each job's charge is >= 0), so the whole order is a merge of these queues by
-  (band, key, submission), done lazily with a heap: a tick that stops after 1,000
-  placements looks at about 1,000 jobs, however many wait.
+- each (band, user, need) keeps its jobs in submission order. A user's fair-share key in
+  a band only grows (each job's charge is >= 0), so the whole order is a merge of these
+  queues by (band, key, submission), done lazily with a heap: a tick that stops after
+  1,000 placements looks at about 1,000 jobs, however many wait;
+- a tick leaves out the queues of a need no host has room for (`ordered`'s
+  `leaving_out`) without a look at their jobs: 150,000 GPU jobs waiting for busy GPUs no
+  longer make every tick look at each of them (docs/placement.md).
 """
 
 from __future__ import annotations
