@@ -117,6 +117,33 @@ def test_a_task_arriving_during_a_ticks_last_slice_is_not_skipped() -> None:
     ] == ["j2"]
 
 
+def test_a_job_that_fits_nowhere_is_told_so_at_the_next_tick() -> None:
+    """A job arriving with a need no host has room for is left out of the walks, and the
+    sweep looks at it in the next tick, not at its next start."""
+    leader = new_leader()
+    state = leader.state
+    fold = folder(state)
+    now = time.time()
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=now))
+    fold(register("w0", "i0", cpu=2))
+
+    def tick(at: float) -> dict[tuple[str, int], str]:
+        leader._file_pending()
+        hosts = leader._hosts()
+        walked = placement.place(leader._units(), hosts, stop_below=leader._stop_below(at),
+                                 limits=(state.limits, state.usage), index=leader.host_index)
+        return {**walked.pending_reasons, **leader._sweep_after(walked)}
+
+    fold(JobSubmitted(job_id="j0", submit_seq=1, ts=now, spec=JobSpec(
+        name="t", command=["true"], resources=Resources(cpu=1, memory_mb=100))))
+    assert tick(now) == {} and leader.sweep is None  # j0 fits; the first sweep is over
+    fold(JobSubmitted(job_id="j1", submit_seq=2, ts=now, spec=JobSpec(
+        name="t", command=["true"], resources=Resources(cpu=64, memory_mb=100))))
+    assert tick(now + 1) == {  # the next sweep is 9 s away
+        ("j1", 0): "insufficient cpu: need 64 cores, largest free 2 cores on 1 worker"}
+    assert leader.left_out == {Amounts(64000, 100)} and leader.sweep is None
+
+
 # --- on a full cluster, a sweep's slices find what a walk of the whole queue does ------------
 
 waiting_jobs = st.lists(st.tuples(

@@ -315,6 +315,10 @@ class Leader:
         # The needs (one task's) no live host has room for at this tick's start: the jobs
         # of these are left out of its walk (the sweep looks at them; _stop_below).
         self.left_out: frozenset[Amounts] = frozenset()
+        # Jobs with a task that entered the pending tasks since the last tick's walk: one
+        # left out is looked at by the sweep at once, not at the next sweep (its user
+        # learns at once that it fits nowhere).
+        self.arrived: dict[str, None] = {}
         # Pending reasons found (by the ticks and the sweep) while their announcement
         # waited for BERTH_PENDING_REASON_INTERVAL: a sweep's slice is looked at once.
         self.unannounced: dict[tuple[str, int], str] = {}
@@ -852,6 +856,8 @@ class Leader:
         if self.queue_follows is state and state.pending_changes is not None:
             if state.pending_changes:
                 self.pending_queue.apply(state.pending_changes, self._place_of)
+                self.arrived.update((job_id, None) for (job_id, _), entered
+                                    in state.pending_changes.items() if entered)
         else:  # a new term's fold (or the first tick): filed whole, then kept up to date
             self.pending_queue = pending_queue.PendingQueue(self._need_of)
             self.pending_queue.sync(state.pending, self._place_of)
@@ -873,17 +879,27 @@ class Leader:
         them, 2.7 s). Starts a sweep when one is due (sweep.py): it sees the tasks a walk
         stopped short never reaches, and those left out."""
         self.left_out = frozenset()
+        arrived, self.arrived = self.arrived, {}
         queue = self.pending_queue
         top = queue.top_band()
         if top is None or preemption.could_preempt(top, self._lowest_band_running(),
                                                    queue.gang_waits()):
             self.sweep, self.sweep_due = None, now + sweep.SWEEP_EVERY  # this walk sees all
             return None
-        if self.sweep is None and now >= self.sweep_due:
+        started = self.sweep is None and now >= self.sweep_due
+        if started:
             self.sweep, self.sweep_due = sweep.Sweep(list(queue.indices)), now + sweep.SWEEP_EVERY
         # Free capacity only shrinks during a walk: what fits nowhere at its start never
         # fits in it.
         self.left_out = queue.needs_beyond(self.host_index.most_free())
+        if self.left_out and arrived and not started:
+            jobs = self.state.jobs
+            late = [job_id for job_id in arrived if job_id in queue.indices
+                    and jobs[job_id].spec.resources.amounts in self.left_out]
+            if late and self.sweep is None:
+                self.sweep = sweep.Sweep(late)
+            elif late and self.sweep is not None:
+                self.sweep.jobs += late
         # With every need left out the walk is empty; the least of all still bounds it.
         return queue.least_need(self.left_out) or queue.least_need()
 
