@@ -23,8 +23,10 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
+import msgspec
+
 from berth.services.scheduler.placement import Host, normalise, takes_any_work, unnormalised
-from berth.shared.capacity import Amounts
+from berth.shared.capacity import DIMENSIONS, Amounts
 
 # (0, -free cpu, worker id): a heap entry of placement's without its host, so the two
 # compare directly (worker ids are unique: the host is never reached).
@@ -45,7 +47,7 @@ class HostIndex:
         self.held: dict[str, dict[str, Host]] = {}  # preemptor -> its hosts by worker id
         self.total = Amounts()
         # Per dimension (cpu, mem, disk, dev): how many hosts have each amount free.
-        self.frees: tuple[Counter[int], ...] = tuple(Counter() for _ in range(4))
+        self.frees: tuple[Counter[int], ...] = tuple(Counter() for _ in DIMENSIONS)
         self._listed: list[Host] | None = None
 
     def update(self, changed: dict[str, Host | None]) -> None:
@@ -75,7 +77,7 @@ class HostIndex:
         self._drop(host.worker_id, keep_ranked)
         self.hosts[host.worker_id] = host
         self.total = self.total + host.free
-        for counts, amount in zip(self.frees, _amounts(host.free), strict=True):
+        for counts, amount in zip(self.frees, msgspec.structs.astuple(host.free), strict=True):
             counts[amount] += 1
         if takes_any_work(host):
             key = self.rank_of[host.worker_id] = rank(host)
@@ -111,7 +113,7 @@ class HostIndex:
         if old is None:
             return False
         self.total = self.total - old.free
-        for counts, amount in zip(self.frees, _amounts(old.free), strict=True):
+        for counts, amount in zip(self.frees, msgspec.structs.astuple(old.free), strict=True):
             if counts[amount] == 1:
                 del counts[amount]
             else:
@@ -126,7 +128,3 @@ class HostIndex:
             if not held:
                 del self.held[old.held_for]
         return True
-
-
-def _amounts(free: Amounts) -> tuple[int, int, int, int]:
-    return free.cpu, free.mem, free.disk, free.dev
