@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -17,9 +18,11 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
 from berth.services.scheduler import placement, service, sweep
+from berth.services.scheduler.service import Leader
 from berth.shared import nats_io, servers, subjects
 from berth.shared.capacity import Amounts
 from berth.shared.messages import (
+    AnyEvent,
     Constraint,
     Coscheduling,
     CpuDevice,
@@ -57,6 +60,22 @@ def test_take(jobs: list[str], pending: set[str], looked_at: set[str], budget: i
     assert s.done is (at == len(jobs))
 
 
+def with_one_worker(cpu: int) -> tuple[Leader, Callable[[AnyEvent], None]]:
+    """A leader whose fold has it elected and worker w0 (of `cpu` cpus) registered, and
+    what folds more events into it."""
+    leader = new_leader()
+    fold = folder(leader.state)
+    fold(LeaderElected(scheduler_id="s", epoch=1, ts=time.time()))
+    fold(register("w0", "i0", cpu=cpu))
+    return leader, fold
+
+
+def job(n: int, cpu: int) -> JobSubmitted:
+    """Job j<n>, of one task of `cpu` cpus, the n+1-th submitted."""
+    return JobSubmitted(job_id=f"j{n}", submit_seq=n + 1, ts=time.time(), spec=JobSpec(
+        name="t", command=["true"], resources=Resources(cpu=cpu, memory_mb=100)))
+
+
 @pytest.mark.parametrize(("truncated", "exhausted", "sliced", "runs_on"), [
     (False, True, True, True),  # stopped short for want of room: the next slice
     (True, False, False, True),  # at its limit: the tasks behind are about to be placed
@@ -64,12 +83,8 @@ def test_take(jobs: list[str], pending: set[str], looked_at: set[str], budget: i
 ])
 def test_a_slice_follows_only_a_walk_stopped_short_for_want_of_room(
         truncated: bool, exhausted: bool, sliced: bool, runs_on: bool) -> None:
-    leader = new_leader()
-    fold = folder(leader.state)
-    fold(LeaderElected(scheduler_id="s", epoch=1, ts=time.time()))
-    fold(register("w0", "i0", cpu=1))
-    fold(JobSubmitted(job_id="j0", submit_seq=1, ts=time.time(), spec=JobSpec(
-        name="t", command=["true"], resources=Resources(cpu=2, memory_mb=100))))
+    leader, fold = with_one_worker(cpu=1)
+    fold(job(0, cpu=2))
     leader._file_pending()
     leader.sweep = sweep.Sweep(["j0"])
     walked = placement.Placement(truncated=truncated, exhausted=exhausted)
@@ -82,17 +97,9 @@ def test_a_task_arriving_during_a_ticks_last_slice_is_not_skipped() -> None:
     """A slice files what entered the pending tasks since the walk, but the next tick must
     still see that it changed: a smaller task arriving then may fit where the walk found no
     room, and a skipped tick would leave it waiting."""
-    leader = new_leader()
+    leader, fold = with_one_worker(cpu=2)
     state = leader.state
-    fold = folder(state)
     now = time.time()
-    fold(LeaderElected(scheduler_id="s", epoch=1, ts=now))
-    fold(register("w0", "i0", cpu=2))
-
-    def job(n: int, cpu: int) -> JobSubmitted:
-        return JobSubmitted(job_id=f"j{n}", submit_seq=n + 1, ts=now, spec=JobSpec(
-            name="t", command=["true"], resources=Resources(cpu=cpu, memory_mb=100)))
-
     fold(job(0, 1))
     fold(TaskAssigned(job_id="j0", task_index=0, attempt_id=0, worker_id="w0",
                       incarnation="i0", epoch=1, ts=now))
@@ -120,12 +127,9 @@ def test_a_task_arriving_during_a_ticks_last_slice_is_not_skipped() -> None:
 def test_a_job_that_fits_nowhere_is_told_so_at_the_next_tick() -> None:
     """A job arriving with a need no host has room for is left out of the walks, and the
     sweep looks at it in the next tick, not at its next start."""
-    leader = new_leader()
+    leader, fold = with_one_worker(cpu=2)
     state = leader.state
-    fold = folder(state)
     now = time.time()
-    fold(LeaderElected(scheduler_id="s", epoch=1, ts=now))
-    fold(register("w0", "i0", cpu=2))
 
     def tick(at: float) -> dict[tuple[str, int], str]:
         leader._file_pending()
@@ -134,11 +138,9 @@ def test_a_job_that_fits_nowhere_is_told_so_at_the_next_tick() -> None:
                                  limits=(state.limits, state.usage), index=leader.host_index)
         return {**walked.pending_reasons, **leader._sweep_after(walked)}
 
-    fold(JobSubmitted(job_id="j0", submit_seq=1, ts=now, spec=JobSpec(
-        name="t", command=["true"], resources=Resources(cpu=1, memory_mb=100))))
+    fold(job(0, cpu=1))
     assert tick(now) == {} and leader.sweep is None  # j0 fits; the first sweep is over
-    fold(JobSubmitted(job_id="j1", submit_seq=2, ts=now, spec=JobSpec(
-        name="t", command=["true"], resources=Resources(cpu=64, memory_mb=100))))
+    fold(job(1, cpu=64))
     assert tick(now + 1) == {  # the next sweep is 9 s away
         ("j1", 0): "insufficient cpu: need 64 cores, largest free 2 cores on 1 worker"}
     assert leader.left_out == {Amounts(64000, 100)} and leader.sweep is None
