@@ -79,16 +79,17 @@ class _Fold:
             self.apply(TaskAssigned(job_id=job_id, task_index=0, attempt_id=0, worker_id=on,
                                     incarnation="i0", epoch=1, ts=self.now))
 
-    def walk(self, stop_below: object = "queue") -> tuple[float, placement.Placement]:
-        """A tick's placement, timed: stop_below as `_stop_below` says, or None (all)."""
+    def walk(self, whole: bool = False) -> tuple[float, placement.Placement]:
+        """A tick's placement, timed: as a tick makes it (`_stop_below`), or of the whole
+        queue, nothing stopping it short or left out (what a tick made before)."""
         leader, state = self.leader, self.leader.state
         leader._file_pending()
         hosts = leader._hosts()
         below = None
-        if stop_below == "queue":
-            below = leader._stop_below(time.time())
+        if whole:
+            leader.left_out = frozenset()
         else:
-            leader.left_out = frozenset()  # as a walk of the whole queue had it
+            below = leader._stop_below(time.time())
         started = time.perf_counter()
         result = placement.place(leader._units(), hosts, limit=MAX_TICK_PLACEMENTS,
                                  limits=(state.limits, state.usage), stop_below=below,
@@ -124,7 +125,7 @@ def full(hosts: int, waiting: int) -> dict[str, object]:
     asyncio.run(leader._preempt(walked))
     preempt_s = time.perf_counter() - started
     swept = _sweep(fold, walked)
-    whole_s, whole = fold.walk(stop_below=None)
+    whole_s, whole = fold.walk(whole=True)
     return {
         "scenario": "full", "hosts": hosts, "waiting": waiting,
         "walk_s": round(walk_s, 4), "walk_placed": len(walked.assignments),
@@ -152,7 +153,7 @@ def gpu_backlog(hosts: int, waiting: int) -> dict[str, object]:
     walk_s, walked = fold.walk()
     left_out = len(fold.leader.left_out)
     swept = _sweep(fold, walked)
-    whole_s, whole = fold.walk(stop_below=None)
+    whole_s, whole = fold.walk(whole=True)
     return {
         "scenario": "gpu_backlog", "hosts": hosts, "waiting": waiting + 10,
         "walk_s": round(walk_s, 4), "walk_placed": len(walked.assignments),
