@@ -903,6 +903,11 @@ class Leader:
         # With every need left out the walk is empty; the least of all still bounds it.
         return queue.least_need(self.left_out) or queue.least_need()
 
+    def _unseen_for_room(self, walked: placement.Placement) -> bool:
+        """Whether the walk left waiting jobs unseen for want of room: it stopped short
+        (`exhausted`), or their need fits on no host (`left_out`). The sweep sees them."""
+        return walked.exhausted or bool(self.left_out)
+
     def _sweep_after(self, walked: placement.Placement) -> dict[tuple[str, int], str]:
         """The pending reasons of the running sweep's next slice, if any, after a walk that
         stopped short for want of capacity or left jobs out (`left_out`). A walk cut short
@@ -912,7 +917,7 @@ class Leader:
         looked at every unit has done what the sweep does."""
         if self.sweep is None or walked.truncated:
             return {}
-        if not (walked.exhausted or self.left_out):
+        if not self._unseen_for_room(walked):
             self.sweep = None
             return {}
         return self._sweep_slice(walked)
@@ -1021,7 +1026,7 @@ class Leader:
                                      limits=(self.state.limits, self.state.usage),
                                      stop_below=stop_below, index=self.host_index)
             self.placing_seconds = time.perf_counter() - started
-            self.left_waiting = bool(result.truncated or result.exhausted or self.left_out
+            self.left_waiting = bool(result.truncated or self._unseen_for_room(result)
                                      or result.pending_reasons)
             span.set_attribute("berth.pending", len(self.state.pending))
             span.set_attribute("berth.placed", len(result.assignments))
@@ -1063,7 +1068,7 @@ class Leader:
                 or self.sweep is not None):
             # A walk stopped short, or with jobs left out, saw only some waiting tasks'
             # timeouts: skipped only until the next sweep (which sees the others) is due.
-            swept = self.sweep_due if result.exhausted or self.left_out else idle_tick.NEVER
+            swept = self.sweep_due if self._unseen_for_room(result) else idle_tick.NEVER
             self.idle = idle_tick.IdleTick(
                 hosts, self.tick_limits_seq,
                 min(self.backoff_due, self.overdue_due, self.reasons_due, swept))
