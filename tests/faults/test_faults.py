@@ -64,6 +64,25 @@ def test_the_quick_fuzz_covers_every_subject_and_every_kind_of_garbage() -> None
                 announced.append(None)
     assert None in announced and max(e or 0 for e in announced) <= 1
 
+@pytest.mark.parametrize(("violation", "forged"), [
+    # Seen in the full fuzz (seed 15, 100,000 payloads): the forgeries alone.
+    ("attempt_keys_reused: j1-fuzz0000/0/0: to fuzz-w and to fuzz-w", True),
+    ("attempt_keys_reused: j1-fuzz0000/0/-1: to fuzz-w after a void assignment burned the id",
+     True),
+    ("attempt_keys_reused: j1-fuzz0000/0/1000000000000000000000000000000: to fuzz-w after a "
+     "void assignment burned the id", True),
+    # A real worker, a real job, or another kind of finding is berth's to answer for.
+    ("attempt_keys_reused: j1-fuzz0000/0/0: to fuzz-w and to local-0", False),
+    ("attempt_keys_reused: j1-fuzz0000/0/0: to local-0 and to fuzz-w", False),
+    ("attempt_keys_reused: j7-0007/0/0: to fuzz-w and to fuzz-w", False),
+    ("attempt_keys_reused: j1-fuzz0000/0/0: to fuzz-w and to fuzz-w (redis)", False),
+    ("double_booked_hosts: fuzz-w: j1-fuzz0000, j2-0002", False),
+])
+def test_only_what_the_forgeries_alone_did_is_left_out_of_the_fuzz_count(
+        violation: str, forged: bool) -> None:
+    assert fuzz.forged_only(violation) is forged
+
+
 def test_reports_lost_and_applied_twice_are_counted() -> None:
     state = ClusterState()
     spec = JobSpec(name="x", command=["true"], resources=Resources(cpu=1, memory_mb=8))
