@@ -535,8 +535,15 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1, timeout: float
             max(0.0, deadline - time.monotonic()))
 
 
-def message_headers(msg_id: str) -> dict[str, str]:
-    return telemetry.inject({"Nats-Msg-Id": msg_id})
+def message_headers(msg_id: str, passed_on: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A message's dedup id and trace context: the current span's, or with `passed_on`
+    (the headers of the message it answers, when no span was started for that:
+    telemetry.NO_SPAN), the trace context those carried, unchanged."""
+    headers = {"Nats-Msg-Id": msg_id}
+    if passed_on is None:
+        return telemetry.inject(headers)
+    headers.update(telemetry.trace_fields(passed_on))
+    return headers
 
 
 @dataclass(frozen=True)
@@ -635,10 +642,13 @@ class EventPublisher:
         self.queue: list[tuple[Outgoing, asyncio.Future[int]]] = []
         self.flusher: asyncio.Task[None] | None = None
 
-    async def publish(self, subject: str, event: msgspec.Struct, msg_id: str) -> int:
-        """Like `publish_event`: retried until stored; returns the stream sequence."""
+    async def publish(self, subject: str, event: msgspec.Struct, msg_id: str,
+                      passed_on: Mapping[str, str] | None = None) -> int:
+        """Like `publish_event`: retried until stored; returns the stream sequence.
+        `passed_on`: as `message_headers`'."""
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.queue.append((Outgoing(subject, encode(event), message_headers(msg_id)), done))
+        self.queue.append((Outgoing(subject, encode(event), message_headers(msg_id, passed_on)),
+                           done))
         if self.flusher is None or self.flusher.done():
             self.flusher = asyncio.create_task(self._flush())
         return await done

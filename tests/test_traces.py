@@ -145,6 +145,20 @@ def test_what_a_waiting_job_keeps_of_its_trace_is_enough_to_parent_its_spans() -
     assert telemetry.carrier_headers(None) is None
 
 
+def test_a_message_sent_without_a_span_passes_on_the_trace_context_it_was_given() -> None:
+    from berth.shared import nats_io
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    given = {"traceparent": parent, "tracestate": "congo=t61rcWkgMzE", "Nats-Msg-Id": "x",
+             "Other": "y"}
+    assert nats_io.message_headers("submit-outcome:7", passed_on=given) == {
+        "Nats-Msg-Id": "submit-outcome:7", "traceparent": parent,
+        "tracestate": "congo=t61rcWkgMzE"}
+    # Given none (a client that sent no trace): none is made up.
+    assert nats_io.message_headers("submit-outcome:8", passed_on={}) == {
+        "Nats-Msg-Id": "submit-outcome:8"}
+
+
 def test_spans_are_recorded_only_with_a_provider_that_samples(monkeypatch: pytest.MonkeyPatch
                                                               ) -> None:
     from opentelemetry import trace
@@ -163,9 +177,9 @@ def test_spans_are_recorded_only_with_a_provider_that_samples(monkeypatch: pytes
 
 async def test_with_no_exporter_a_run_command_still_carries_its_submits_trace(
         make_stack, nc) -> None:
-    """Nothing is recorded (berth's default), so the scheduler passes each job's trace
-    context on as its submit brought it: the worker's spans and log lines still name the
-    trace the client started."""
+    """Nothing is recorded (berth's default), so no service starts a span per job: the
+    submitter's outcome and the scheduler's run command pass the trace context on as the
+    submit brought it, and a trace the client records still reaches the host."""
     import uuid
 
     from berth.client import wait_for_outcome
@@ -175,13 +189,16 @@ async def test_with_no_exporter_a_run_command_still_carries_its_submits_trace(
     stack: Stack = make_stack(workers=1)
     commands = await nc.subscribe(subjects.worker_commands("local-0"))
     trace_id = uuid.uuid4().hex
+    traceparent = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-00"
     spec = JobSpec(name="traced", command=["true"], resources=Resources(cpu=0.5, memory_mb=64))
     ack = await nc.jetstream().publish(
         subjects.SUBMIT_JOB, encode(spec), stream=subjects.SUBMIT_STREAM,
-        headers={"Nats-Msg-Id": uuid.uuid4().hex,
-                 "traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-00"})
+        headers={"Nats-Msg-Id": uuid.uuid4().hex, "traceparent": traceparent})
     outcome = await wait_for_outcome(nc, int(ack.seq), None, 30)
     job_id = str(outcome.job_id)
+    stored = await nc.jetstream().get_last_msg(subjects.EVENTS_STREAM,
+                                               subjects.submit_outcome(None, int(ack.seq)))
+    assert (stored.headers or {}).get("traceparent") == traceparent
     await wait_for_job(stack, job_id, {"succeeded"})
     while True:
         msg = await commands.next_msg(timeout=10)

@@ -51,10 +51,13 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
     """Decides one submit and stores its outcome; `earlier` are the batch's submits before
     it, still being stored (a cancel or a child may name a job one of them creates)."""
     seq = nats_io.stream_seq(msg)
+    # Nothing records (telemetry.recording): no span, and the outcome carries the trace
+    # context the submit came with, as the scheduler's run commands then do.
+    recording = telemetry.recording()
     with tracer.start_as_current_span(
         "submit", context=telemetry.extract(msg.headers),
         attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
-    ) as span:
+    ) if recording else telemetry.NO_SPAN as span:
         outcome = await decide(js, msg, max_bytes, earlier, index)
         metrics.decided(outcome)
         if isinstance(outcome, JobSubmitted):
@@ -74,8 +77,8 @@ async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Ms
             log.info("submit %d rejected: %s", seq, outcome.reason)
         # The dedup id is the submit sequence: a redelivered submit is the same outcome.
         await outcomes.publish(subjects.submit_outcome(_outcome_user(msg.subject, outcome), seq),
-                               outcome,
-                               msg_id=f"submit-outcome:{seq}")
+                               outcome, msg_id=f"submit-outcome:{seq}",
+                               passed_on=None if recording else msg.headers or {})
 
 
 def _outcome_user(subject: str, outcome: Outcome) -> str | None:

@@ -21,6 +21,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from opentelemetry.context import Context
 
 from berth.services.worker_agent import (
     build,
@@ -418,7 +419,8 @@ class WorkerAgent:
             self._remember(key)
             running = RunningAttempt(command=command)
             self.running[key] = running
-            ctx = telemetry.extract(dict(msg.headers or {}))
+            # Nothing records (telemetry.recording): no `attempt` span, so no context.
+            ctx = telemetry.extract(dict(msg.headers or {})) if telemetry.recording() else None
             running.task = asyncio.create_task(self._run(key, running, ctx))
         elif isinstance(command, KillAttempt):
             reason = command.reason or "killed by the scheduler"
@@ -479,13 +481,13 @@ class WorkerAgent:
         self.reported_seq = max(self.reported_seq, seq)
         metrics.REPORTS.labels(state.name.lower()).inc()
 
-    async def _run(self, key: str, attempt: RunningAttempt, ctx: object) -> None:
+    async def _run(self, key: str, attempt: RunningAttempt, ctx: Context | None) -> None:
         cmd = attempt.command
         try:
             with tracer.start_as_current_span(
-                "attempt", context=ctx,  # type: ignore[arg-type]
+                "attempt", context=ctx,
                 attributes={"berth.attempt": key, "berth.worker_id": self.worker_id},
-            ):
+            ) if ctx is not None else telemetry.NO_SPAN:
                 await self._run_attempt(key, attempt)
         except Exception as exc:  # never let one attempt take the agent down
             log.exception("attempt %s crashed the runner", key)
