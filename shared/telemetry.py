@@ -70,8 +70,8 @@ def tracer(name: str) -> trace.Tracer:
 # What a service enters instead of starting a span when `recording()` is false: the block
 # runs as it would inside a span that records nothing, and what it sends passes on the
 # trace context it was given (`trace_fields`). Starting, entering and ending a span that
-# nobody reads, and reading and writing its context, were ~12 % of the submitter's CPU
-# per job and ~20 % of a simulated host's per attempt (docs/performance.md).
+# nobody reads, and reading and writing its context, were a quarter of the submitter's CPU
+# per job and a fifth of a simulated host's per attempt (docs/performance.md).
 NO_SPAN: contextlib.nullcontext[trace.Span] = contextlib.nullcontext(trace.INVALID_SPAN)
 
 
