@@ -64,6 +64,7 @@ def test_the_quick_fuzz_covers_every_subject_and_every_kind_of_garbage() -> None
                 announced.append(None)
     assert None in announced and max(e or 0 for e in announced) <= 1
 
+
 @pytest.mark.parametrize(("violation", "forged"), [
     # Seen in the full fuzz (seed 15, 100,000 payloads): the forgeries alone.
     ("attempt_keys_reused: j1-fuzz0000/0/0: to fuzz-w and to fuzz-w", True),
