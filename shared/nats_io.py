@@ -218,6 +218,11 @@ class WireHeaders(Mapping[str, str]):
         return self._headers()[key]
 
     def __contains__(self, key: object) -> bool:
+        # A name whose bytes are nowhere in the block is not in it: most events carry no
+        # trace context, and the scheduler asks every submit whether it does.
+        if self._parsed is None and isinstance(key, str) and key.isascii() \
+                and key.encode() not in self._raw:
+            return False
         return key in self._headers()
 
     # Mapping's own `items` and `get` go through `__getitem__` key by key.

@@ -138,6 +138,9 @@ def test_wire_headers_read_as_the_client_parses_them(block: bytes,
                                                      parsed: dict[str, str]) -> None:
     headers = nats_io.WireHeaders(block)
     assert headers._parsed is None  # nothing parsed until read
+    for name in ("traceparent", "ok", "name", "missing"):  # asked before any parse
+        assert (name in nats_io.WireHeaders(block)) == (name in parsed), name
+    assert "missing" not in headers and headers._parsed is None  # not there: not parsed
     assert dict(headers) == parsed
     assert len(headers) == len(parsed)
     assert ("ok" in headers) == ("ok" in parsed)
