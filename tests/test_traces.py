@@ -205,3 +205,16 @@ async def test_with_no_exporter_a_run_command_still_carries_its_submits_trace(
         if f'"{job_id}"'.encode() in msg.data:
             break
     assert (msg.headers or {}).get("traceparent", "").split("-")[1] == trace_id
+    # A client that sent no trace context: none is made up on the way.
+    ack = await nc.jetstream().publish(subjects.SUBMIT_JOB, encode(spec),
+                                       stream=subjects.SUBMIT_STREAM)
+    untraced = str((await wait_for_outcome(nc, int(ack.seq), None, 30)).job_id)
+    stored = await nc.jetstream().get_last_msg(subjects.EVENTS_STREAM,
+                                               subjects.submit_outcome(None, int(ack.seq)))
+    assert "traceparent" not in (stored.headers or {})
+    await wait_for_job(stack, untraced, {"succeeded"})
+    while True:
+        msg = await commands.next_msg(timeout=10)
+        if f'"{untraced}"'.encode() in msg.data:
+            break
+    assert "traceparent" not in (msg.headers or {})
