@@ -896,10 +896,11 @@ class Leader:
             jobs = self.state.jobs
             late = [job_id for job_id in arrived if job_id in queue.indices
                     and jobs[job_id].spec.resources.amounts in self.left_out]
-            if late and self.sweep is None:
-                self.sweep = sweep.Sweep(late)
-            elif late and self.sweep is not None:
-                self.sweep.jobs += late
+            if late:
+                if self.sweep is None:
+                    self.sweep = sweep.Sweep(late)
+                else:
+                    self.sweep.jobs += late
         # With every need left out the walk is empty; the least of all still bounds it.
         return queue.least_need(self.left_out) or queue.least_need()
 
@@ -935,7 +936,7 @@ class Leader:
             # walk, filed; the changes stay for the next tick's check whether it may be
             # skipped (filing them again there changes nothing).
             queue.apply(state.pending_changes, self._place_of)
-        held = task_rules.held_back(self.state.backoff, time.time())
+        held = task_rules.held_back(state.backoff, time.time())
         held_jobs = {job_id for job_id, _ in held}
         # Small: a walk that stops short (while a sweep runs) looks at few.
         looked_at = {job_id for job_id, _ in walked.pending_reasons}
@@ -951,7 +952,7 @@ class Leader:
         if not units:
             return {}
         return placement.place(units, self._hosts(), index=self.host_index, limits=(
-            self.state.limits, self.state.usage)).pending_reasons
+            state.limits, state.usage)).pending_reasons
 
     def _lowest_band_running(self) -> int:
         """The lowest band (highest rank) of any live attempt; -1 if none is live."""
