@@ -65,8 +65,10 @@ async def test_a_redis_outage_does_not_kill_the_scheduler(make_stack, nc: NATS,
 
 
 BURST = 80  # enough to be mid-burst at the kill (a fifth done), few enough for CI
-# Each burst job sleeps a little: a `true` now ends so fast (the supervisor zygote) that the
-# whole burst could finish before the kill.
+# Each burst job sleeps a little and takes a quarter of a worker's two CPUs, so no more than
+# 8 run at once and the burst lasts at least ten rounds of 0.3 s. With TINY's 0.1 CPU all 80
+# fitted in two rounds, and CI once saw every job done before the kill (80 < 80).
+BURST_JOB = Resources(cpu=0.5, memory_mb=16)
 
 
 SCHEDULERS = ("scheduler", "scheduler-2")
@@ -115,7 +117,8 @@ async def test_a_sentinel_failover_mid_burst_loses_nothing(make_stack, nc: NATS,
         await wait_until(lambda: any("leading with epoch" in log_of(stack, s)
                                      for s in SCHEDULERS), what="a leader")
         seqs = [await publish_submit(nc, encode(JobSpec(
-            name=f"burst-{i}", command=["sleep", "0.3"], resources=TINY))) for i in range(BURST)]
+            name=f"burst-{i}", command=["sleep", "0.3"], resources=BURST_JOB)))
+            for i in range(BURST)]
         await wait_until(lambda: succeeded(stack) >= BURST // 5, timeout=60,
                          what="a fifth of the burst")
         old = cluster.primary()
