@@ -37,6 +37,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    Header,
     PubAck,
     RetentionPolicy,
     StorageType,
@@ -44,7 +45,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from berth.shared import credentials, metrics, service, subjects, telemetry
+from berth.shared import credentials, metrics, pub_acks, service, subjects, telemetry
 from berth.shared.config import Settings
 from berth.shared.credentials import Credentials, Role
 from berth.shared.event_origin import RefusedEvent, read_event
@@ -252,7 +253,8 @@ class Client(NATS):
     It also takes subscriptions whose messages are handed to a plain function as they are
     read (`subscribe_now`), for the many small messages of a large cluster (heartbeats),
     and an ordered stream consumer's messages straight from the read loop (`take_stream`),
-    for every follower of the events stream."""
+    for every follower of the events stream; and JetStream's replies to its publishes there
+    too (`publish_stored`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -260,6 +262,32 @@ class Client(NATS):
         self._handlers: dict[int, Callable[[Msg], None]] = {}
         self._streams: dict[Subscription, StreamTaker] = {}
         self._pulls: dict[Subscription, PullTaker] = {}
+        self._acks = pub_acks.PendingAcks()
+        self._ack_sid = -1  # the subscription JetStream's replies come on, once made
+        self._ack_prefix = b""
+
+    async def publish_stored(self, subject: str, payload: bytes, headers: dict[str, str],
+                             stream: str) -> asyncio.Future[int]:
+        """Publishes to `stream` (as `JetStreamContext.publish_async` with `stream`: the
+        header that makes JetStream refuse it if the subject is another stream's). The
+        future settles, in the read loop, with the stream sequence, or with what nats-py's
+        `JetStreamContext.publish` raises for the reply (shared/pub_acks.py). No reply: it
+        stays pending, so the caller bounds its wait and cancels it."""
+        if self._ack_sid < 0:
+            # Under this client's own inbox prefix: the only replies its permissions let
+            # it read.
+            prefix = bytes(self._inbox_prefix) + b"." + bytes(self._nuid.next()) + b"."
+            sub = await self.subscribe(prefix.decode() + "*")  # no callback: no task
+            self._ack_prefix, self._ack_sid = prefix, sub._id
+        token, future = self._acks.expect()
+        headers[Header.EXPECTED_STREAM] = stream
+        try:
+            await self.publish(subject, payload, reply=(self._ack_prefix + token).decode(),
+                               headers=headers)
+        except BaseException:
+            future.cancel()
+            raise
+        return future
 
     async def subscribe_now(self, subject: str, handler: Callable[[Msg], None]
                             ) -> Subscription:
@@ -305,6 +333,12 @@ class Client(NATS):
         """Hands a message to its `subscribe_now` handler or `take_stream` taker in the read
         loop, without a coroutine (called by `FastParser`). False: `_process_msg` is to
         handle it, as nats-py does."""
+        if sid == self._ack_sid:  # a reply to `publish_stored`, a status line too
+            sub = self._subs.get(sid)
+            if sub is not None:
+                self._count_in(sub, data)
+            self._acks.take(subject[len(self._ack_prefix):], headers, data)
+            return True
         if headers is not None and not headers.startswith(_PLAIN_HEADERS):
             return False  # a status line: a control message, nats-py's
         sub = self._subs.get(sid)
@@ -569,6 +603,11 @@ class Outgoing:
 RETRIABLE = (nats.errors.TimeoutError, TimeoutError, nats.errors.ConnectionClosedError,
              nats.errors.ConnectionReconnectingError, nats.js.errors.NoStreamResponseError,
              nats.js.errors.ServiceUnavailableError)
+# A publish JetStream answered with an error is sent again too. Some pass: 503 while a
+# stream elects its leader, 409 (10158) for a retry while the first copy is still being
+# stored. The rest were retried before as well: nats-py's `publish_async` never settles a
+# publish refused that way, so it waited out its timeout and was sent again.
+REPLY_RETRIABLE = (*RETRIABLE, nats.js.errors.APIError, pub_acks.UnreadableReply)
 
 
 async def publish_event(
@@ -592,15 +631,21 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
     seqs = [0] * len(outgoing)
     todo = list(range(len(outgoing)))
     tries = 0
+    nc = js._nc
     while todo:
         tries += 1
-        acks: dict[int, asyncio.Future[PubAck]] = {}
+        acks: dict[int, asyncio.Future[int] | asyncio.Future[PubAck]] = {}
         failed: list[tuple[int, BaseException]] = []
         for i in todo:
             out = outgoing[i]
             try:
-                acks[i] = await js.publish_async(out.subject, out.payload, headers=out.headers,
-                                                 stream=subjects.EVENTS_STREAM)
+                if isinstance(nc, Client):
+                    acks[i] = await nc.publish_stored(out.subject, out.payload, out.headers,
+                                                      subjects.EVENTS_STREAM)
+                else:
+                    acks[i] = await js.publish_async(out.subject, out.payload,
+                                                     headers=out.headers,
+                                                     stream=subjects.EVENTS_STREAM)
             except RETRIABLE as error:
                 failed.append((i, error))
             except Exception as error:  # e.g. MaxPayloadError: retrying cannot help
@@ -612,12 +657,13 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
                 ack.cancel()
                 failed.append((i, TimeoutError(f"no ack within {timeout:g}s")))
             elif (refused := ack.exception()) is not None:
-                if isinstance(refused, RETRIABLE):
+                if isinstance(refused, REPLY_RETRIABLE):
                     failed.append((i, refused))
                 else:
                     _dropped(outgoing[i], refused)
             else:
-                seqs[i] = int(ack.result().seq)
+                stored = ack.result()
+                seqs[i] = stored if isinstance(stored, int) else int(stored.seq)
         if not failed:
             return seqs
         if attempts and tries >= attempts:

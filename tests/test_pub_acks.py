@@ -1,0 +1,137 @@
+"""JetStream's replies to berth's publishes, settled in the read loop (shared/pub_acks.py,
+`nats_io.Client.publish_stored`): each reply settles its own publish with the stream
+sequence or the error nats-py raises for it, and a refused publish is retried at once,
+not after nats-py's publish_async left it to time out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats.js.errors
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client as NATS
+
+from berth.shared import nats_io, pub_acks, subjects
+from berth.shared.messages import AttemptReported, TaskState, encode
+
+NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
+
+
+@pytest.mark.parametrize(("headers", "data", "expected"), [
+    (None, b'{"stream":"events","seq":42}', 42),
+    (None, b'{"stream":"events","seq":42,"duplicate":true}', 42),
+    (None, b'{"stream":"events","seq":7,"domain":"hub","val":"3"}', 7),  # fields berth ignores
+    (NO_RESPONDERS, b"", nats.js.errors.NoStreamResponseError),
+    (None, b'{"error":{"code":503,"err_code":10077,"description":"unavailable"}}',
+     nats.js.errors.ServiceUnavailableError),
+    (None, b'{"error":{"code":409,"err_code":10158,"description":"duplicate message id is '
+           b'in process"}}', nats.js.errors.APIError),
+    (None, b'{"error":{"code":400,"err_code":10060,"description":"expected stream does not '
+           b'match"}}', nats.js.errors.BadRequestError),
+    (None, b'{"error":{"code":500,"description":"x","extra":1}}', nats.js.errors.ServerError),
+    (None, b'{"error":{"code":404,"err_code":10059,"description":"stream not found"}}',
+     nats.js.errors.NotFoundError),
+    (None, b"not json", pub_acks.UnreadableReply),
+    (None, b'{"seq":"forty"}', pub_acks.UnreadableReply),
+])
+async def test_a_reply_settles_its_publish(headers: bytes | None, data: bytes,
+                                           expected: int | type[BaseException]) -> None:
+    acks = pub_acks.PendingAcks()
+    token, future = acks.expect()
+    acks.take(token, headers, data)
+    assert future.done() and len(acks) == 0
+    if isinstance(expected, int):
+        assert future.result() == expected
+        return
+    error = future.exception()
+    assert type(error) is expected, error
+    if isinstance(error, nats.js.errors.APIError) and b"err_code" in data:
+        assert str(error.err_code) in data.decode()  # nats-py's fields, as it reads them
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.none(), st.binary(max_size=40)),
+       st.one_of(st.binary(max_size=80), st.sampled_from([
+           b'{"error":{}}', b'{"error":{"code":"x"}}', b'{"error":null,"seq":1}',
+           b'{"seq":-1}', b'{"seq":1e3}', b'[]', b'{"error":[]}'])))
+def test_any_reply_settles_its_publish_and_raises_nothing(headers: bytes | None,
+                                                          data: bytes) -> None:
+    async def check() -> None:
+        acks = pub_acks.PendingAcks()
+        token, future = acks.expect()
+        acks.take(token, headers, data)  # whatever came on the inbox: no exception here
+        assert future.done()
+        if future.exception() is None:
+            assert isinstance(future.result(), int)
+
+    asyncio.run(check())
+
+
+async def test_each_reply_settles_only_its_own_publish() -> None:
+    acks = pub_acks.PendingAcks()
+    (one, first), (two, second) = acks.expect(), acks.expect()
+    assert one != two
+    acks.take(two, None, b'{"seq":2}')
+    assert not first.done() and second.result() == 2
+    acks.take(b"unknown", None, b'{"seq":9}')  # a reply nobody waits for: nothing happens
+    acks.take(two, None, b'{"seq":3}')  # nor does a second reply to a settled one
+    assert second.result() == 2 and not first.done() and len(acks) == 1
+
+
+async def test_a_publish_given_up_on_is_forgotten() -> None:
+    acks = pub_acks.PendingAcks()
+    token, future = acks.expect()
+    future.cancel()
+    await asyncio.sleep(0)  # done callbacks run on the loop
+    assert len(acks) == 0
+    acks.take(token, None, b'{"seq":1}')  # its late reply changes nothing
+    assert future.cancelled()
+
+
+def report(attempt: int) -> bytes:
+    return encode(AttemptReported(job_id="j1-0001", task_index=0, attempt_id=attempt,
+                                  worker_id="w1", state=TaskState.RUNNING, ts=time.time()))
+
+
+async def test_publishes_on_a_real_server_get_their_sequences(nc: NATS) -> None:
+    assert isinstance(nc, nats_io.Client)
+    subject = subjects.attempt_reports("w1")
+    futures = [await nc.publish_stored(subject, report(i), {"Nats-Msg-Id": f"m{i}"},
+                                       subjects.EVENTS_STREAM) for i in range(50)]
+    seqs = [await asyncio.wait_for(f, 5) for f in futures]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 50
+    # The same message id again: JetStream's dedup answers with the first copy's sequence.
+    again = await nc.publish_stored(subject, report(0), {"Nats-Msg-Id": "m0"},
+                                    subjects.EVENTS_STREAM)
+    assert await asyncio.wait_for(again, 5) == seqs[0]
+    info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM)
+    assert info.state.messages == 50
+
+
+async def test_a_refused_publish_settles_at_once(nc: NATS) -> None:
+    assert isinstance(nc, nats_io.Client)
+    # A subject of another stream, published as the events stream's: JetStream refuses it.
+    wrong = await nc.publish_stored(subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "w"},
+                                    subjects.EVENTS_STREAM)
+    # No stream at all for the subject: the server says no one is there.
+    nowhere = await nc.publish_stored("berth-test.nowhere", b"{}", {"Nats-Msg-Id": "n"},
+                                      subjects.EVENTS_STREAM)
+    started = time.monotonic()
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await asyncio.wait_for(wrong, 5)
+    with pytest.raises(nats.js.errors.NoStreamResponseError):
+        await asyncio.wait_for(nowhere, 5)
+    assert time.monotonic() - started < 2  # answered, not timed out
+
+
+async def test_publish_events_retries_a_refusal_without_waiting_out_a_timeout(
+        nc: NATS) -> None:
+    outgoing = [nats_io.Outgoing(subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "refused"})]
+    started = time.monotonic()
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await nats_io.publish_events(nc.jetstream(), outgoing, attempts=3, timeout=5)
+    # Three tries and their backoff (0.1 s, 0.2 s): before, each try waited 5 s.
+    assert time.monotonic() - started < 3
