@@ -38,11 +38,11 @@ async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None,
                          subject: str = subjects.SUBMIT_JOB) -> int:
     """Publishes raw submit bytes (a job on subjects.submit_job(user), or a cancel on
     subjects.submit_cancel(user)); returns the submit stream sequence (the PubAck's seq)."""
-    ack = await nc.jetstream().publish(
-        subject, payload, headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
-        stream=subjects.SUBMIT_STREAM,
-    )
-    return int(ack.seq)
+    from berth.shared import nats_io
+
+    return await nats_io.publish_to_stream(
+        nc, subject, payload, {"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
+        subjects.SUBMIT_STREAM)
 
 
 async def cancel_job(nc: NATS, job_id: str, reason: str = "", user: str | None = None,
