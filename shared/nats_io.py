@@ -614,8 +614,8 @@ async def publish_to_stream(nc: NATS, subject: str, payload: bytes, headers: dic
                             stream: str, timeout: float = 5.0) -> int:
     """One publish to `stream`, its stream sequence returned: `JetStreamContext.publish`,
     with its errors (TimeoutError once `timeout` passes unanswered), through berth's client
-    where `nc` is one (`Client.publish_stored`: a submit client sending many jobs spends a
-    fifth less per job, bench/scale.py's among them)."""
+    where `nc` is one (`Client.publish_stored`: bench/scale.py's client, which submits and
+    reads the log, spent 151-212 µs of CPU per job before, 122-160 after)."""
     if not isinstance(nc, Client):
         ack = await nc.jetstream().publish(subject, payload, timeout=timeout, stream=stream,
                                            headers=headers)

@@ -50,10 +50,12 @@ def refusal(error: dict[str, Any]) -> nats.js.errors.APIError:
     known = {k: v for k, v in error.items() if k in _API_ERROR_FIELDS}
     known.setdefault("code", None)
     try:
-        nats.js.errors.APIError.from_error(known)
+        made: object = nats.js.errors.APIError.from_error(known)
     except nats.js.errors.APIError as exc:
         return exc
-    return nats.js.errors.APIError(**known)  # not reached: from_error always raises
+    # A nats-py whose from_error returns the error instead.
+    return made if isinstance(made, nats.js.errors.APIError) else \
+        nats.js.errors.APIError(**known)
 
 
 def settle(future: asyncio.Future[int], headers: bytes | None, data: bytes) -> None:
@@ -70,6 +72,8 @@ def settle(future: asyncio.Future[int], headers: bytes | None, data: bytes) -> N
         return
     if reply.error is not None:
         future.set_exception(refusal(reply.error))
+    elif reply.seq < 1:  # a stream's sequences start at 1: not JetStream's answer
+        future.set_exception(UnreadableReply(f"a reply to a publish with no sequence: {data!r}"))
     else:
         future.set_result(reply.seq)
 

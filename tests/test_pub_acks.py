@@ -36,6 +36,8 @@ NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
      nats.js.errors.NotFoundError),
     (None, b"not json", pub_acks.UnreadableReply),
     (None, b'{"seq":"forty"}', pub_acks.UnreadableReply),
+    (None, b'{}', pub_acks.UnreadableReply),  # neither a sequence nor an error
+    (None, b'{"stream":"events","seq":0}', pub_acks.UnreadableReply),
 ])
 async def test_a_reply_settles_its_publish(headers: bytes | None, data: bytes,
                                            expected: int | type[BaseException]) -> None:
