@@ -3,8 +3,8 @@ client's read loop (`nats_io.Client.publish_stored`).
 
 nats-py's `publish_async` takes each reply through a `Msg`, its subscription's queue and
 task, `json.loads` and a `PubAck` dataclass, and each publish through a semaphore and
-`secrets.token_hex` (a system call): about a sixth of a simulated host's CPU per job, and
-as much of the submitter's (docs/performance.md). It also never settles a publish that
+`secrets.token_hex` (a system call): about a sixth of py-spy's samples in the simulated
+hosts and in the submitter (docs/performance.md). It also never settles a publish that
 JetStream refuses with an error reply: `APIError.from_error` raises inside its callback,
 so the publish waits out its timeout and is sent again, whatever the error. Here a reply
 settles its publish with the stream sequence, or with the exception nats-py's own
