@@ -265,6 +265,9 @@ class Client(NATS):
         self._acks = pub_acks.PendingAcks()
         self._ack_sid = -1  # the subscription JetStream's replies come on, once made
         self._ack_prefix = b""
+        # Many tasks may publish first at once: one makes the subscription, the others wait
+        # for it (two would leave the first one's replies unread, and its publishes to time out).
+        self._ack_subscribing = asyncio.Lock()
 
     async def publish_stored(self, subject: str, payload: bytes, headers: dict[str, str],
                              stream: str) -> asyncio.Future[int]:
@@ -274,11 +277,13 @@ class Client(NATS):
         `JetStreamContext.publish` raises for the reply (shared/pub_acks.py). No reply: it
         stays pending, so the caller bounds its wait and cancels it."""
         if self._ack_sid < 0:
-            # Under this client's own inbox prefix: the only replies its permissions let
-            # it read.
-            prefix = bytes(self._inbox_prefix) + b"." + bytes(self._nuid.next()) + b"."
-            sub = await self.subscribe(prefix.decode() + "*")  # no callback: no task
-            self._ack_prefix, self._ack_sid = prefix, sub._id
+            async with self._ack_subscribing:
+                if self._ack_sid < 0:
+                    # Under this client's own inbox prefix: the only replies its permissions
+                    # let it read.
+                    prefix = bytes(self._inbox_prefix) + b"." + bytes(self._nuid.next()) + b"."
+                    sub = await self.subscribe(prefix.decode() + "*")  # no callback: no task
+                    self._ack_prefix, self._ack_sid = prefix, sub._id
         token, future = self._acks.expect()
         headers[Header.EXPECTED_STREAM] = stream
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import nats.js.errors
 import pytest
@@ -111,6 +112,27 @@ async def test_publishes_on_a_real_server_get_their_sequences(nc: NATS) -> None:
     assert await asyncio.wait_for(again, 5) == seqs[0]
     info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM)
     assert info.state.messages == 50
+
+
+async def test_many_first_publishes_at_once_make_one_reply_subscription(
+        nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(nc, nats_io.Client)
+    subscriptions = len(nc._subs)
+    # nats-py's subscribe suspends when its flush queue is full: as if it were, each time.
+    send_subscribe = nc._send_subscribe
+
+    async def suspending(sub: Any) -> None:
+        await asyncio.sleep(0.01)
+        await send_subscribe(sub)
+
+    monkeypatch.setattr(nc, "_send_subscribe", suspending)
+    subject = subjects.attempt_reports("w1")
+    futures = await asyncio.gather(*(nc.publish_stored(
+        subject, report(i), {"Nats-Msg-Id": f"first{i}"}, subjects.EVENTS_STREAM)
+        for i in range(20)))
+    seqs = [await asyncio.wait_for(f, 2) for f in futures]  # every reply read, none timed out
+    assert len(set(seqs)) == 20
+    assert len(nc._subs) == subscriptions + 1
 
 
 async def test_a_refused_publish_settles_at_once(nc: NATS) -> None:
