@@ -118,6 +118,23 @@ def test_the_pace_slows_heartbeats_to_the_rate_within_the_bounds(
     assert pace(live, interval, rate, longest) == expected
 
 
+@pytest.mark.parametrize(("live", "expected"), [
+    (1000, 1.0),  # what 1,000 hosts cost at 1 s is the budget: nothing changes up to here
+    (1001, 1.5),
+    (2500, 2.5),
+    (3750, 3.75),  # the fence's bound (a third of 15 s - 3.75 s), reached
+    (10000, 3.75),  # past it the rate grows with the hosts: raise BERTH_WORKER_DEAD_AFTER
+])
+def test_the_default_rate_keeps_a_large_cluster_at_what_1000_hosts_cost(
+        live: int, expected: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("BERTH_HEARTBEAT_RATE", "BERTH_HEARTBEAT_INTERVAL", "BERTH_WORKER_DEAD_AFTER",
+                 "BERTH_FENCE_MARGIN"):
+        monkeypatch.delenv(name, raising=False)
+    settings = Settings.from_env()
+    assert pace(live, settings.heartbeat_interval, settings.heartbeat_rate,
+                settings.longest_heartbeat_interval) == expected
+
+
 def test_a_worker_takes_the_pace_asked_within_its_own_bounds() -> None:
     settings = dataclasses.replace(Settings.from_env(), heartbeat_interval=1.0,
                                    worker_dead_after=15.0, fence_margin=3.75)
