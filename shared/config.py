@@ -69,6 +69,11 @@ def _max_submit_bytes() -> int:
 # A report waits at most this long for others: a final report must not wait long.
 MAX_REPORT_COALESCE = 0.1
 
+# Heartbeats a second the leader asks of the whole cluster (BERTH_HEARTBEAT_RATE): what
+# 1,000 hosts cost at the default 1 s, so a larger cluster costs no more, up to the
+# fence's bound on the interval (docs/reliability.md, "Paced heartbeats").
+DEFAULT_HEARTBEAT_RATE = 1000.0
+
 
 def _report_coalesce() -> float:
     value = _env_float("BERTH_REPORT_COALESCE", 0.002)
@@ -292,10 +297,8 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     # Scheduler: the heartbeats a second it asks of the whole cluster, by slowing every
-    # worker's heartbeat (never below heartbeat_interval); 0: each keeps its own. 1,000:
-    # what 1,000 hosts cost at the default 1 s, so a larger cluster costs no more (up to
-    # the fence's bound on the interval; docs/reliability.md, "Paced heartbeats").
-    heartbeat_rate: float = 1000.0
+    # worker's heartbeat (never below heartbeat_interval); 0: each keeps its own.
+    heartbeat_rate: float = DEFAULT_HEARTBEAT_RATE
 
     @property
     def fence_after(self) -> float:
@@ -365,7 +368,7 @@ class Settings:
 
 
 def _heartbeat_rate() -> float:
-    rate = _env_float("BERTH_HEARTBEAT_RATE", 1000.0)
+    rate = _env_float("BERTH_HEARTBEAT_RATE", DEFAULT_HEARTBEAT_RATE)
     if not rate >= 0:
         raise SystemExit(f"BERTH_HEARTBEAT_RATE={rate:g} must be 0 (workers keep their own "
                          "interval) or more (heartbeats a second)")
