@@ -633,12 +633,16 @@ def test_a_task_with_nothing_to_build_goes_from_assigned_straight_to_running() -
     task = state.jobs["j1"].tasks[0]
     assert task.state == S.RUNNING and task.attempts[0].started_at is not None
     assert task.refused_reports == ()
-    # Its exit (also one that comes before its RUNNING report is folded) ends it.
+    # Its exit (also one that comes before its RUNNING report is folded, or a RUNNING that
+    # comes after it: a publish sent again past the stream's dedup window) ends it.
     for events in ([report(0, S.RUNNING), report(0, S.SUCCEEDED, 0)],
-                   [report(0, S.SUCCEEDED, 0)]):
+                   [report(0, S.SUCCEEDED, 0)],
+                   [report(0, S.SUCCEEDED, 0), report(0, S.RUNNING)]):
         state, _ = fold([registered(), submitted(), assigned(0), *events])
         assert state.jobs["j1"].state == JobState.SUCCEEDED
-        assert state.jobs["j1"].tasks[0].refused_reports == ()
+        task = state.jobs["j1"].tasks[0]
+        assert task.state == S.SUCCEEDED and task.attempts[0].started_at is not None
+        assert task.refused_reports == ()
 
 
 def batched(events: list[AnyEvent]) -> list[AnyEvent]:
