@@ -272,7 +272,8 @@ class Client(NATS):
     async def publish_stored(self, subject: str, payload: bytes, headers: dict[str, str],
                              stream: str) -> asyncio.Future[int]:
         """Publishes to `stream` (as `JetStreamContext.publish_async` with `stream`: the
-        header that makes JetStream refuse it if the subject is another stream's). The
+        header that makes JetStream refuse it if the subject is another stream's, added to
+        `headers` in place as nats-py adds it, so a retry of the same dict sends it again). The
         future settles, in the read loop, with the stream sequence, or with what nats-py's
         `JetStreamContext.publish` raises for the reply (shared/pub_acks.py). No reply: it
         stays pending, so the caller bounds its wait and cancels it."""
