@@ -112,6 +112,22 @@ def metrics_port(environ: Mapping[str, str] | None = None) -> int:
     return port
 
 
+def co_located_go_procs(environ: Mapping[str, str] | None = None,
+                        cpus: int | None = None) -> str:
+    """GOMAXPROCS for a nats-server that `berth up` (or a test's stack) starts on the same
+    machine as berth's services: the environment's own value if it sets one, else half the
+    cores this process may use (at least 1). Go's default, every core, keeps idle threads
+    spinning for work beside the services: on 2 cores nats-server spent ~20 % more CPU per
+    W1 placement with it (docs/performance.md). A nats-server on hosts of its own
+    (deploy/) keeps Go's default."""
+    own = (os.environ if environ is None else environ).get("GOMAXPROCS", "").strip()
+    if own:
+        return own
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0))
+    return str(max(1, cpus // 2))
+
+
 def log_format() -> str:
     """BERTH_LOG_FORMAT: `text` (the default) or `json` (one object a line, with trace ids)."""
     value = os.environ.get("BERTH_LOG_FORMAT", "").strip().lower() or "text"

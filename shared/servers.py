@@ -21,7 +21,7 @@ from pathlib import Path
 import redis as sync_redis
 
 from berth.shared import bus_permissions, dir_lock
-from berth.shared.config import RedisSettings
+from berth.shared.config import RedisSettings, co_located_go_procs
 from berth.shared.credentials import SERVICE_ROLES, AuthDir, Credentials, Role, write_private
 from berth.shared.redis_auth import ADMIN, REPLICA, SENTINEL, RedisUsers
 
@@ -134,21 +134,28 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
             proc.wait()
 
 
-def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def nats_env() -> dict[str, str]:
+    """A co-located nats-server's environment: this one, with GOMAXPROCS capped
+    (config.co_located_go_procs)."""
+    return {**os.environ, "GOMAXPROCS": co_located_go_procs()}
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None
+           ) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         # The data dir's lock goes with it (shared/dir_lock.py): held while it runs.
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                pass_fds=dir_lock.inherited_fds())
+                                pass_fds=dir_lock.inherited_fds(), env=env)
 
 
-def _spawn_listening(argv: list[str], log_path: Path, port: int,
-                     name: str) -> subprocess.Popen[bytes]:
+def _spawn_listening(argv: list[str], log_path: Path, port: int, name: str,
+                     env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`_spawn`, then waits for it to listen on `port`. A server that does not come up, or
     whose wait is cut short (a benchmark's SIGTERM is a SystemExit), is stopped: it runs in
     a session of its own, so nothing else would stop it."""
-    proc = _spawn(argv, log_path)
+    proc = _spawn(argv, log_path, env)
     try:
         wait_for_port(port, proc, name)
     except BaseException:
@@ -224,7 +231,8 @@ def start_nats(data_dir: Path, port: int | None = None, tls: ServerTls | None = 
     config = store / "server.conf"
     config.write_text(nats_config(port, store, users, store, tls=tls))
     argv = [nats_server_binary(), "-c", str(config)]
-    proc = _spawn_listening(argv, data_dir / "logs" / "nats-server.log", port, "nats-server")
+    proc = _spawn_listening(argv, data_dir / "logs" / "nats-server.log", port, "nats-server",
+                            nats_env())
     scheme = "tls" if tls is not None else "nats"
     return ServerProcess("nats-server", f"{scheme}://127.0.0.1:{port}", port, proc, auth.path)
 
@@ -332,7 +340,7 @@ class NatsCluster:
         node = self.nodes[index]
         node.stop()
         proc = _spawn_listening([nats_server_binary(), "-c", str(self.configs[index])],
-                                self.logs[index], node.port, node.name)
+                                self.logs[index], node.port, node.name, nats_env())
         node.proc = proc
         return node
 
@@ -375,7 +383,7 @@ def start_nats_cluster(data_dir: Path, nodes: int = 3, tls: ServerTls | None = N
             config.write_text(nats_cluster_config(name, client_ports[i], cluster_ports[i],
                                                   store, users, routes, store, tls=tls))
             log = data_dir / "logs" / f"nats-server-n{i + 1}.log"
-            proc = _spawn([nats_server_binary(), "-c", str(config)], log)
+            proc = _spawn([nats_server_binary(), "-c", str(config)], log, nats_env())
             started.append(ServerProcess(name, f"{scheme}://127.0.0.1:{client_ports[i]}",
                                          client_ports[i], proc, auth.path))
             configs.append(config)
