@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from berth.shared import subjects
+from berth.shared import pacing, subjects
 from berth.shared.nats_io import RawEvent, ack_reply_tokens, raw_event, wire_event
 from berth.shared.pull_fetch import PullReader
 
@@ -48,7 +48,7 @@ def _taken(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> 
 
 class DurableEventFeed:
     def __init__(self, js: JetStreamContext, name: str, batch: int = 5000,
-                 fetch_wait: float = 0.1) -> None:
+                 fetch_wait: float = 0.1, pace: float = 0.0) -> None:
         # A fetch (shared/pull_fetch.py) returns what the stream has at once; with nothing
         # there, it waits up to `fetch_wait` for the first event and returns it with what
         # came along, without waiting for the batch to fill.
@@ -56,6 +56,11 @@ class DurableEventFeed:
         self.name = name
         self.batch = batch
         self.fetch_wait = fetch_wait
+        # After a batch short of `batch` (caught up), the next fetch waits until `pace`
+        # seconds after it (shared/pacing.py): a live follower of a busy stream then takes
+        # a batch per `pace`, with one pull request and one ack each, instead of a few
+        # events per batch. After a quiet spell the first event is not held.
+        self.pace = pace
         self.resumed = False  # the last open bound to the consumer as it stood
         self._sub: JetStreamContext.PullSubscription | None = None
         self._reader: PullReader[Pulled] | None = None
@@ -102,8 +107,13 @@ class DurableEventFeed:
         await self._reopen(after_seq)  # retried: a dashboard may start during an election
         expected = after_seq + 1
         reopened_at: int | None = None
+        loop = asyncio.get_running_loop()
+        short_at: float | None = None  # when the last batch short of `batch` came
         while True:
             assert self._reader is not None
+            if short_at is not None and (wait := pacing.next_at(
+                    loop.time(), short_at, self.pace) - loop.time()) > 0:
+                await asyncio.sleep(wait)
             try:
                 pulled = await self._reader.fetch(self.batch, self.fetch_wait)
             except TimeoutError:  # nothing new (nats-py raises the builtin one too)
@@ -114,6 +124,7 @@ class DurableEventFeed:
                 await asyncio.sleep(0.5)
                 await self._reopen(expected - 1)
                 continue
+            short_at = loop.time() if len(pulled) < self.batch else None
             batch: list[RawEvent] = []
             for raw, reply in pulled:
                 seq = raw.seq

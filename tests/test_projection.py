@@ -71,6 +71,33 @@ async def test_durable_feed_resumes_where_it_stands_and_rereads_otherwise(nc: NA
     assert not older.resumed
 
 
+async def test_a_paced_feed_takes_a_lone_event_at_once_and_a_burst_in_one_batch(
+        nc: NATS) -> None:
+    await publish_events(nc, 1)
+    feed = DurableEventFeed(nc.jetstream(), "paced-feed", batch=100, pace=3.0)
+    batches = feed.batches(0)
+    assert [raw.seq for raw in await anext(batches)] == [1]
+
+    # After a quiet spell longer than the pace, a lone event is not held back.
+    await asyncio.sleep(3.0)
+    took = time.monotonic()
+    await publish_events(nc, 1, first_epoch=2)
+    assert [raw.seq for raw in await anext(batches)] == [2]
+    assert time.monotonic() - took < 1.5
+
+    # Events arriving one by one right after it wait out the pace and come as one batch
+    # (unpaced, the fetch would return the first of them alone).
+    async def trickle() -> None:
+        for epoch in range(3, 8):
+            await publish_events(nc, 1, first_epoch=epoch)
+            await asyncio.sleep(0.05)
+
+    trickling = asyncio.create_task(trickle())
+    assert [raw.seq for raw in await anext(batches)] == [3, 4, 5, 6, 7]
+    await trickling
+    await batches.aclose()
+
+
 async def folded_stream(nc: NATS, upto: int) -> ClusterState:
     state = ClusterState()
     async for record in nats_io.follow_events(nc.jetstream()):

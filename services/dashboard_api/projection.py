@@ -36,6 +36,11 @@ from berth.shared.usage import FairShare
 log = logging.getLogger("berth.dashboard.projection")
 
 CONSUMER_PREFIX = "berth-dashboard-"
+# While the stream is busy, a batch of events folded at most every this many seconds (after
+# a quiet spell, the first at once): at 2,000 jobs a second, batches of a few events each
+# had a pull request and an ack round trip apiece, a fifth of the dashboard's CPU
+# (docs/performance.md). What a page or a submit's answer waits for it is at most this.
+LIVE_FOLD_PACE = 0.02
 
 
 def consumer_name(state_dir: Path | None) -> str:
@@ -89,7 +94,7 @@ class Projection:
         self.cluster_samples: deque[timeline.ClusterPoint] = deque(
             maxlen=timeline.CLUSTER_HISTORY)
         self.consumer = consumer_name(snapshot_path.parent if snapshot_path else None)
-        self._feed = DurableEventFeed(self.js, self.consumer)
+        self._feed = DurableEventFeed(self.js, self.consumer, pace=LIVE_FOLD_PACE)
         self._saved_seq = 0
         self._last_ts = 0.0  # the newest folded event's time
         self._sampled_at = -timeline.SAMPLE_EVERY  # when the last cluster sample was taken

@@ -8,23 +8,20 @@ import hashlib
 
 import msgspec
 
-from berth.shared import bounded
+from berth.shared import bounded, pacing
 from berth.shared.messages import AttemptReported, AttemptsReported, attempt_key, encode
 
 
 def send_at(now: float, last_sent: float | None, window: float, alone: bool = False
             ) -> float:
-    """When a report made at `now`, with none waiting, goes out: at once when no message of
-    this worker's went out in the last `window` seconds (a lone report waits for nothing),
-    else when that window ends, with whatever else was made by then. So a report waits at
-    most `window`, and a worker sends at most one message per `window` while busy. A
+    """When a report made at `now`, with none waiting, goes out: as shared/pacing.py's
+    `next_at` says for this worker's messages (at once after `window` of quiet, else when
+    the window since its last message ends, with whatever else was made by then). A
     `window` of 0 or less turns coalescing off. `alone`: the worker's last message carried
     only this report's own attempt and nothing is in flight (a lone task's exit, just after
     its RUNNING): no other attempt's report is there to share a message with, so it goes
     at once too."""
-    if window <= 0 or alone or last_sent is None or now - last_sent >= window:
-        return now
-    return last_sent + window
+    return now if alone else pacing.next_at(now, last_sent, window)
 
 
 def attempt_of(report: AttemptReported) -> str:
