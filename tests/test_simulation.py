@@ -3,6 +3,7 @@ real scheduler, submitter and dashboard treat exactly like real ones."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -10,7 +11,12 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from berth.services.worker_agent.service import parse_args
-from berth.services.worker_agent.simulation import RunTime, simulated_hosts
+from berth.services.worker_agent.simulation import (
+    SIGNAL_KILLED,
+    RunTime,
+    SimulatedProcess,
+    simulated_hosts,
+)
 from berth.shared import redis_auth, redis_io
 from berth.shared.checker import check_cluster
 from berth.shared.messages import Coscheduling, JobSpec, Resources, TpuDevice
@@ -44,6 +50,31 @@ def test_bad_simulation_flags_are_refused(capsys: pytest.CaptureFixture[str]) ->
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert problem in capsys.readouterr().err
+
+
+async def test_a_simulated_process_exits_after_its_time_or_at_once_when_stopped() -> None:
+    loop = asyncio.get_running_loop()
+    ran = SimulatedProcess(0.05, 3)
+    started = loop.time()
+    await ran.start()
+    assert await ran.wait() == 3
+    assert loop.time() - started >= 0.05
+
+    stopped = SimulatedProcess(3600, 0)
+    await stopped.start()
+    waiting = asyncio.create_task(stopped.wait())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    await stopped.stop(grace=10)
+    assert await waiting == SIGNAL_KILLED
+    await stopped.stop(grace=10)  # a second stop changes nothing
+    assert await stopped.wait() == SIGNAL_KILLED
+
+    # Stopped while "starting" (a kill that came with its run command): it never runs.
+    early = SimulatedProcess(3600, 0)
+    await early.stop(grace=10)
+    await early.start()
+    assert await early.wait() == SIGNAL_KILLED
 
 
 def test_hosts_form_slices_of_consecutive_workers() -> None:

@@ -11,6 +11,7 @@ from prometheus_client import Counter
 from prometheus_client.core import Metric
 
 from berth.shared import metrics
+from berth.shared.states import TaskState
 
 if TYPE_CHECKING:
     from berth.services.worker_agent.service import WorkerAgent
@@ -19,6 +20,11 @@ HEARTBEATS = Counter("berth_worker_heartbeats",
                      "Heartbeats sent for an answer, by outcome (acknowledged, unanswered)",
                      ["outcome"])
 REPORTS = Counter("berth_worker_reports", "Attempt reports published, by state", ["state"])
+# Looked up once (`labels` validates and locks per call; a simulated host process makes
+# thousands of reports a second); each series reads 0 before its first.
+HEARTBEATS_ACKNOWLEDGED = HEARTBEATS.labels("acknowledged")
+HEARTBEATS_UNANSWERED = HEARTBEATS.labels("unanswered")
+REPORTS_BY_STATE = {state: REPORTS.labels(state.name.lower()) for state in TaskState}
 
 
 def instrument(agents: Sequence[WorkerAgent]) -> None:

@@ -304,9 +304,9 @@ class WorkerAgent:
             reply = await self.nc.request(subjects.heartbeat(self.worker_id), data,
                                           timeout=timeout or self.settings.fence_after)
         except Exception:  # no leader, a partition, NATS away: the deadline stands
-            metrics.HEARTBEATS.labels("unanswered").inc()
+            metrics.HEARTBEATS_UNANSWERED.inc()
             return
-        metrics.HEARTBEATS.labels("acknowledged").inc()
+        metrics.HEARTBEATS_ACKNOWLEDGED.inc()
         self._extend_fence(sent + self.settings.fence_after)
         try:
             ack: HeartbeatAck = decode(heartbeat_ack_decoder, reply.data)
@@ -479,7 +479,7 @@ class WorkerAgent:
         )
         seq = await self.report_sender.send(report)
         self.reported_seq = max(self.reported_seq, seq)
-        metrics.REPORTS.labels(state.name.lower()).inc()
+        metrics.REPORTS_BY_STATE[state].inc()
 
     async def _run(self, key: str, attempt: RunningAttempt, ctx: Context | None) -> None:
         cmd = attempt.command
