@@ -720,12 +720,18 @@ class EventPublisher:
                       passed_on: Mapping[str, str] | None = None) -> int:
         """Like `publish_event`: retried until stored; returns the stream sequence.
         `passed_on`: as `message_headers`'."""
+        return await self.submit(subject, event, msg_id, passed_on)
+
+    def submit(self, subject: str, event: msgspec.Struct, msg_id: str,
+               passed_on: Mapping[str, str] | None = None) -> asyncio.Future[int]:
+        """`publish` without a coroutine: the future of the stream sequence, for a caller
+        that would otherwise start a task per event to await it."""
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.queue.append((Outgoing(subject, encode(event), message_headers(msg_id, passed_on)),
                            done))
         if self.flusher is None or self.flusher.done():
             self.flusher = asyncio.create_task(self._flush())
-        return await done
+        return done
 
     async def _flush(self) -> None:
         while self.queue:

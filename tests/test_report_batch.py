@@ -141,6 +141,31 @@ async def test_with_coalescing_off_each_report_is_its_own_message() -> None:
     assert [event for _, event, _ in recorder.sent] == [rep(i) for i in range(4)]
 
 
+async def test_a_batch_over_one_message_goes_out_as_several_in_order_one_at_a_time(
+        ) -> None:
+    recorder = Recorder()
+    in_flight: list[int] = []
+
+    async def publish(subject: str, event: msgspec.Struct, msg_id: str) -> int:
+        in_flight.append(1)
+        assert len(in_flight) == 1  # the next waits until this one is stored
+        await asyncio.sleep(0.01)
+        in_flight.pop()
+        return await recorder.publish(subject, event, msg_id)
+
+    sender = ReportSender(W, subjects.attempt_reports(W), 0.05, publish)
+    await sender.send(rep(0))
+    # ~300 reports of ~2,000 bytes each made within one window: more than one message holds.
+    many = [rep(i, S.FAILED, error="x" * 2000) for i in range(1, 301)]
+    seqs = await asyncio.gather(*(sender.send(r) for r in many))
+    carried = [reports_in(event) for _, event, _ in recorder.sent[1:]]
+    assert len(carried) >= 2
+    assert [r for batch in carried for r in batch] == many  # each once, in order
+    # Each report heard of the message that carried it.
+    expected = [n + 2 for n, batch in enumerate(carried) for _ in batch]
+    assert seqs == expected
+
+
 async def test_a_failed_publish_is_heard_by_every_report_it_carried() -> None:
     sender = ReportSender(W, subjects.attempt_reports(W), 0.01, Recorder(fail=True).publish)
     results = await asyncio.gather(*(sender.send(rep(i)) for i in range(3)),

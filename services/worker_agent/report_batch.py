@@ -46,6 +46,8 @@ def messages(worker_id: str, reports: list[AttemptReported], ts: float,
     """The messages that carry `reports` (in order), each as (event, dedup id, how many of
     the reports it carries): consecutive runs under `max_bytes`, a run of one as the plain
     `attempt_reported` it always was, a longer one as `attempts_reported`."""
+    if len(reports) == 1:  # the usual case: one message, whatever its size (not encoded twice)
+        return [(reports[0], report_id(reports[0]), 1)]
     out: list[tuple[msgspec.Struct, str, int]] = []
     for run in bounded.chunks(reports, lambda r: len(encode(r)), max_bytes):
         if len(run) == 1:

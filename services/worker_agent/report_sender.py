@@ -12,9 +12,11 @@ import msgspec
 from berth.services.worker_agent import report_batch
 from berth.shared.messages import AttemptReported
 
-# Publishes an event with a dedup id, retried until stored; returns its stream sequence
-# (nats_io.EventPublisher.publish).
+# Publishes an event with a dedup id, retried until stored; its stream sequence, awaited
+# (nats_io.EventPublisher.submit returns it as a future, so no task is started per message;
+# a coroutine, e.g. EventPublisher.publish, works too).
 Publish = Callable[[str, msgspec.Struct, str], Awaitable[int]]
+Batch = list[tuple[AttemptReported, asyncio.Future[int]]]
 
 
 class ReportSender:
@@ -23,11 +25,10 @@ class ReportSender:
         self.subject = subject
         self.window = window
         self.publish = publish
-        self.waiting: list[tuple[AttemptReported, asyncio.Future[int]]] = []
+        self.waiting: Batch = []
         self.timer: asyncio.TimerHandle | None = None
         self.last_sent: float | None = None  # the event loop's clock
-        self.last_batch: list[tuple[AttemptReported, asyncio.Future[int]]] = []
-        self.sending: set[asyncio.Task[None]] = set()
+        self.last_batch: Batch = []
         self.messages = 0  # messages sent, for the tests and the benchmark
 
     async def send(self, report: AttemptReported) -> int:
@@ -38,8 +39,7 @@ class ReportSender:
         if self.timer is None:
             now = loop.time()
             # The last message carried only this attempt and is stored: its futures are
-            # done (not `sending`: the publish task ends a loop turn after they are set, and
-            # an exit already known is reported in the turn its RUNNING returns).
+            # done (an exit already known is reported in the turn its RUNNING returns).
             attempt = report_batch.attempt_of(report)
             alone = bool(self.last_batch) and all(
                 stored.done() and report_batch.attempt_of(last) == attempt
@@ -58,30 +58,44 @@ class ReportSender:
             return
         self.last_sent = asyncio.get_running_loop().time()
         self.last_batch = batch
-        task = asyncio.create_task(self._publish(batch))
-        self.sending.add(task)
-        task.add_done_callback(self.sending.discard)
-
-    async def _publish(self, batch: list[tuple[AttemptReported, asyncio.Future[int]]]) -> None:
         reports = [r for r, _ in batch]
-        start = 0
+        self._send(batch, report_batch.messages(self.worker_id, reports, time.time()), 0, 0)
+
+    def _send(self, batch: Batch, messages: list[tuple[msgspec.Struct, str, int]], index: int,
+              start: int) -> None:
+        """Sends message `index` of the batch's `messages` (carrying its reports from
+        `start` on), and the next once it is stored or refused: in order, one at a time.
+        Every report's sender hears of its message, stored or not: none waits for ever."""
+        if index == len(messages):
+            return
+        event, msg_id, count = messages[index]
+        part = batch[start:start + count]
+        self.messages += 1
         try:
-            for event, msg_id, count in report_batch.messages(self.worker_id, reports,
-                                                              time.time()):
-                part = batch[start:start + count]
-                start += count
-                self.messages += 1
-                try:
-                    seq = await self.publish(self.subject, event, msg_id)
-                except Exception as exc:  # not retriable: each report's sender hears of it
-                    for _, done in part:
-                        if not done.done():
-                            done.set_exception(exc)
-                    continue
-                for _, done in part:
-                    if not done.done():
-                        done.set_result(seq)
-        finally:
-            for _, done in batch:  # never leave a sender waiting for ever
-                if not done.done():
-                    done.set_exception(RuntimeError("attempt report not sent"))
+            stored = asyncio.ensure_future(self.publish(self.subject, event, msg_id))
+        except Exception as exc:  # not retriable: each report's sender hears of it
+            _settle(part, None, exc)
+            self._send(batch, messages, index + 1, start + count)
+            return
+
+        def sent(stored: asyncio.Future[int]) -> None:
+            if stored.cancelled():
+                _settle(part, None, RuntimeError("attempt report not sent"))
+            elif (exc := stored.exception()) is not None:
+                _settle(part, None, exc)
+            else:
+                _settle(part, stored.result(), None)
+            self._send(batch, messages, index + 1, start + count)
+
+        stored.add_done_callback(sent)
+
+
+def _settle(part: Batch, seq: int | None, exc: BaseException | None) -> None:
+    for _, done in part:
+        if done.done():
+            continue
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            assert seq is not None
+            done.set_result(seq)

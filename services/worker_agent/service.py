@@ -115,7 +115,7 @@ class WorkerAgent:
         self.reports = reports or nats_io.EventPublisher(self.js)
         self.worker_id = worker_id
         self.report_sender = ReportSender(worker_id, subjects.attempt_reports(worker_id),
-                                          settings.report_coalesce, self.reports.publish)
+                                          settings.report_coalesce, self.reports.submit)
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
         self.attributes = attributes
