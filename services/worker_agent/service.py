@@ -52,6 +52,7 @@ from berth.shared import metrics as shared_metrics
 from berth.shared.config import Settings
 from berth.shared.credentials import Role
 from berth.shared.messages import (
+    AnyCommand,
     AttemptReported,
     DeviceHealthChanged,
     DeviceInfo,
@@ -169,8 +170,10 @@ class WorkerAgent:
             self._kill_orphans()
             self.bundles.tidy()
             self._spawn(self._collect_task_dirs(stop))
-        cmd_sub = await self.nc.subscribe(subjects.worker_commands(self.worker_id),
-                                          cb=self._on_command)
+        commands = subjects.worker_commands(self.worker_id)
+        cmd_sub = (await nats_io.subscribe_now(self.nc, commands, self._on_simulated_command)
+                   if self.simulate is not None
+                   else await self.nc.subscribe(commands, cb=self._on_command))
         leader_sub = (await self.nc.subscribe(subjects.LEADER, cb=self._on_leader)
                       if follow_leader else None)
         await self._register()
@@ -377,16 +380,40 @@ class WorkerAgent:
         return self.epochs.claimed(epoch, now)
 
     async def _on_command(self, msg: Msg) -> None:
+        command = self._read_command(msg)
+        if command is None or not self._screen(command):
+            return
+        if self.simulate is None and self.epochs.unchecked(command.epoch):
+            # A leader this worker has not confirmed yet (it joined after the announcement,
+            # or missed it, and the epoch skipped a number) or a forgery: the leader's
+            # answer to a heartbeat says which, before the command is judged.
+            await self._check_epoch()
+        self._obey(command, msg)
+
+    def _on_simulated_command(self, msg: Msg) -> None:
+        """A simulated host's commands, taken in the connection's reading task: it checks
+        no epochs (it hears no answers), so nothing waits, and there is no task wake-up
+        per command (nats_io.Client.subscribe_now)."""
+        command = self._read_command(msg)
+        if command is not None and self._screen(command):
+            self._obey(command, msg)
+
+    def _read_command(self, msg: Msg) -> AnyCommand | None:
         try:
-            command = decode(command_decoder, msg.data)
+            command: AnyCommand = decode(command_decoder, msg.data)
         except msgspec.DecodeError as exc:
             log.warning("unreadable command: %s", exc)
-            return
+            return None
+        return command
+
+    def _screen(self, command: AnyCommand) -> bool:
+        """What is settled before any epoch is: a command for another incarnation is
+        refused, a reset past the fence is carried out. False: nothing more to do."""
         if command.incarnation != self.incarnation:
             self.refused_commands += 1
             log.warning("refusing command for incarnation %s (this is %s)",
                         command.incarnation, self.incarnation)
-            return
+            return False
         if isinstance(command, ResetWorker) and self._past_fence():
             # Whatever its epoch: past the fence deadline every task of this incarnation is
             # already fenced off, so a reset costs nothing but a new registration. And a
@@ -394,12 +421,11 @@ class WorkerAgent:
             # heartbeats): one that slept through two take-overs would refuse every reset
             # of the new leader, and stay dead for ever (docs/reliability.md).
             self._spawn(self._reset(f"reset by the scheduler ({command.reason})"))
-            return
-        if self.simulate is None and self.epochs.unchecked(command.epoch):
-            # A leader this worker has not confirmed yet (it joined after the announcement,
-            # or missed it, and the epoch skipped a number) or a forgery: the leader's
-            # answer to a heartbeat says which, before the command is judged.
-            await self._check_epoch()
+            return False
+        return True
+
+    def _obey(self, command: AnyCommand, msg: Msg) -> None:
+        """A command of an epoch this worker has judged: carried out if it obeys it."""
         self._claimed(command.epoch)
         if not self.epochs.obeys(command.epoch):
             self.refused_commands += 1
