@@ -117,8 +117,8 @@ def co_located_go_procs(environ: Mapping[str, str] | None = None,
     """GOMAXPROCS for a nats-server that `berth up` (or a test's stack) starts on the same
     machine as berth's services: the environment's own value if it sets one, else half the
     cores this process may use (at least 1). Go's default, every core, keeps idle threads
-    spinning for work beside the services: on 2 cores nats-server spent ~20 % more CPU per
-    W1 placement with it (docs/performance.md). A nats-server on hosts of its own
+    spinning for work beside the services: on 2 cores nats-server spent ~22 % less CPU per
+    W1 placement without it (docs/performance.md). A nats-server on hosts of its own
     (deploy/) keeps Go's default."""
     own = (os.environ if environ is None else environ).get("GOMAXPROCS", "").strip()
     if own:
