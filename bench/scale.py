@@ -240,9 +240,9 @@ class Cluster:
         # timeout is Kubernetes' node grace period, 40 s: the leader's pace may then stretch
         # the interval to 10 s (a third of D - M), so 10,000 hosts beat 1,000 times a
         # second, as 1,000 do (30 s until 2026-11-29: 7.5 s, 1,333 a second).
-        interval = 1.0 if hosts <= 1000 else 5.0
+        interval, dead_after = (1.0, 6.0) if hosts <= 1000 else (5.0, 40.0)
         env = {"BERTH_HEARTBEAT_INTERVAL": str(interval),
-               "BERTH_WORKER_DEAD_AFTER": str(6.0 if hosts <= 1000 else 40.0),
+               "BERTH_WORKER_DEAD_AFTER": str(dead_after),
                "BERTH_LOG_LEVEL": "INFO"}
         if self.lease_ttl is not None:
             env["BERTH_LEASE_TTL"] = str(self.lease_ttl)

@@ -111,9 +111,10 @@ class DurableEventFeed:
         short_at: float | None = None  # when the last batch short of `batch` came
         while True:
             assert self._reader is not None
-            if short_at is not None and (wait := pacing.next_at(
-                    loop.time(), short_at, self.pace) - loop.time()) > 0:
-                await asyncio.sleep(wait)
+            if short_at is not None:
+                now = loop.time()
+                if (wait := pacing.next_at(now, short_at, self.pace) - now) > 0:
+                    await asyncio.sleep(wait)
             try:
                 pulled = await self._reader.fetch(self.batch, self.fetch_wait)
             except TimeoutError:  # nothing new (nats-py raises the builtin one too)
