@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from berth.services.worker_agent.pipe_reader import PipeReader
 from berth.services.worker_agent.supervise import MAX_REQUEST
 
 # The per-task supervisor (its docstring says what it guarantees), run by path so that it
@@ -62,21 +63,12 @@ class PipeWriter:
             self.fd = -1
 
 
-async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
-    """A reader of the pipe's read end `fd` (its transport closes it at the end of file)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=2**20)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
-    return reader, transport
-
-
 class Forked:
     """A supervisor forked by the zygote, with the part of asyncio's Process that
     AttemptProcess uses. Not our child: its exit comes on its status pipe."""
 
-    def __init__(self, pid: int, stdin: PipeWriter, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader, status: asyncio.StreamReader,
+    def __init__(self, pid: int, stdin: PipeWriter, stdout: PipeReader,
+                 stderr: PipeReader, status: PipeReader,
                  ended: Callable[[bool], None] = lambda reported: None) -> None:
         self.pid = pid
         self.stdin = stdin
@@ -89,7 +81,7 @@ class Forked:
         self.ended = ended
         self._exit = asyncio.ensure_future(self._collect(status))
 
-    async def _collect(self, status: asyncio.StreamReader) -> int:
+    async def _collect(self, status: PipeReader) -> int:
         last = b""
         while line := await status.readline():
             if line.startswith(b"{"):
@@ -223,8 +215,7 @@ class Zygote:
             for fd in ours[1:]:
                 os.close(fd)
             return None
-        pipes = await asyncio.gather(*(read_pipe(fd) for fd in ours[1:]))
-        readers = [reader for reader, _ in pipes]
+        readers = [PipeReader(fd) for fd in ours[1:]]
         status = readers[2]
         try:
             pid = int(await asyncio.wait_for(status.readline(), START_TIMEOUT))
@@ -238,8 +229,8 @@ class Zygote:
                 own.close()
             if forked:  # the zygote did not answer: it is started again for the next
                 self._end_zygote()
-            for _, transport in pipes:
-                transport.close()
+            for reader in readers:
+                reader.close()
             return None
         return Forked(pid, stdin, readers[0], readers[1], status,
                       lambda reported: self._ended(own, reported))
