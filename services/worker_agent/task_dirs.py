@@ -3,7 +3,7 @@
     <home>/tasks/<job>/<task>/                BERTH_TASK_DIR: the working directory, kept
                                               across the task's attempts on this worker
     <home>/tasks/<job>/<task>.bundle          the digest unpacked there last
-    <home>/scratch/<job>/<task>.<attempt>/    BERTH_SCRATCH_DIR: this attempt's own,
+    <home>/scratch/<job>.<task>.<attempt>/    BERTH_SCRATCH_DIR: this attempt's own,
                                               removed when it ends
 
 A resumed or retried attempt finds what the earlier ones left in BERTH_TASK_DIR (a
@@ -32,9 +32,9 @@ class TaskDirs:
     def of(cls, home: Path, job_id: str, task_index: int, attempt_id: int) -> TaskDirs:
         tasks = home / "tasks" / job_id
         return cls(task=tasks / str(task_index),
-                   # One level per attempt, not two: a directory's creation is the dearest
-                   # file-system call an attempt makes (docs/performance.md).
-                   scratch=home / "scratch" / job_id / f"{task_index}.{attempt_id}",
+                   # No level per job: a directory's creation is the dearest file-system
+                   # call an attempt makes (docs/performance.md). A job id has no dot.
+                   scratch=home / "scratch" / f"{job_id}.{task_index}.{attempt_id}",
                    bundle_marker=tasks / f"{task_index}.bundle")
 
     def create(self) -> None:
@@ -137,5 +137,11 @@ def remove_stale(home: Path, max_age: float, max_bytes: int, in_use: Iterable[st
                       time.time())
     for name in names:
         shutil.rmtree(home / "tasks" / name, ignore_errors=True)
-        shutil.rmtree(home / "scratch" / name, ignore_errors=True)
+    gone = set(names)
+    with contextlib.suppress(OSError):
+        # Left by an attempt whose agent died before it could remove them; `scratch/<job>/`
+        # is the layout before 2026-11-29.
+        for entry in os.scandir(home / "scratch"):
+            if entry.name.split(".", 1)[0] in gone:
+                shutil.rmtree(entry.path, ignore_errors=True)
     return names
