@@ -20,7 +20,7 @@ import pytest
 
 from berth.services.worker_agent import zygote as zygote_module
 from berth.services.worker_agent.process import AttemptProcess
-from berth.services.worker_agent.supervise import descendants
+from berth.services.worker_agent.supervise import children_of, descendants
 from berth.services.worker_agent.zygote import Forked, Zygote, ZygoteRequest
 
 
@@ -367,3 +367,64 @@ async def test_a_supervisor_idle_too_long_is_let_go(
     third = attempt(tmp_path, ["true"], zygote)  # not idle long: taken again
     await third.start()
     assert third.pid == second.pid and await third.wait() == 0
+
+
+def supervisors_of(zygote: Zygote) -> set[int]:
+    """The supervisors the zygote has forked that are still alive (its children)."""
+    assert zygote.proc is not None
+    return {pid for pid in children_of(zygote.proc.pid) or [] if alive(pid)}
+
+
+async def test_warm_supervisors_are_forked_before_any_attempt_and_take_the_first_ones(
+        tmp_path: Path, zygote: Zygote) -> None:
+    assert zygote.warm(3) == 3
+    await until(lambda: len(supervisors_of(zygote)) == 3)
+    warmed = supervisors_of(zygote)
+    assert zygote.warm(3) == 0  # the pool is full already
+    # Three attempts at once: each to a warm supervisor, none forked for them.
+    first = [attempt(tmp_path, ["sh", "-c", "sleep 0.2"], zygote) for _ in range(3)]
+    for p in first:
+        await p.start()
+        assert isinstance(p.proc, Forked)
+    assert {p.pid for p in first} == warmed
+    assert [await p.wait() for p in first] == [0, 0, 0]
+    assert supervisors_of(zygote) == warmed
+    # A fourth at once is forked as before.
+    more = [attempt(tmp_path, ["sh", "-c", "sleep 0.2"], zygote) for _ in range(4)]
+    for p in more:
+        await p.start()
+    assert len({p.pid for p in more} - warmed) == 1
+    assert [await p.wait() for p in more] == [0, 0, 0, 0]
+
+
+async def test_the_warm_pool_is_kept_however_long_it_waits_and_ends_with_the_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zygote_module, "IDLE_FOR", 0.3)
+    zygote = Zygote()
+    try:
+        zygote.warm(2)
+        await until(lambda: len(supervisors_of(zygote)) == 2)
+        warmed = supervisors_of(zygote)
+        await asyncio.sleep(0.5)  # idle past IDLE_FOR: kept, being the warm pool
+        late = attempt(tmp_path, ["true"], zygote)
+        await late.start()
+        assert late.pid in warmed and await late.wait() == 0
+        assert supervisors_of(zygote) == warmed
+    finally:
+        zygote.close()
+    await until(lambda: not any(alive(pid) for pid in warmed))
+
+
+async def test_a_warm_supervisor_that_died_costs_its_attempt_nothing(
+        tmp_path: Path, zygote: Zygote) -> None:
+    zygote.warm(1)
+    await until(lambda: len(supervisors_of(zygote)) == 1)
+    (dead,) = supervisors_of(zygote)
+    os.kill(dead, signal.SIGKILL)  # the OOM killer, say, before any attempt came
+    await until(lambda: not alive(dead))
+    started = time.monotonic()
+    after = attempt(tmp_path, ["true"], zygote)
+    await after.start()
+    assert isinstance(after.proc, Forked) and after.pid != dead
+    assert await after.wait() == 0
+    assert time.monotonic() - started < 2

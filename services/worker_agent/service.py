@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -170,6 +171,8 @@ class WorkerAgent:
             self._kill_orphans()
             self.bundles.tidy()
             self._spawn(self._collect_task_dirs(stop))
+            # A supervisor per CPU offered, forked before any task comes (zygote.py).
+            self.zygote.warm(math.ceil(self.resources.cpu))
         commands = subjects.worker_commands(self.worker_id)
         cmd_sub = (await nats_io.subscribe_now(self.nc, commands, self._on_simulated_command)
                    if self.simulate is not None

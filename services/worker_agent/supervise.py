@@ -55,7 +55,9 @@ independent of the last: every descendant of an attempt is gone before its exit 
 (as a subreaper, its orphans are ours), what the tree used is counted from the children
 reaped during the attempt, a SIGUSR1 received before the next pid line is dropped, and the
 task gets only its three pipes. The forked supervisors do not depend on the zygote: its
-death (or pause) stops new forks only.
+death (or pause) stops new forks only. A request of IDLE_REQUEST with that socket alone
+forks a supervisor that starts out waiting there: the agent's warm pool, so that the first
+attempts after it starts cost no fork either.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ FIRST_SAMPLE = 0.1
 # for a larger one.
 MAX_REQUEST = 1 << 17
 ZYGOTE_FDS = 4  # stdin, stdout, stderr, status
+# A request for a supervisor with no attempt yet, for the agent's warm pool: this message,
+# with the supervisor's own socket as its only descriptor.
+IDLE_REQUEST = b"idle"
 
 
 def children_of(pid: int) -> list[int] | None:
@@ -429,7 +434,13 @@ def serve(sock: socket.socket) -> None:
         message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, ZYGOTE_FDS + 1)
         if not message and not fds:
             return  # the agent is gone
-        if len(fds) in (ZYGOTE_FDS, ZYGOTE_FDS + 1):
+        if message == IDLE_REQUEST and len(fds) == 1:
+            # A failed fork closes the socket below: the agent's first request on it fails,
+            # and it forks or execs a supervisor then.
+            with contextlib.suppress(OSError):
+                if os.fork() == 0:
+                    start_idle(sock, fds[0], prctl)
+        elif len(fds) in (ZYGOTE_FDS, ZYGOTE_FDS + 1):
             # A failed fork closes the fds below: the agent sees no pid and execs instead.
             with contextlib.suppress(OSError):
                 if os.fork() == 0:
@@ -447,17 +458,44 @@ def start_forked(sock: socket.socket, message: bytes, fds: list[int], prctl: obj
     try:
         if len(fds) > ZYGOTE_FDS:
             own = socket.socket(fileno=fds.pop())
-        sock.close()  # fd 0: it stays taken (each attempt's stdin goes there), not the
-        null = os.open(os.devnull, os.O_RDONLY)  # pipe prepare() makes
-        if null != 0:
-            os.dup2(null, 0)
-            os.close(null)
-        os.setsid()
-        wake = prepare(prctl)
-        if own is not None:
-            own.set_inheritable(False)  # not the task's: only the agent sends on it
+        wake = become_supervisor(sock, own, prctl)
     except BaseException as exc:
         failed(fds[3], exc, own)
+    serve_attempts(message, fds, wake, own)
+
+
+def start_idle(sock: socket.socket, own_fd: int, prctl: object) -> NoReturn:
+    """In the zygote's child: becomes a supervisor as start_forked does, for the agent's
+    warm pool, and waits on its own socket for its first attempt (never returns)."""
+    try:
+        own = socket.socket(fileno=own_fd)
+        wake = become_supervisor(sock, own, prctl)
+        message, fds = next_request(own)
+    except BaseException:
+        os._exit(1)  # the agent's request on our socket fails: it starts the attempt anew
+    if not fds:
+        os._exit(0)  # the agent closed it before any attempt
+    serve_attempts(message, fds, wake, own)
+
+
+def become_supervisor(sock: socket.socket, own: socket.socket | None, prctl: object) -> int:
+    """What a forked supervisor sets up once, in its own session; returns prepare()'s."""
+    sock.close()  # fd 0: it stays taken (each attempt's stdin goes there), not the
+    null = os.open(os.devnull, os.O_RDONLY)  # pipe prepare() makes
+    if null != 0:
+        os.dup2(null, 0)
+        os.close(null)
+    os.setsid()
+    wake = prepare(prctl)
+    if own is not None:
+        own.set_inheritable(False)  # not the task's: only the agent sends on it
+    return wake
+
+
+def serve_attempts(message: bytes, fds: list[int], wake: int, own: socket.socket | None
+                   ) -> NoReturn:
+    """Runs the attempt, then each the agent sends on `own`, one at a time, until the agent
+    closes it (never returns)."""
     try:
         while True:
             run_forked(message, fds, wake, own)

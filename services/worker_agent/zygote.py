@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from berth.services.worker_agent.pipe_reader import PipeReader
-from berth.services.worker_agent.supervise import MAX_REQUEST
+from berth.services.worker_agent.supervise import IDLE_REQUEST, MAX_REQUEST
 
 # The per-task supervisor (its docstring says what it guarantees), run by path so that it
 # needs nothing but the standard library.
@@ -111,7 +111,31 @@ class Zygote:
         # Our ends of the pooled supervisors' sockets, with when each became idle
         # (time.monotonic), the one used last at the end.
         self.idle: list[tuple[socket.socket, float]] = []
+        # How many idle supervisors are kept however long they wait (`warm`).
+        self.floor = 0
         self.closed = False
+
+    def warm(self, count: int) -> int:
+        """Has the zygote fork supervisors into the pool ahead of any attempt, up to `count`
+        (at most `keep_idle`) idle, kept while they wait: the first attempts after the agent
+        starts, a burst of them on a new host, cost no fork either (as Ray starts a worker
+        per CPU ahead of its tasks). Returns how many were asked for. One that cannot start
+        costs nothing but a failed send: the attempt it was for forks another."""
+        self.floor = min(count, self.keep_idle)
+        asked = 0
+        while len(self.idle) < self.floor:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sent = self._send(IDLE_REQUEST, [theirs.fileno()])
+            finally:
+                theirs.close()
+            if not sent:
+                ours.close()
+                break
+            ours.setblocking(False)
+            self.idle.append((ours, time.monotonic()))
+            asked += 1
+        return asked
 
     def _socket(self) -> socket.socket | None:
         if self.sock is not None and self.proc is not None and self.proc.poll() is None:
@@ -181,9 +205,10 @@ class Zygote:
             own.close()
 
     def _let_go_of_old(self) -> None:
-        """Ends the supervisors idle for IDLE_FOR or longer (the longest idle come first)."""
+        """Ends the supervisors idle for IDLE_FOR or longer (the longest idle come first),
+        but for the warm pool's `floor`."""
         too_old = time.monotonic() - IDLE_FOR
-        while self.idle and self.idle[0][1] <= too_old:
+        while len(self.idle) > self.floor and self.idle[0][1] <= too_old:
             self.idle.pop(0)[0].close()
 
     async def spawn(self, request: ZygoteRequest) -> Forked | None:
