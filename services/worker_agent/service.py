@@ -46,7 +46,7 @@ from berth.services.worker_agent.process import (
 )
 from berth.services.worker_agent.report_sender import ReportSender
 from berth.services.worker_agent.task_dirs import TaskDirs
-from berth.services.worker_agent.task_env import gpu_devices, task_environment
+from berth.services.worker_agent.task_env import gpu_devices, inherited, task_environment
 from berth.services.worker_agent.zygote import Zygote
 from berth.shared import bounded, dir_lock, nats_io, service, subjects, telemetry
 from berth.shared import metrics as shared_metrics
@@ -149,6 +149,8 @@ class WorkerAgent:
         self.pid_dir = self.home / "pids"
         # Forks each attempt's supervisor (services/worker_agent/zygote.py).
         self.zygote = Zygote()
+        # The agent's own environment, as far as its tasks see it (task_env.py).
+        self.inherited_env = inherited(os.environ)
         self.bundles = BundleCache(self.home / "bundles", settings.bundle_cache_bytes, self.js,
                                    copies=settings.bundle_copies)
         # At most this many attempts in BUILDING at once; the others wait ASSIGNED.
@@ -544,7 +546,8 @@ class WorkerAgent:
         try:
             dirs.create()
             env = task_environment(
-                os.environ, cmd.env, self.worker_id, gpu_devices(cmd.resources, cmd.devices),
+                self.inherited_env, cmd.env, self.worker_id,
+                gpu_devices(cmd.resources, cmd.devices),
                 tpus.visibility(isinstance(cmd.resources.device, TpuDevice), cmd.devices,
                                 len(self.devices)))
             env.update(dirs.env())
