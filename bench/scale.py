@@ -109,6 +109,9 @@ class Observed:
     # Preemptions: (when, preemptor, victim attempt keys); attempt key -> when it exited.
     preemptions: list[tuple[float, str, list[str]]] = field(default_factory=list)
     exits: dict[str, float] = field(default_factory=dict)
+    # CPU seconds the attempts' own process trees used, as their exit reports say
+    # (measured by each supervisor from its reaped children: exact).
+    task_cpu_s: float = 0.0
     last_seq: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -146,6 +149,8 @@ async def observe(nc: NATS, seen: Observed) -> None:
             elif report.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED):
                 seen.finished[key] = report.ts
                 seen.failed += report.state != TaskState.SUCCEEDED
+                if report.usage is not None:
+                    seen.task_cpu_s += report.usage.cpu_seconds
                 seen.exits[attempt_key(report.job_id, report.task_index,
                                        report.attempt_id)] = report.ts
         seen.changed.set()
@@ -521,7 +526,7 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
                                 resources=Resources(cpu=1, memory_mb=16)))
                  for i in range(jobs)]
         cpu0 = c.cpu()
-        machine0, bench0 = machine_busy_seconds(), own_cpu_seconds()
+        machine0, bench0, tasks0 = machine_busy_seconds(), own_cpu_seconds(), seen.task_cpu_s
         t0 = time.time()
         await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
         complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
@@ -530,6 +535,7 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
         # What the machine spent, but for this benchmark's own process: the per-process
         # figures miss most of the supervisors' and tasks' CPU (procstat.py).
         machine = machine_busy_seconds() - machine0 - (own_cpu_seconds() - bench0)
+        tasks = seen.task_cpu_s - tasks0
         doctor = await c.doctor()
         done_times = sorted(seen.finished.values())
         to_done = seen.latencies(seen.finished)
@@ -550,6 +556,11 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
             "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             **cpu_cost(used, len(done_times), "job"),
             "machine_cpu_ms_per_job": round(1000 * machine / max(len(done_times), 1), 3),
+            # The same, less what the tasks' own processes (`true`) used: berth's whole
+            # stack, the supervisors, NATS and valkey included.
+            "stack_cpu_ms_per_job": round(1000 * (machine - tasks) / max(len(done_times), 1),
+                                          3),
+            "task_cpu_ms_per_job": round(1000 * tasks / max(len(done_times), 1), 3),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
 
@@ -752,8 +763,10 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"{r['submit_to_succeeded_p50_ms']} ms p99 "
                     f"{r['submit_to_succeeded_p99_ms']} ms, CPU ms/job: scheduler "
                     f"{r['scheduler_cpu_ms_per_job']}, berth {r['berth_cpu_ms_per_job']}, "
-                    f"all {r['all_cpu_ms_per_job']}, the machine but this benchmark "
-                    f"{r['machine_cpu_ms_per_job']}, doctor violations="
+                    f"all {r['all_cpu_ms_per_job']}; the machine but this benchmark "
+                    f"{r['machine_cpu_ms_per_job']}, of it the tasks' own "
+                    f"{r['task_cpu_ms_per_job']} and berth's stack "
+                    f"{r['stack_cpu_ms_per_job']}; doctor violations="
                     f"{r['doctor_violations']}")
         elif r["workload"] == "W6":
             what = (f"{r['placed']}/{r['slots']} slots taken, {r['waiting']} waiting: "
