@@ -127,3 +127,18 @@ async def test_close_wakes_a_waiting_reader_and_keeps_what_was_read() -> None:
     assert await reader.read() == b""
     reader.close()  # twice is nothing
     os.close(w)
+
+
+async def test_readline_gives_up_after_its_timeout_and_keeps_what_came() -> None:
+    r, w = os.pipe()
+    reader = PipeReader(r)
+    os.write(w, b"12")  # not a whole line: a paused writer, say
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await reader.readline(0.1)
+    assert 0.08 <= loop.time() - started < 2
+    os.write(w, b"34\n")
+    assert await reader.readline(5) == b"1234\n"  # in time: nothing was lost
+    os.close(w)
+    assert await reader.readline(5) == b""

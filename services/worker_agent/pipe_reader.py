@@ -31,6 +31,11 @@ class PipeReader:
     def ended(self) -> bool:
         return self._ended
 
+    @property
+    def drained(self) -> bool:
+        """At the end of the file, with nothing left to take."""
+        return self._ended and not self._buffer
+
     async def read(self, n: int = CHUNK) -> bytes:
         """Up to `n` bytes, once there are any; b"" at the end of the file."""
         while not self._buffer and not self._ended:
@@ -40,18 +45,28 @@ class PipeReader:
         self._resume()
         return data
 
-    async def readline(self) -> bytes:
+    async def readline(self, timeout: float | None = None) -> bytes:
         """The next line with its newline (without one: the last, unfinished); b"" at the
-        end of the file."""
-        while True:
-            end = self._buffer.find(b"\n") + 1
-            if end or self._ended:
-                end = end or len(self._buffer)
-                line = bytes(self._buffer[:end])
-                del self._buffer[:end]
-                self._resume()
-                return line
-            await self._wait()
+        end of the file. TimeoutError if none came within `timeout` seconds."""
+        expired: list[bool] = []
+        timer = None
+        if timeout is not None:
+            timer = self._loop.call_later(timeout, self._expire, expired)
+        try:
+            while True:
+                end = self._buffer.find(b"\n") + 1
+                if end or self._ended:
+                    end = end or len(self._buffer)
+                    line = bytes(self._buffer[:end])
+                    del self._buffer[:end]
+                    self._resume()
+                    return line
+                if expired:
+                    raise TimeoutError
+                await self._wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def close(self) -> None:
         """Stops reading and closes the pipe; what was read and not taken stays readable."""
@@ -98,3 +113,7 @@ class PipeReader:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _expire(self, expired: list[bool]) -> None:
+        expired.append(True)
+        self._wake()

@@ -164,9 +164,15 @@ class AttemptProcess:
 
     async def wait(self) -> int:
         assert self.proc is not None and self.proc.stdout and self.proc.stderr
-        await asyncio.gather(
-            self._pump("stdout", self.proc.stdout), self._pump("stderr", self.proc.stderr)
-        )
+        # A short task has ended by now, often with nothing written: a stream already
+        # drained needs no pump, and a lone one no task of its own.
+        pumps = [self._pump(name, stream) for name, stream in
+                 (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))
+                 if not (isinstance(stream, PipeReader) and stream.drained)]
+        if len(pumps) == 2:
+            await asyncio.gather(*pumps)
+        elif pumps:
+            await pumps[0]
         return await self.proc.wait()
 
     async def _pump(self, name: str, stream: asyncio.StreamReader | PipeReader) -> None:

@@ -243,7 +243,7 @@ class Zygote:
         readers = [PipeReader(fd) for fd in ours[1:]]
         status = readers[2]
         try:
-            pid = int(await asyncio.wait_for(status.readline(), START_TIMEOUT))
+            pid = int(await status.readline(START_TIMEOUT))
         except (TimeoutError, ValueError):
             pid = 0
         if not pid:
