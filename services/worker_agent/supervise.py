@@ -223,7 +223,12 @@ class Usage:
 def kill_tree(me: int) -> None:
     """SIGKILL to every descendant until none is left (a dying tree may still fork)."""
     for _ in range(100):
-        reap()
+        if not reap():
+            # No child at all, so no descendant: every process of the tree has a parent
+            # below us, and one whose parent has died is re-parented to us (a subreaper)
+            # before that parent can be reaped. Most attempts end here, with no look at
+            # /proc.
+            return
         found = descendants(me)
         if not found:
             return
@@ -234,15 +239,16 @@ def kill_tree(me: int) -> None:
         time.sleep(0.01)
 
 
-def reap() -> None:
-    """Collects exited children (orphans re-parented to us included) so none is a zombie."""
+def reap() -> bool:
+    """Collects exited children (orphans re-parented to us included) so none is a zombie;
+    returns whether any child is left."""
     while True:
         try:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         if pid == 0:
-            return
+            return True
         reaped[pid] = status
         used[0] += usage.ru_utime + usage.ru_stime
         used[1] = max(used[1], usage.ru_maxrss)
