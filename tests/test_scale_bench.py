@@ -40,6 +40,11 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     assert p1["assigned_to_running_p50_ms"] is not None
     assert p1["running_to_finished_p50_ms"] is not None
     assert p1["exit_to_slot_refilled_p50_ms"] is not None  # 12 jobs on 4 slots
+    # The whole machine's count, split into the tasks' own (their exit reports: each `true`
+    # used some) and berth's stack.
+    assert p1["task_cpu_ms_per_job"] > 0 and p1["machine_cpu_ms_per_job"] > 0
+    assert abs(p1["machine_cpu_ms_per_job"] - p1["task_cpu_ms_per_job"]
+               - p1["stack_cpu_ms_per_job"]) < 0.01
     assert by_name["W2"][0]["slice_free_to_next_gang_p50_ms"] is not None
     assert len(by_name["W4"]) >= 1 and all(set(r) >= THROUGHPUT_KEYS for r in by_name["W4"])
     for w2 in (*by_name["W2"], *by_name["W8"]):
