@@ -255,36 +255,44 @@ def test_old_task_directories_go_by_age_then_least_recently_used_above_the_cap()
 
 def test_task_directories_are_removed_from_disk(tmp_path: Path) -> None:
     for job in ("j1-aaaa", "j2-bbbb"):
-        dirs = task_dirs.TaskDirs.of(tmp_path, job, 0, 0)
-        dirs.create()
-        (dirs.task / "ckpt").write_bytes(b"x" * 1000)
+        for task in (0, 1):
+            dirs = task_dirs.TaskDirs.of(tmp_path, job, task, 0)
+            dirs.create()
+            (dirs.task / "ckpt").write_bytes(b"x" * 1000)
+            dirs.mark_unpacked("sha256:0")
     # Scratch left by attempts whose agent died, one as berth laid it out before 2026-11-29.
     (tmp_path / "scratch" / "j1-aaaa" / "0.0").mkdir(parents=True)
-    os.utime(tmp_path / "tasks" / "j1-aaaa", (0, 0))
+    # A job's last use is its newest entry's: one task used lately keeps the whole job.
+    for entry in (tmp_path / "tasks").iterdir():
+        if entry.name != "j2-bbbb.1":
+            os.utime(entry, (0, 0))
     assert task_dirs.remove_stale(tmp_path, 3600, 0, []) == ["j1-aaaa"]
-    assert not (tmp_path / "tasks" / "j1-aaaa").exists()
-    assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == ["j2-bbbb.0.0"]
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == [
+        "j2-bbbb.0", "j2-bbbb.0.bundle", "j2-bbbb.1", "j2-bbbb.1.bundle"]
+    assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == [
+        "j2-bbbb.0.0", "j2-bbbb.1.0"]
+    # Above the size cap, the least recently used job goes, unless it runs here.
     assert task_dirs.remove_stale(tmp_path, 3600, 500, ["j2-bbbb"]) == []
     assert task_dirs.remove_stale(tmp_path, 3600, 500, []) == ["j2-bbbb"]
+    assert not list((tmp_path / "tasks").iterdir())
 
 
-def test_an_attempts_directories_are_made_and_its_job_marked_used(tmp_path: Path) -> None:
+def test_an_attempts_directories_are_made_and_its_task_marked_used(tmp_path: Path) -> None:
     first = task_dirs.TaskDirs.of(tmp_path, "j1-aaaa", 0, 0)
-    first.create()  # nothing there yet: parents made too
+    first.create()  # nothing there yet: `tasks/` and `scratch/` made too
+    assert first.task == tmp_path / "tasks" / "j1-aaaa.0"
+    assert first.scratch == tmp_path / "scratch" / "j1-aaaa.0.0"
     assert first.task.is_dir() and first.scratch.is_dir()
-    job_dir = tmp_path / "tasks" / "j1-aaaa"
-    os.utime(job_dir, (0, 0))
-    task_dirs.TaskDirs.of(tmp_path, "j1-aaaa", 1, 0).create()  # a new task dir marks it
-    assert job_dir.stat().st_mtime > 0
-    os.utime(job_dir, (0, 0))
+    os.utime(first.task, (0, 0))
     retry = task_dirs.TaskDirs.of(tmp_path, "j1-aaaa", 0, 1)
     (first.task / "ckpt").write_bytes(b"x")
-    retry.create()  # the task directory is kept across attempts, and the job marked used
+    retry.create()  # the task directory is kept across attempts, and marked used
+    assert retry.task == first.task
     assert (retry.task / "ckpt").read_bytes() == b"x" and retry.scratch.is_dir()
-    assert job_dir.stat().st_mtime > 0
-    os.utime(job_dir, (0, 0))
+    assert first.task.stat().st_mtime > 0
+    os.utime(first.task, (0, 0))
     retry.create()  # both there already (the same attempt again): still marked used
-    assert job_dir.stat().st_mtime > 0
+    assert first.task.stat().st_mtime > 0
     # An empty scratch directory goes at once; one with files is left to rmtree.
     assert first.remove_scratch_if_empty() and not first.scratch.exists()
     assert first.remove_scratch_if_empty()  # gone already
@@ -292,6 +300,29 @@ def test_an_attempts_directories_are_made_and_its_job_marked_used(tmp_path: Path
     assert not retry.remove_scratch_if_empty() and retry.scratch.exists()
     retry.remove_scratch()
     assert not retry.scratch.exists()
+
+
+def test_task_directories_of_the_old_layout_are_moved_with_their_last_use(
+        tmp_path: Path) -> None:
+    """`tasks/<job>/<task>/` (before 2026-11-29) becomes `tasks/<job>.<task>/` when the agent
+    starts: a resumed attempt finds its checkpoint, and the job's age is kept."""
+    old = tmp_path / "tasks" / "j7-abcd"
+    (old / "0").mkdir(parents=True)
+    (old / "0" / "ckpt").write_bytes(b"step 41")
+    (old / "0.bundle").write_text("sha256:1\n")
+    (old / "3").mkdir()
+    os.utime(old, (1000.0, 1000.0))
+    # One whose new place is taken already (an agent stopped mid-move) stays where it was.
+    (tmp_path / "tasks" / "j7-abcd.3").mkdir()
+    assert task_dirs.move_old_layout(tmp_path) == 2
+    resumed = task_dirs.TaskDirs.of(tmp_path, "j7-abcd", 0, 5)
+    assert (resumed.task / "ckpt").read_bytes() == b"step 41"
+    assert resumed.unpacked() == "sha256:1"
+    assert resumed.task.stat().st_mtime == 1000.0
+    assert (old / "3").is_dir()
+    assert task_dirs.move_old_layout(tmp_path) == 0  # again: nothing more to move
+    (jobs,) = task_dirs.job_dirs(tmp_path, sizes=True)
+    assert jobs.name == "j7-abcd" and jobs.size >= len(b"step 41")
 
 
 def test_status_shows_a_build_failures_output_tail_below_its_attempt() -> None:

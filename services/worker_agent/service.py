@@ -171,6 +171,8 @@ class WorkerAgent:
         subscription that calls `on_leader` for all of them."""
         if self.simulate is None:
             self._kill_orphans()
+            if moved := task_dirs.move_old_layout(self.home):
+                log.info("moved %d task directories to tasks/<job>.<task>/", moved)
             self.bundles.tidy()
             self._spawn(self._collect_task_dirs(stop))
             # A supervisor per CPU offered, forked before any task comes (zygote.py).

@@ -1,14 +1,18 @@
 """Where a task's files live on a worker (docs/workspaces.md).
 
-    <home>/tasks/<job>/<task>/                BERTH_TASK_DIR: the working directory, kept
+    <home>/tasks/<job>.<task>/                BERTH_TASK_DIR: the working directory, kept
                                               across the task's attempts on this worker
-    <home>/tasks/<job>/<task>.bundle          the digest unpacked there last
+    <home>/tasks/<job>.<task>.bundle          the digest unpacked there last
     <home>/scratch/<job>.<task>.<attempt>/    BERTH_SCRATCH_DIR: this attempt's own,
                                               removed when it ends
 
-A resumed or retried attempt finds what the earlier ones left in BERTH_TASK_DIR (a
-checkpoint). Job directories no attempt has used for BERTH_TASK_DIR_MAX_AGE are removed, and
-above BERTH_TASK_DIR_MAX_MB the least recently used go first.
+No directory per job: a directory's creation is the dearest file-system call an attempt
+makes (docs/performance.md), and a job id has no dot, so the entries of a job are those
+named `<job>.`. A resumed or retried attempt finds what the earlier ones left in
+BERTH_TASK_DIR (a checkpoint). A job's entries are removed once no attempt has used them
+for BERTH_TASK_DIR_MAX_AGE (its last use: its newest entry's mtime), and above
+BERTH_TASK_DIR_MAX_MB the least recently used jobs' go first. The layout before 2026-11-29
+(`tasks/<job>/<task>/`) is moved to this one when the agent starts (`move_old_layout`).
 """
 
 from __future__ import annotations
@@ -30,16 +34,14 @@ class TaskDirs:
 
     @classmethod
     def of(cls, home: Path, job_id: str, task_index: int, attempt_id: int) -> TaskDirs:
-        tasks = home / "tasks" / job_id
-        return cls(task=tasks / str(task_index),
-                   # No level per job: a directory's creation is the dearest file-system
-                   # call an attempt makes (docs/performance.md). A job id has no dot.
+        tasks = home / "tasks"
+        return cls(task=tasks / f"{job_id}.{task_index}",
                    scratch=home / "scratch" / f"{job_id}.{task_index}.{attempt_id}",
-                   bundle_marker=tasks / f"{task_index}.bundle")
+                   bundle_marker=tasks / f"{job_id}.{task_index}.bundle")
 
     def create(self) -> None:
-        """Both directories, and the job's directory marked used now (its mtime, for the
-        age-based clean-up). One `mkdir` each when their parents are there (pathlib's
+        """Both directories, and the task's marked used now (its mtime, for the age-based
+        clean-up). One `mkdir` each once `tasks/` and `scratch/` are there (pathlib's
         `mkdir(parents=True)` was most of an attempt's start in the agent's profile)."""
         task_existed = False
         for path in (self.task, self.scratch):
@@ -47,13 +49,13 @@ class TaskDirs:
                 os.mkdir(path)
             except FileExistsError:
                 task_existed = task_existed or path is self.task
-            except FileNotFoundError:  # the job's first task here: its directory too
+            except FileNotFoundError:  # the worker's first attempt: `tasks/` or `scratch/`
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)
-        if task_existed:  # else the task directory just made in it has marked it
+        if task_existed:  # else its creation has marked it
             with contextlib.suppress(OSError):
-                os.utime(self.task.parent)
+                os.utime(self.task)
 
     def env(self) -> dict[str, str]:
         return {"BERTH_TASK_DIR": str(self.task), "BERTH_SCRATCH_DIR": str(self.scratch)}
@@ -86,7 +88,7 @@ class TaskDirs:
 @dataclass(frozen=True)
 class JobDir:
     name: str
-    last_used: float  # mtime of <home>/tasks/<job>
+    last_used: float  # the newest mtime of its entries in <home>/tasks
     size: int  # bytes of its task directories
 
 
@@ -121,27 +123,70 @@ def _size(path: Path) -> int:
     return total
 
 
+def job_of(entry_name: str) -> str:
+    """The job an entry of `tasks/` or `scratch/` belongs to (a job id has no dot)."""
+    return entry_name.split(".", 1)[0]
+
+
 def job_dirs(home: Path, sizes: bool) -> list[JobDir]:
-    out = []
+    """Each job with entries in `tasks/`: when it was last used and what it holds."""
+    used: dict[str, float] = {}
+    held: dict[str, int] = {}
     with contextlib.suppress(OSError):
-        for job_dir in (home / "tasks").iterdir():
+        for entry in os.scandir(home / "tasks"):
             with contextlib.suppress(OSError):
-                out.append(JobDir(job_dir.name, job_dir.stat().st_mtime,
-                                  _size(job_dir) if sizes else 0))
-    return out
+                job = job_of(entry.name)
+                used[job] = max(used.get(job, 0.0), entry.stat(follow_symlinks=False).st_mtime)
+                if sizes:
+                    held[job] = held.get(job, 0) + (
+                        _size(Path(entry.path)) if entry.is_dir(follow_symlinks=False)
+                        else entry.stat(follow_symlinks=False).st_size)
+    return [JobDir(job, last, held.get(job, 0)) for job, last in used.items()]
+
+
+def _remove_entries(where: Path, jobs: set[str]) -> None:
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(where):
+            if job_of(entry.name) in jobs:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
 
 def remove_stale(home: Path, max_age: float, max_bytes: int, in_use: Iterable[str]) -> list[str]:
-    """Removes what `to_remove` picks (task and scratch directories); returns the job ids."""
+    """Removes what `to_remove` picks: the jobs' task directories and bundle marks, and
+    their scratch left by an attempt whose agent died before it could remove it (either
+    layout); returns the job ids."""
     names = to_remove(job_dirs(home, sizes=bool(max_bytes)), max_age, max_bytes, set(in_use),
                       time.time())
-    for name in names:
-        shutil.rmtree(home / "tasks" / name, ignore_errors=True)
     gone = set(names)
-    with contextlib.suppress(OSError):
-        # Left by an attempt whose agent died before it could remove them; `scratch/<job>/`
-        # is the layout before 2026-11-29.
-        for entry in os.scandir(home / "scratch"):
-            if entry.name.split(".", 1)[0] in gone:
-                shutil.rmtree(entry.path, ignore_errors=True)
+    if gone:
+        _remove_entries(home / "tasks", gone)
+        _remove_entries(home / "scratch", gone)
     return names
+
+
+def move_old_layout(home: Path) -> int:
+    """Moves task directories of the layout before 2026-11-29 (`tasks/<job>/<task>/`, with
+    `tasks/<job>/<task>.bundle`) to this one, each keeping its job's last use, so that a
+    resumed attempt finds its checkpoint. Called when the agent starts, before any attempt
+    (the last incarnation's are killed first). Returns how many it moved. One whose new
+    place is taken already stays where it was, and goes with its job's age."""
+    moved = 0
+    with contextlib.suppress(OSError):
+        for job_dir in os.scandir(home / "tasks"):
+            if "." in job_dir.name or not job_dir.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                last_used = job_dir.stat(follow_symlinks=False).st_mtime
+                for entry in os.scandir(job_dir.path):
+                    target = home / "tasks" / f"{job_dir.name}.{entry.name}"
+                    if os.path.lexists(target):
+                        continue
+                    os.rename(entry.path, target)
+                    os.utime(target, (last_used, last_used), follow_symlinks=False)
+                    moved += 1
+                os.rmdir(job_dir.path)
+    return moved
