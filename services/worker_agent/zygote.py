@@ -124,16 +124,10 @@ class Zygote:
         self.floor = min(count, self.keep_idle)
         asked = 0
         while len(self.idle) < self.floor:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                sent = self._send(IDLE_REQUEST, [theirs.fileno()])
-            finally:
-                theirs.close()
-            if not sent:
-                ours.close()
+            sent, own = self._send_new(IDLE_REQUEST, [])
+            if not sent or own is None:
                 break
-            ours.setblocking(False)
-            self.idle.append((ours, time.monotonic()))
+            self.idle.append((own, time.monotonic()))
             asked += 1
         return asked
 
