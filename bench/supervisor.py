@@ -20,15 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from procstat import tree_cpu_seconds  # bench/procstat.py
+from procstat import own_cpu_seconds, tree_cpu_seconds  # bench/procstat.py
 
 from berth.services.worker_agent.process import AttemptProcess
 from berth.services.worker_agent.zygote import Zygote
-
-
-def own_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def children_cpu() -> float:
@@ -51,13 +46,14 @@ async def run(mode: str, attempts: int, concurrency: int, root: Path) -> dict[st
 
     await one()  # the zygote's start is not per attempt
     zygote_pid = zygote.proc.pid if zygote is not None and zygote.proc is not None else 0
-    before = (own_cpu(), children_cpu(), tree_cpu_seconds(zygote_pid) if zygote_pid else 0.0)
+    before = (own_cpu_seconds(), children_cpu(),
+              tree_cpu_seconds(zygote_pid) if zygote_pid else 0.0)
     started = time.monotonic()
     for _ in range(attempts // concurrency):
         await asyncio.gather(*(one() for _ in range(concurrency)))
     wall = time.monotonic() - started
     done = attempts // concurrency * concurrency
-    agent = own_cpu() - before[0]
+    agent = own_cpu_seconds() - before[0]
     supervisors = (tree_cpu_seconds(zygote_pid) - before[2] if zygote_pid
                    else children_cpu() - before[1])
     if zygote is not None:
