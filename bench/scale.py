@@ -538,6 +538,7 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
         tasks = seen.task_cpu_s - tasks0
         doctor = await c.doctor()
         done_times = sorted(seen.finished.values())
+        ms_per_job = 1000 / max(len(done_times), 1)  # seconds of CPU -> ms per finished job
         to_done = seen.latencies(seen.finished)
         return {
             "workload": "P1", "hosts": workers, "cpu_per_worker": cpu, "jobs": jobs,
@@ -555,12 +556,11 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
             "exit_to_slot_refilled_p50_ms": pct(slot_refills(seen, int(cpu)), 0.5),
             "events_per_job": round(seen.last_seq / max(jobs, 1), 2),
             **cpu_cost(used, len(done_times), "job"),
-            "machine_cpu_ms_per_job": round(1000 * machine / max(len(done_times), 1), 3),
+            "machine_cpu_ms_per_job": round(machine * ms_per_job, 3),
             # The same, less what the tasks' own processes (`true`) used: berth's whole
             # stack, the supervisors, NATS and valkey included.
-            "stack_cpu_ms_per_job": round(1000 * (machine - tasks) / max(len(done_times), 1),
-                                          3),
-            "task_cpu_ms_per_job": round(1000 * tasks / max(len(done_times), 1), 3),
+            "stack_cpu_ms_per_job": round((machine - tasks) * ms_per_job, 3),
+            "task_cpu_ms_per_job": round(tasks * ms_per_job, 3),
             **{f"doctor_{k}": v for k, v in doctor.items()},
         }
 
