@@ -54,7 +54,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
 from procstat import (  # bench/procstat.py
@@ -124,8 +124,8 @@ class Observed:
         return out
 
 
-async def observe(nc: NATS, seen: Observed) -> None:
-    async for record in nats_io.follow_events(nc.jetstream()):
+async def observe(nc: NATS, seen: Observed, start_seq: int = 1) -> None:
+    async for record in nats_io.follow_events(nc.jetstream(), start_seq):
         event = record.event
         seen.last_seq = record.seq
         if isinstance(event, WorkerRegistered):
@@ -207,6 +207,14 @@ def pct(values: list[float], q: float) -> float | None:
 
 SIM_LABEL = re.compile(r"^sim[0-9]*$")
 TEARDOWN_WAIT = 10.0
+# A timed workload has ended once the events stream has not grown for this long
+# (`Cluster.when_quiet`): longer than any gap between events while work is under way.
+STREAM_QUIET = 1.0
+STREAM_POLL = 0.1
+# While it grows, its CPU figures are read at most this often: P1's walk of every agent's
+# process tree takes milliseconds. The figures kept may miss that much of the tail.
+SNAPSHOT_EVERY = 0.2
+Snap = TypeVar("Snap")
 
 
 def sim_processes(cpus: int | None = None) -> int:
@@ -295,6 +303,52 @@ class Cluster:
             await self.__aexit__(None, None, None)
             raise
         return self
+
+    def stop_following(self) -> None:
+        """Stops the benchmark's follower of the events stream until `when_quiet`: on these
+        2 cores, reading and folding every event as it came took ~8 % of the machine in
+        W1, from the processes being measured (docs/performance.md)."""
+        assert self._observer is not None
+        self._observer.cancel()
+
+    async def when_quiet(self, done: Callable[[], bool], cap: float, what: str,
+                         snapshot: Callable[[], Snap]) -> tuple[bool, Snap]:
+        """After `stop_following`: waits until the events stream has not grown for
+        STREAM_QUIET (at most `cap` seconds), then has the follower read what it missed,
+        and waits until `done()` judged on all of it (the times it records are the events'
+        own). Returns whether `done()` became true, and `snapshot()` as taken when the
+        stream last grew (so the CPU figures leave out the quiet wait and the catch-up; up
+        to SNAPSHOT_EVERY before it), or, if the work had not ended by then, once
+        `done()`."""
+        assert self.nc is not None and self._observer is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._observer
+        js = self.nc.jetstream()
+        started = time.monotonic()
+        last_seq, grew, snapped, snap = -1, started, started, snapshot()
+        try:
+            while time.monotonic() - started < cap:
+                seq = await nats_io.last_event_seq(js)
+                now = time.monotonic()
+                if seq != last_seq:
+                    last_seq, grew = seq, now
+                    if now - snapped >= SNAPSHOT_EVERY:
+                        snapped, snap = now, snapshot()
+                elif now - grew >= STREAM_QUIET:
+                    break
+                await asyncio.sleep(STREAM_POLL)
+        finally:
+            self._observer = asyncio.create_task(
+                observe(self.nc, self.seen, self.seen.last_seq + 1))
+        # The follower catches up (the end of the stream is known: wait for it), then the
+        # work is judged on everything.
+        await wait_for(self.seen, lambda: self.seen.last_seq >= last_seq, cap,
+                       f"{what}: the benchmark to read the events stream")
+        if done():
+            return True, snap
+        left = max(0.0, cap - (time.monotonic() - started))
+        complete = await wait_for(self.seen, done, left, what)
+        return complete, snapshot()
 
     async def wait_for_hosts(self) -> None:
         seen = self.seen
@@ -443,10 +497,11 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
         idle = await c.idle_rates()
         cpu0 = c.cpu()
         t0 = time.time()
+        c.stop_following()
         offered = await submit_all(c.nc, seen, specs, rate=rate)  # type: ignore[arg-type]
-        complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
-                                  f"{name}: all {jobs} tasks to finish")
-        used = cpu_used(cpu0, c.cpu())
+        complete, cpu1 = await c.when_quiet(lambda: len(seen.finished) >= jobs, cap,
+                                            f"{name}: all {jobs} tasks to finish", c.cpu)
+        used = cpu_used(cpu0, cpu1)
         doctor = await c.doctor()
         placed_times = sorted(seen.assigned.values())
         done_times = sorted(seen.finished.values())
@@ -489,14 +544,16 @@ async def gangs(root: Path, name: str, slices: int, size: int, count: int, cap: 
             for i in range(count)]
         cpu0 = c.cpu()
         t0 = time.time()
+        c.stop_following()
         await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
         tasks = count * size
-        complete = await wait_for(seen, lambda: len(seen.assigned) >= tasks, cap,
-                                  f"{name}: all {count} gangs placed")
+        _, cpu1 = await c.when_quiet(lambda: len(seen.finished) >= tasks, cap,
+                                     f"{name}: gangs finished", c.cpu)
+        complete = len(seen.assigned) >= tasks
+        if not complete:
+            print(f"  {name}: {len(seen.assigned)} of {tasks} tasks placed", file=sys.stderr)
         place_all = max(seen.assigned.values()) - t0 if seen.assigned else None
-        await wait_for(seen, lambda: len(seen.finished) >= tasks, cap,
-                       f"{name}: gangs finished")
-        used = cpu_used(cpu0, c.cpu())
+        used = cpu_used(cpu0, cpu1)
         doctor = await c.doctor()
         gangs_placed = len({job for job, _ in seen.assigned})
         gaps = slice_gaps(seen)
@@ -528,13 +585,15 @@ async def processes(root: Path, workers: int, cpu: float, jobs: int, cap: float
         cpu0 = c.cpu()
         machine0, bench0, tasks0 = machine_busy_seconds(), own_cpu_seconds(), seen.task_cpu_s
         t0 = time.time()
+        c.stop_following()
         await submit_all(c.nc, seen, specs)  # type: ignore[arg-type]
-        complete = await wait_for(seen, lambda: len(seen.finished) >= jobs, cap,
-                                  f"P1: all {jobs} jobs to finish")
-        used = cpu_used(cpu0, c.cpu())
+        complete, (cpu1, machine1, bench1) = await c.when_quiet(
+            lambda: len(seen.finished) >= jobs, cap, f"P1: all {jobs} jobs to finish",
+            lambda: (c.cpu(), machine_busy_seconds(), own_cpu_seconds()))
+        used = cpu_used(cpu0, cpu1)
         # What the machine spent, but for this benchmark's own process: the per-process
         # figures miss most of the supervisors' and tasks' CPU (procstat.py).
-        machine = machine_busy_seconds() - machine0 - (own_cpu_seconds() - bench0)
+        machine = machine1 - machine0 - (bench1 - bench0)
         tasks = seen.task_cpu_s - tasks0
         doctor = await c.doctor()
         done_times = sorted(seen.finished.values())

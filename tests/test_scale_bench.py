@@ -36,7 +36,9 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     # P1: real worker agents ran every `true` job, and its CPU is counted per job.
     p1 = by_name["P1"][0]
     assert p1["finished"] == p1["jobs"] and p1["failed"] == 0, p1
-    assert p1["berth_cpu_ms_per_job"] > 0 and p1["submit_to_succeeded_p50_ms"] is not None
+    # Per process, CPU is read in whole clock ticks: 12 jobs' worth, up to the stream's last
+    # event, may read 0 (the machine's count below misses nothing).
+    assert p1["berth_cpu_ms_per_job"] >= 0 and p1["submit_to_succeeded_p50_ms"] is not None
     assert p1["assigned_to_running_p50_ms"] is not None
     assert p1["running_to_finished_p50_ms"] is not None
     assert p1["exit_to_slot_refilled_p50_ms"] is not None  # 12 jobs on 4 slots
