@@ -31,6 +31,14 @@ log = logging.getLogger(__name__)
 
 CONSUMER_IDLE_LIMIT = 24 * 3600.0
 ACK_TIMEOUT = 1.0  # nats-py's for `Msg.ack_sync`
+# How long a pull request lingers on the server for the first event of a quiet stream. The
+# event is handed over the moment it comes, so this is not a latency: it is how often an
+# idle reader asks again (two requests and their two status replies each time). At 0.1 s
+# that was a third of an idle dashboard's CPU with 100 hosts, a sixth with 1,000, and some
+# of nats-server's (docs/performance.md). Requests that outlive their fetch are read by
+# the next; at most one is left per fetch, for at most this long (a paced reader: 50), far
+# below the server's 512 waiting requests per consumer.
+FETCH_WAIT = 1.0
 
 
 def _pulled(msg: Msg) -> Pulled:
@@ -48,7 +56,7 @@ def _taken(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> 
 
 class DurableEventFeed:
     def __init__(self, js: JetStreamContext, name: str, batch: int = 5000,
-                 fetch_wait: float = 0.1, pace: float = 0.0) -> None:
+                 fetch_wait: float = FETCH_WAIT, pace: float = 0.0) -> None:
         # A fetch (shared/pull_fetch.py) returns what the stream has at once; with nothing
         # there, it waits up to `fetch_wait` for the first event and returns it with what
         # came along, without waiting for the batch to fill.
