@@ -9,7 +9,9 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -67,6 +69,36 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     assert w7["full"] and w7["placed"] > w7["slots"], w7  # freed slots were refilled
     assert w7["doctor_violations"] == 0 and w7["doctor_double_booked_hosts"] == 0
     assert "workload" in done.stderr and "placements/s" in done.stderr  # the table
+
+
+def _scale_module() -> ModuleType:
+    """bench/scale.py as a module (it imports its neighbours in bench/ by name)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    import scale
+
+    return scale
+
+
+async def test_a_run_still_going_when_the_stream_falls_quiet_is_followed_to_its_end(
+        tmp_path: Path) -> None:
+    """The benchmark reads the events stream only once it has been quiet for a while
+    (`Cluster.when_quiet`). A job that runs longer than that quiet (RUNNING, then nothing for
+    2.5 s) must not end the run early: the benchmark reads what it missed, sees the job still
+    running, and follows the stream until it ends; the figures are taken then."""
+    scale = _scale_module()
+    async with scale.Cluster(tmp_path, "quiet", 1, ["--cpu", "1", "--memory-mb", "512",
+                                                     "--sim-runtime", "const:2.5"]) as c:
+        seen = c.seen
+        c.stop_following()
+        await scale.submit_all(c.nc, seen, [scale.single(0)])
+        before = time.monotonic()
+        complete, taken_at = await c.when_quiet(lambda: len(seen.finished) >= 1, 30,
+                                                "the job", time.monotonic)
+        assert complete and len(seen.finished) == 1 and len(seen.running) == 1
+        assert len(seen.assigned) == 1 and len(seen.submitted_at) == 1
+        # Not when the stream first fell quiet (~1 s in), but once the job had ended.
+        assert taken_at - before >= 2.0
 
 
 async def test_w5_tick_benchmark_commits_every_eviction_both_ways() -> None:
