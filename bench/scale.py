@@ -211,9 +211,6 @@ TEARDOWN_WAIT = 10.0
 # (`Cluster.when_quiet`): longer than any gap between events while work is under way.
 STREAM_QUIET = 1.0
 STREAM_POLL = 0.1
-# While it grows, its CPU figures are read at most this often: P1's walk of every agent's
-# process tree takes milliseconds. The figures kept may miss that much of the tail.
-SNAPSHOT_EVERY = 0.2
 Snap = TypeVar("Snap")
 
 
@@ -316,27 +313,31 @@ class Cluster:
         """After `stop_following`: waits until the events stream has not grown for
         STREAM_QUIET (at most `cap` seconds), then has the follower read what it missed,
         and waits until `done()` judged on all of it (the times it records are the events'
-        own). Returns whether `done()` became true, and `snapshot()` as taken when the
-        stream last grew (so the CPU figures leave out the quiet wait and the catch-up; up
-        to SNAPSHOT_EVERY before it), or, if the work had not ended by then, once
-        `done()`."""
+        own). Returns whether `done()` became true, and `snapshot()` as taken by the first
+        poll that found the stream no longer growing (within STREAM_POLL of its last event,
+        so the readers' fold of the last events is in it, and the quiet wait and the
+        catch-up are not), or, if the work had not ended by then, once `done()`. One
+        snapshot per pause in the stream, not one per poll: P1's walk of every agent's
+        process tree takes milliseconds."""
         assert self.nc is not None and self._observer is not None
         with contextlib.suppress(asyncio.CancelledError):
             await self._observer
         js = self.nc.jetstream()
         started = time.monotonic()
-        last_seq, grew, snapped, snap = -1, started, started, snapshot()
+        last_seq, grew, snap = await nats_io.last_event_seq(js), started, snapshot()
+        growing = False
         try:
             while time.monotonic() - started < cap:
+                await asyncio.sleep(STREAM_POLL)
                 seq = await nats_io.last_event_seq(js)
                 now = time.monotonic()
                 if seq != last_seq:
-                    last_seq, grew = seq, now
-                    if now - snapped >= SNAPSHOT_EVERY:
-                        snapped, snap = now, snapshot()
-                elif now - grew >= STREAM_QUIET:
+                    last_seq, grew, growing = seq, now, True
+                    continue
+                if growing:  # it has just stopped: the work may have ended
+                    snap, growing = snapshot(), False
+                if now - grew >= STREAM_QUIET:
                     break
-                await asyncio.sleep(STREAM_POLL)
         finally:
             self._observer = asyncio.create_task(
                 observe(self.nc, self.seen, self.seen.last_seq + 1))
