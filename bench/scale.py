@@ -207,8 +207,9 @@ def pct(values: list[float], q: float) -> float | None:
 
 SIM_LABEL = re.compile(r"^sim[0-9]*$")
 TEARDOWN_WAIT = 10.0
-# A timed workload has ended once the events stream has not grown for this long
-# (`Cluster.when_quiet`): longer than any gap between events while work is under way.
+# A timed workload may have ended once the events stream has not grown for this long
+# (`Cluster.when_quiet`): then the benchmark reads the stream, and a run still going (a gap
+# this long while work is under way, such as one long task) is followed live to its end.
 STREAM_QUIET = 1.0
 STREAM_POLL = 0.1
 Snap = TypeVar("Snap")

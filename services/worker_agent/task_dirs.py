@@ -136,11 +136,12 @@ def job_dirs(home: Path, sizes: bool) -> list[JobDir]:
         for entry in os.scandir(home / "tasks"):
             with contextlib.suppress(OSError):
                 job = job_of(entry.name)
-                used[job] = max(used.get(job, 0.0), entry.stat(follow_symlinks=False).st_mtime)
+                stat = entry.stat(follow_symlinks=False)
+                used[job] = max(used.get(job, 0.0), stat.st_mtime)
                 if sizes:
                     held[job] = held.get(job, 0) + (
                         _size(Path(entry.path)) if entry.is_dir(follow_symlinks=False)
-                        else entry.stat(follow_symlinks=False).st_size)
+                        else stat.st_size)
     return [JobDir(job, last, held.get(job, 0)) for job, last in used.items()]
 
 
