@@ -294,6 +294,44 @@ async def test_the_commit_checks_and_takes_quotas_and_tokens(store: ReservationS
         await store.reserve(epoch, [res("c/0/0", tokens=(("other", 1),))])
 
 
+async def test_releases_in_one_call_give_back_what_each_held(store: ReservationStore) -> None:
+    """release.lua sums what a call gives back per host and per counter and writes each
+    once: whatever mix of attempts (several on one host, of several users, with tokens,
+    released twice, never reserved) goes in one call, each host's use and each counter
+    still equal the sums of the reservations left, and a counter at 0 is gone."""
+    import random
+
+    rng = random.Random(18)
+    epoch = await store.acquire_lease("a", 60_000)
+    hosts = ("h1", "h2", "h3")
+    for w in hosts:
+        await store.register_host(epoch, w, Amounts(64000, 64000, 0), "")
+    await store.set_limits(epoch, rules.redis_fields(limits(tokens={"io": 999, "gpu-lic": 99})))
+    held: list[tuple[str, str]] = []
+    for n in range(40):
+        commit = [res(f"j{n}/{k}/0", rng.choice(["ann", "bob", ""]), rng.choice([500, 1000]),
+                      rng.choice([(), (("io", 1),), (("io", 2), ("gpu-lic", 1))]),
+                      rng.choice(hosts))
+                  for k in range(rng.randint(1, 4))]
+        await store.reserve(epoch, commit)
+        held += [(r.worker_id, r.attempt_key) for r in commit]
+        rng.shuffle(held)
+        cut = rng.randint(0, len(held))
+        gone, held = held[:cut], held[cut:]
+        batch = gone + gone[:1] + [("h1", f"never/{n}/0")]  # a repeat, and one never held
+        assert await store.release(epoch, batch) == len(gone)
+        snapshot = await store.snapshot()
+        assert miscounted_limit_use(snapshot.hosts, snapshot.limits_used) == []
+        assert all(int(v) for v in snapshot.limits_used.values())  # none left at 0
+        for h in snapshot.hosts:
+            assert h.used == sum((a.need for a in h.allocations.values()), Amounts())
+        assert sum(len(h.allocations) for h in snapshot.hosts) == len(held)
+    await store.release(epoch, held)
+    snapshot = await store.snapshot()
+    assert snapshot.limits_used == {}
+    assert all(h.used == Amounts() for h in snapshot.hosts)
+
+
 # --- the CLI's bad input: one line naming the field, nothing published ----------------------
 
 

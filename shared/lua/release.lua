@@ -17,8 +17,13 @@ if tonumber(ARGV[1]) ~= current then
   return {'stale_epoch', tostring(current)}
 end
 local dims = {'cpu', 'mem', 'disk', 'dev'}
+local qdims = {'cpu', 'mem', 'dev'}
 local released = 0
 local UK = KEYS[#KEYS - 1]
+-- What goes back, summed per host and per user or token counter, is written once each for
+-- the whole call, as reserve.lua takes it: a release's calls into Redis were most of its
+-- time, and every write is also a line of the append-only file.
+local freed, back, order = {}, {}, {}
 for k = 0, #ARGV - 3 do
   local host, alloc = KEYS[3 + 2 * k], KEYS[4 + 2 * k]
   local key = ARGV[k + 3]
@@ -26,18 +31,23 @@ for k = 0, #ARGV - 3 do
   if held then
     local a = cjson.decode(held)
     redis.call('HDEL', alloc, key)
-    for _, d in ipairs(dims) do redis.call('HINCRBY', host, d .. '_used', -a[d]) end
+    local f = freed[host]
+    if f == nil then
+      f = {cpu = 0, mem = 0, disk = 0, dev = 0}
+      freed[host] = f
+      order[#order + 1] = host
+    end
+    for _, d in ipairs(dims) do f[d] = f[d] + a[d] end
     if a.u ~= nil then
-      for _, d in ipairs({'cpu', 'mem', 'dev'}) do
-        if a[d] > 0 and redis.call('HINCRBY', UK, d .. ':' .. a.u, -a[d]) <= 0 then
-          redis.call('HDEL', UK, d .. ':' .. a.u)
+      for _, d in ipairs(qdims) do
+        if a[d] > 0 then
+          local field = d .. ':' .. a.u
+          back[field] = (back[field] or 0) + a[d]
         end
       end
     end
     if type(a.tok) == 'table' then
-      for t, n in pairs(a.tok) do
-        if redis.call('HINCRBY', UK, 't:' .. t, -n) <= 0 then redis.call('HDEL', UK, 't:' .. t) end
-      end
+      for t, n in pairs(a.tok) do back['t:' .. t] = (back['t:' .. t] or 0) + n end
     end
     if type(a.ports) == 'table' and a.pk then
       for _, p in ipairs(a.ports) do
@@ -59,6 +69,15 @@ for k = 0, #ARGV - 3 do
     end
     released = released + 1
   end
+end
+for _, host in ipairs(order) do
+  local f = freed[host]
+  for _, d in ipairs(dims) do
+    if f[d] ~= 0 then redis.call('HINCRBY', host, d .. '_used', -f[d]) end
+  end
+end
+for field, n in pairs(back) do
+  if redis.call('HINCRBY', UK, field, -n) <= 0 then redis.call('HDEL', UK, field) end
 end
 local through = tonumber(ARGV[2])
 if through > tonumber(redis.call('GET', KEYS[#KEYS]) or '0') then
