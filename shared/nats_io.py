@@ -45,7 +45,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from berth.shared import credentials, metrics, pub_acks, service, subjects, telemetry
+from berth.shared import credentials, metrics, nats_frames, pub_acks, service, subjects, telemetry
 from berth.shared.config import Settings
 from berth.shared.credentials import Credentials, Role
 from berth.shared.event_origin import RefusedEvent, read_event
@@ -268,6 +268,37 @@ class Client(NATS):
         # Many tasks may publish first at once: one makes the subscription, the others wait
         # for it (two would leave the first one's replies unread, and its publishes to time out).
         self._ack_subscribing = asyncio.Lock()
+
+    async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
+                      headers: dict[str, str] | None = None) -> None:
+        """nats-py's `publish`, step for step (its checks, errors, counters and flushing),
+        with the frame built by `nats_frames`: a quarter of nats-py's cost per message."""
+        if not self._skip_subject_validation and not (
+                nats_frames.check_subject(subject)
+                and (not reply or nats_frames.check_subject(reply))):
+            raise nats.errors.BadSubjectError
+        if self.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if self.is_draining_pubs:
+            raise nats.errors.ConnectionDrainingError
+        size = len(payload)
+        if not self.is_connected and (self._max_pending_size <= 0 or size
+                                      + self._pending_data_size > self._max_pending_size):
+            # Reconnecting with no buffer, or a full one.
+            raise nats.errors.OutboundBufferLimitError
+        if size > self._max_payload:
+            raise nats.errors.MaxPayloadError
+        if not subject:
+            raise nats.errors.BadSubjectError
+        frame = nats_frames.publish_frame(subject, reply, payload, headers)
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += size
+        self._pending.append(frame)
+        self._pending_data_size += len(frame)
+        if self._max_pending_size > 0 and self._pending_data_size > self._max_pending_size:
+            await self._flush_pending(force_flush=True)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
 
     async def publish_stored(self, subject: str, payload: bytes, headers: dict[str, str],
                              stream: str) -> asyncio.Future[int]:
