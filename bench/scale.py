@@ -522,6 +522,11 @@ async def throughput(root: Path, name: str, hosts: int, jobs: int, cap: float,
             "submit_to_assigned_p99_ms": pct(to_assigned, 0.99),
             "submit_to_running_p50_ms": pct(to_running, 0.5),
             "submit_to_running_p99_ms": pct(to_running, 0.99),
+            # How long each task held its slot, and how busy the slots were kept: what
+            # bounds the rate once CPU does not (`slot_use`). 4 one-cpu slots a host.
+            "assigned_to_running_p50_ms": pct(between(seen.assigned, seen.running), 0.5),
+            "exit_to_slot_refilled_p50_ms": pct(slot_refills(seen, 4), 0.5),
+            **slot_use(seen, 4 * hosts),
             "scheduler_peak_rss_mib": round(status_mib(c.scheduler_pid(), "VmHWM"), 1),
             # CPU time of every nats-server of the stack, start to end (R3: three stores).
             "nats_cpu_s": round(sum(cpu_seconds(n.proc.pid) for n in c.stack.nats.nodes), 1),
@@ -642,6 +647,28 @@ def slot_refills(seen: Observed, slots: int) -> list[float]:
         finished.sort()
         gaps += [max(0.0, a - f) for a, f in zip(assigned[slots:], finished, strict=False)]
     return gaps
+
+
+def slot_use(seen: Observed, slots: int) -> dict[str, float | None]:
+    """What bounds a throughput run's rate besides CPU. By Little's law the placement rate
+    is `slots x busy / held`: `held` the mean seconds a task holds its slot (assigned to
+    exit: its run time, its run command's way to the host and its exit report's way back),
+    `busy` the share of slot-time held from the first placement to the last (a freed slot
+    waits for the scheduler to hear of the exit and place again). `slots / held` is the
+    rate were no slot ever left empty: a ceiling no amount of CPU lifts. Where every core
+    is busy (2 cores), `busy` and `held` show the contention; with cores to spare, whether
+    a run reached that ceiling."""
+    held = between(seen.assigned, seen.finished)
+    placed = [seen.assigned[k] for k in seen.finished if k in seen.assigned]
+    if not held or slots <= 0:
+        return {"slot_held_s": None, "slots_busy": None, "slot_bound_per_s": None}
+    start, end = min(placed), max(placed)
+    inside = sum(max(0.0, min(seen.finished[k], end) - max(a, start))
+                 for k, a in seen.assigned.items() if k in seen.finished)
+    mean = sum(held) / len(held)
+    return {"slot_held_s": round(mean, 3),
+            "slots_busy": round(inside / (slots * (end - start)), 3) if end > start else None,
+            "slot_bound_per_s": round(slots / mean) if mean > 0 else None}
 
 
 def between(earlier: dict[tuple[str, int], float], later: dict[tuple[str, int], float]

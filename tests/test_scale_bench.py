@@ -35,6 +35,9 @@ def test_quick_scale_benchmark_is_well_formed_and_w2_and_w5_are_clean() -> None:
     for result in (*by_name["W1"], *by_name["W4"], *by_name["P1"]):
         assert result["doctor_violations"] == 0 and result["doctor_double_booked_hosts"] == 0
     assert by_name["W1"][0]["scheduler_cpu_ms_per_placement"] > 0
+    w1 = by_name["W1"][0]
+    assert 0 < w1["slots_busy"] <= 1 and w1["slot_held_s"] > 0, w1  # type: ignore[operator]
+    assert w1["slot_bound_per_s"] and w1["exit_to_slot_refilled_p50_ms"] is not None, w1
     # P1: real worker agents ran every `true` job, and its CPU is counted per job.
     p1 = by_name["P1"][0]
     assert p1["finished"] == p1["jobs"] and p1["failed"] == 0, p1
@@ -78,6 +81,29 @@ def _scale_module() -> ModuleType:
     import scale
 
     return scale
+
+
+@pytest.mark.parametrize(("tasks", "slots", "want"), [
+    # (assigned, finished) per task. Two slots; the third task takes the first one freed.
+    ([(0.0, 1.0), (0.0, 2.0), (1.5, 2.5)], 2,
+     {"slot_held_s": 1.333, "slots_busy": 0.833, "slot_bound_per_s": 2}),
+    # The last placement ends the window: the third slot was empty all through it.
+    ([(0.0, 3.0), (0.0, 3.0), (1.0, 2.0)], 3,
+     {"slot_held_s": 2.333, "slots_busy": 0.667, "slot_bound_per_s": 1}),
+    ([(0.0, 4.0), (2.0, 4.0)], 1, {"slot_held_s": 3.0, "slots_busy": 1.0, "slot_bound_per_s": 0}),
+    # One placement: no window to be busy in.
+    ([(5.0, 6.0)], 4, {"slot_held_s": 1.0, "slots_busy": None, "slot_bound_per_s": 4}),
+    ([], 4, {"slot_held_s": None, "slots_busy": None, "slot_bound_per_s": None}),
+])
+def test_slot_use_is_littles_law_over_the_stamps(
+        tasks: list[tuple[float, float]], slots: int, want: dict[str, object]) -> None:
+    scale = _scale_module()
+    seen = scale.Observed()
+    for i, (assigned, finished) in enumerate(tasks):
+        seen.assigned[(f"j{i}", 0)] = assigned
+        seen.finished[(f"j{i}", 0)] = finished
+    seen.assigned[("never-finished", 0)] = 0.0  # counted only once it exits
+    assert scale.slot_use(seen, slots) == want
 
 
 async def test_a_run_still_going_when_the_stream_falls_quiet_is_followed_to_its_end(
