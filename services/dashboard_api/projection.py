@@ -40,7 +40,9 @@ CONSUMER_PREFIX = "berth-dashboard-"
 # a quiet spell, the first at once): at 2,000 jobs a second, batches of a few events each
 # had a pull request and an ack round trip apiece, a fifth of the dashboard's CPU
 # (docs/performance.md). What a page or a submit's answer waits for it is at most this.
-LIVE_FOLD_PACE = 0.02
+# 50 ms, not 20: a sixth less of the dashboard's CPU again under W1, and placements ran
+# faster for it on 2 cores (the twenty-fifth session's measurements).
+LIVE_FOLD_PACE = 0.05
 
 
 def consumer_name(state_dir: Path | None) -> str:
