@@ -1,9 +1,10 @@
 """The bytes of a NATS publish (`PUB`, or `HPUB` with headers), exactly as nats-py 2.x writes
-them, for less: nats-py validates every header name with a regular expression and grows a
-bytearray per header, then formats and concatenates the frame in three more steps. About
-8.5 us a message here, against about 2 for the frame alone (docs/performance.md). Every
-service publishes tens of thousands of messages under load (reports, run commands,
-heartbeats and their answers, submits), so `nats_io.Client.publish` builds them here.
+them, for less: nats-py validates every header name with a regular expression, translates
+every value for CR and LF, grows a bytearray per header, then formats and concatenates the
+frame in three more steps. A publish with two headers and a reply cost 8.4-8.7 us of CPU
+through nats-py's `publish`, 4.2-4.5 through `nats_io.Client.publish` with these
+(docs/performance.md). Every service publishes tens of thousands of messages under load
+(reports, run commands, heartbeats and their answers, submits).
 
 Same checks, same errors: a subject or reply with whitespace (nats-py's
 `_SUBJECT_INVALID_RE`), a header name outside RFC 7230's token characters
