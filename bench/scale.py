@@ -658,14 +658,12 @@ def slot_use(seen: Observed, slots: int) -> dict[str, float | None]:
     rate were no slot ever left empty: a ceiling no amount of CPU lifts. Where every core
     is busy (2 cores), `busy` and `held` show the contention; with cores to spare, whether
     a run reached that ceiling."""
-    held = between(seen.assigned, seen.finished)
-    placed = [seen.assigned[k] for k in seen.finished if k in seen.assigned]
-    if not held or slots <= 0:
+    spans = [(a, seen.finished[k]) for k, a in seen.assigned.items() if k in seen.finished]
+    if not spans or slots <= 0:
         return {"slot_held_s": None, "slots_busy": None, "slot_bound_per_s": None}
-    start, end = min(placed), max(placed)
-    inside = sum(max(0.0, min(seen.finished[k], end) - max(a, start))
-                 for k, a in seen.assigned.items() if k in seen.finished)
-    mean = sum(held) / len(held)
+    start, end = min(a for a, _ in spans), max(a for a, _ in spans)
+    inside = sum(max(0.0, min(f, end) - max(a, start)) for a, f in spans)
+    mean = sum(max(0.0, f - a) for a, f in spans) / len(spans)
     return {"slot_held_s": round(mean, 3),
             "slots_busy": round(inside / (slots * (end - start)), 3) if end > start else None,
             "slot_bound_per_s": round(slots / mean) if mean > 0 else None}
