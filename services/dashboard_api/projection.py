@@ -41,7 +41,7 @@ CONSUMER_PREFIX = "berth-dashboard-"
 # had a pull request and an ack round trip apiece, a fifth of the dashboard's CPU
 # (docs/performance.md). What a page or a submit's answer waits for it is at most this.
 # 50 ms, not 20: a sixth less of the dashboard's CPU again under W1, and placements ran
-# faster for it on 2 cores (the twenty-fifth session's measurements).
+# faster for it on 2 cores (docs/performance.md, docs/decisions.md).
 LIVE_FOLD_PACE = 0.05
 
 
