@@ -300,6 +300,17 @@ class Client(NATS):
         if self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
 
+    async def _subscribe_acks(self) -> None:
+        """The subscription JetStream's replies to this client's publishes come on, made
+        once. Under this client's own inbox prefix: the only replies its permissions let
+        it read."""
+        if self._ack_sid < 0:
+            async with self._ack_subscribing:
+                if self._ack_sid < 0:
+                    prefix = bytes(self._inbox_prefix) + b"." + bytes(self._nuid.next()) + b"."
+                    sub = await self.subscribe(prefix.decode() + "*")  # no callback: no task
+                    self._ack_prefix, self._ack_sid = prefix, sub._id
+
     async def publish_stored(self, subject: str, payload: bytes, headers: dict[str, str],
                              stream: str) -> asyncio.Future[int]:
         """Publishes to `stream` (as `JetStreamContext.publish_async` with `stream`: the
@@ -308,14 +319,7 @@ class Client(NATS):
         future settles, in the read loop, with the stream sequence, or with what nats-py's
         `JetStreamContext.publish` raises for the reply (shared/pub_acks.py). No reply: it
         stays pending, so the caller bounds its wait and cancels it."""
-        if self._ack_sid < 0:
-            async with self._ack_subscribing:
-                if self._ack_sid < 0:
-                    # Under this client's own inbox prefix: the only replies its permissions
-                    # let it read.
-                    prefix = bytes(self._inbox_prefix) + b"." + bytes(self._nuid.next()) + b"."
-                    sub = await self.subscribe(prefix.decode() + "*")  # no callback: no task
-                    self._ack_prefix, self._ack_sid = prefix, sub._id
+        await self._subscribe_acks()
         token, future = self._acks.expect()
         headers[Header.EXPECTED_STREAM] = stream
         try:
@@ -325,6 +329,25 @@ class Client(NATS):
             future.cancel()
             raise
         return future
+
+    async def publish_stored_batch(self, messages: Sequence[tuple[str, bytes, dict[str, str]]],
+                                   stream: str) -> pub_acks.AckBatch:
+        """`publish_stored` for many messages (subject, payload, headers) at once, their
+        replies awaited together (`AckBatch.wait`): in its outcomes, each publish's stream
+        sequence, or what its reply said, or what `publish` raised for it
+        (`AckBatch.unsent` says which)."""
+        await self._subscribe_acks()
+        batch = self._acks.batch(len(messages))
+        reply_prefix = self._ack_prefix.decode()
+        for index, (subject, payload, headers) in enumerate(messages):
+            token = self._acks.expect_in(batch)
+            headers[Header.EXPECTED_STREAM] = stream
+            try:
+                await self.publish(subject, payload, reply=reply_prefix + token.decode(),
+                                   headers=headers)
+            except Exception as exc:  # e.g. the connection closed: each caller's to judge
+                batch.not_sent(index, exc)
+        return batch
 
     async def subscribe_now(self, subject: str, handler: Callable[[Msg], None]
                             ) -> Subscription:
@@ -664,6 +687,26 @@ async def publish_to_stream(nc: NATS, subject: str, payload: bytes, headers: dic
         raise nats.errors.TimeoutError from None  # as `JetStreamContext.publish` raises it
 
 
+async def publish_to_stream_many(nc: NATS, messages: Sequence[tuple[str, bytes, dict[str, str]]],
+                                 stream: str, timeout: float = 5.0) -> list[int]:
+    """`publish_to_stream` for many messages (subject, payload, headers), all in flight at
+    once and their replies awaited together; their stream sequences, in order. Raises as
+    `publish_to_stream` would for the first that failed (the others may be stored)."""
+    if not isinstance(nc, Client):
+        return list(await asyncio.gather(*(publish_to_stream(nc, *m, stream, timeout)
+                                           for m in messages)))
+    batch = await nc.publish_stored_batch(messages, stream)
+    await batch.wait(timeout)
+    seqs: list[int] = []
+    for result in batch.outcomes:
+        if isinstance(result, TimeoutError):
+            raise nats.errors.TimeoutError from None  # as `JetStreamContext.publish` raises it
+        if not isinstance(result, int):
+            raise result or nats.errors.TimeoutError()
+        seqs.append(result)
+    return seqs
+
+
 async def publish_event(
     js: JetStreamContext, subject: str, event: msgspec.Struct, msg_id: str, attempts: int = 0,
     timeout: float = 5.0,
@@ -688,36 +731,10 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
     nc = js._nc
     while todo:
         tries += 1
-        acks: dict[int, asyncio.Future[int] | asyncio.Future[PubAck]] = {}
-        failed: list[tuple[int, BaseException]] = []
-        for i in todo:
-            out = outgoing[i]
-            try:
-                if isinstance(nc, Client):
-                    acks[i] = await nc.publish_stored(out.subject, out.payload, out.headers,
-                                                      subjects.EVENTS_STREAM)
-                else:
-                    acks[i] = await js.publish_async(out.subject, out.payload,
-                                                     headers=out.headers,
-                                                     stream=subjects.EVENTS_STREAM)
-            except RETRIABLE as error:
-                failed.append((i, error))
-            except Exception as error:  # e.g. MaxPayloadError: retrying cannot help
-                _dropped(out, error)
-        if acks:
-            await asyncio.wait(acks.values(), timeout=timeout)
-        for i, ack in acks.items():
-            if not ack.done():
-                ack.cancel()
-                failed.append((i, TimeoutError(f"no ack within {timeout:g}s")))
-            elif (refused := ack.exception()) is not None:
-                if isinstance(refused, REPLY_RETRIABLE):
-                    failed.append((i, refused))
-                else:
-                    _dropped(outgoing[i], refused)
-            else:
-                stored = ack.result()
-                seqs[i] = stored if isinstance(stored, int) else int(stored.seq)
+        if isinstance(nc, Client):
+            failed = await _publish_batch(nc, outgoing, todo, seqs, timeout)
+        else:
+            failed = await _publish_each(js, outgoing, todo, seqs, timeout)
         if not failed:
             return seqs
         if attempts and tries >= attempts:
@@ -729,6 +746,56 @@ async def publish_events(js: JetStreamContext, outgoing: Sequence[Outgoing],
         todo = sorted(i for i, _ in failed)
         await asyncio.sleep(min(0.1 * tries, 2.0))
     return seqs
+
+
+async def _publish_batch(nc: Client, outgoing: Sequence[Outgoing], todo: list[int],
+                         seqs: list[int], timeout: float) -> list[tuple[int, BaseException]]:
+    """One try of `publish_events` through berth's client: the sequences stored go into
+    `seqs`; returns the publishes to retry, with why."""
+    batch = await nc.publish_stored_batch(
+        [(outgoing[i].subject, outgoing[i].payload, outgoing[i].headers) for i in todo],
+        subjects.EVENTS_STREAM)
+    await batch.wait(timeout)
+    failed: list[tuple[int, BaseException]] = []
+    for k, i in enumerate(todo):
+        result = batch.outcomes[k]
+        if isinstance(result, int):
+            seqs[i] = result
+        elif isinstance(result, RETRIABLE if k in batch.unsent else REPLY_RETRIABLE):
+            failed.append((i, result))
+        else:  # e.g. MaxPayloadError: retrying cannot help
+            _dropped(outgoing[i], result or TimeoutError())
+    return failed
+
+
+async def _publish_each(js: JetStreamContext, outgoing: Sequence[Outgoing], todo: list[int],
+                        seqs: list[int], timeout: float) -> list[tuple[int, BaseException]]:
+    """`_publish_batch` through nats-py's own client: `publish_async`, a future each."""
+    acks: dict[int, asyncio.Future[PubAck]] = {}
+    failed: list[tuple[int, BaseException]] = []
+    for i in todo:
+        out = outgoing[i]
+        try:
+            acks[i] = await js.publish_async(out.subject, out.payload, headers=out.headers,
+                                             stream=subjects.EVENTS_STREAM)
+        except RETRIABLE as error:
+            failed.append((i, error))
+        except Exception as error:  # e.g. MaxPayloadError: retrying cannot help
+            _dropped(out, error)
+    if acks:
+        await asyncio.wait(acks.values(), timeout=timeout)
+    for i, ack in acks.items():
+        if not ack.done():
+            ack.cancel()
+            failed.append((i, TimeoutError(f"no ack within {timeout:g}s")))
+        elif (refused := ack.exception()) is not None:
+            if isinstance(refused, REPLY_RETRIABLE):
+                failed.append((i, refused))
+            else:
+                _dropped(outgoing[i], refused)
+        else:
+            seqs[i] = int(ack.result().seq)
+    return failed
 
 
 def _dropped(out: Outgoing, error: BaseException) -> None:

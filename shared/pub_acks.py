@@ -58,32 +58,93 @@ def refusal(error: dict[str, Any]) -> nats.js.errors.APIError:
         nats.js.errors.APIError(**known)
 
 
+def outcome(headers: bytes | None, data: bytes) -> int | BaseException:
+    """What JetStream's reply to a publish says: the stream sequence, or the exception."""
+    if headers is not None and headers.startswith(_NO_RESPONDERS):
+        return nats.js.errors.NoStreamResponseError()
+    try:
+        reply = _decode_reply(data)
+    except msgspec.DecodeError as exc:
+        return UnreadableReply(f"unreadable reply to a publish: {exc}")
+    if reply.error is not None:
+        return refusal(reply.error)
+    if reply.seq < 1:  # a stream's sequences start at 1: not JetStream's answer
+        return UnreadableReply(f"a reply to a publish with no sequence: {data!r}")
+    return reply.seq
+
+
 def settle(future: asyncio.Future[int], headers: bytes | None, data: bytes) -> None:
     """Settles a publish's future from JetStream's reply to it."""
     if future.done():
         return  # its publisher stopped waiting
-    if headers is not None and headers.startswith(_NO_RESPONDERS):
-        future.set_exception(nats.js.errors.NoStreamResponseError())
-        return
-    try:
-        reply = _decode_reply(data)
-    except msgspec.DecodeError as exc:
-        future.set_exception(UnreadableReply(f"unreadable reply to a publish: {exc}"))
-        return
-    if reply.error is not None:
-        future.set_exception(refusal(reply.error))
-    elif reply.seq < 1:  # a stream's sequences start at 1: not JetStream's answer
-        future.set_exception(UnreadableReply(f"a reply to a publish with no sequence: {data!r}"))
+    result = outcome(headers, data)
+    if isinstance(result, BaseException):
+        future.set_exception(result)
     else:
-        future.set_result(reply.seq)
+        future.set_result(result)
+
+
+class AckBatch:
+    """The replies to publishes sent together, awaited as one (`PendingAcks.expect_in`):
+    no future, done callback or wake-up per publish. Half the asyncio bookkeeping of a
+    publish awaited on its own was spent on those (docs/performance.md)."""
+
+    __slots__ = ("_tokens", "_waiting", "done", "left", "outcomes", "unsent")
+
+    def __init__(self, size: int, waiting: dict[bytes, Any]) -> None:
+        # Each publish's stream sequence, or what it raised or its reply said; None while
+        # it waits for its reply.
+        self.outcomes: list[int | BaseException | None] = [None] * size
+        self.left = size
+        # The publishes that `publish` raised for (their outcome is what it raised): never
+        # sent, as far as the caller can tell.
+        self.unsent: set[int] = set()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tokens: list[bytes] = []
+        self._waiting = waiting
+        if not size:
+            self.done.set_result(None)
+
+    def not_sent(self, index: int, error: BaseException) -> None:
+        """Publish `index` raised `error`: its outcome, and no reply is awaited for it."""
+        self._waiting.pop(self._tokens[index], None)
+        self.unsent.add(index)
+        self.settle(index, error)
+
+    def settle(self, index: int, result: int | BaseException) -> None:
+        """Publish `index`'s outcome: what its reply said."""
+        if self.outcomes[index] is not None:
+            return
+        self.outcomes[index] = result
+        self.left -= 1
+        if not self.left and not self.done.done():
+            self.done.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Returns once every publish has its outcome, or after `timeout` seconds: each
+        still unanswered then has a TimeoutError, and a late reply is passed over."""
+        try:
+            if self.left:
+                async with asyncio.timeout(timeout):
+                    await self.done
+        except TimeoutError:
+            pass
+        finally:
+            for token in self._tokens:
+                self._waiting.pop(token, None)
+            for index, result in enumerate(self.outcomes):
+                if result is None:
+                    self.outcomes[index] = TimeoutError(f"no reply within {timeout:g}s")
+            self.left = 0
 
 
 class PendingAcks:
-    """The publishes awaiting JetStream's reply, by the token that ends their reply subject.
-    A publish whose publisher stops waiting (its future cancelled) is forgotten."""
+    """The publishes awaiting JetStream's reply, by the token that ends their reply subject:
+    each a future of its own (`expect`) or one of a batch (`expect_in`). A publish whose
+    publisher stops waiting (its future cancelled, its batch's wait over) is forgotten."""
 
     def __init__(self) -> None:
-        self._waiting: dict[bytes, asyncio.Future[int]] = {}
+        self._waiting: dict[bytes, asyncio.Future[int] | tuple[AckBatch, int]] = {}
         self._tokens = itertools.count(1)
 
     def expect(self) -> tuple[bytes, asyncio.Future[int]]:
@@ -95,11 +156,27 @@ class PendingAcks:
         future.add_done_callback(lambda _: waiting.pop(token, None))
         return token, future
 
+    def batch(self, size: int) -> AckBatch:
+        """A batch of `size` publishes to await together."""
+        return AckBatch(size, self._waiting)
+
+    def expect_in(self, batch: AckBatch) -> bytes:
+        """A new token, whose reply settles the next publish of `batch` (0, 1, ...)."""
+        token = b"%x" % next(self._tokens)
+        self._waiting[token] = (batch, len(batch._tokens))
+        batch._tokens.append(token)
+        return token
+
     def take(self, token: bytes, headers: bytes | None, data: bytes) -> None:
         """A reply: it settles its publish, if that still waits."""
-        future = self._waiting.pop(token, None)
-        if future is not None:
-            settle(future, headers, data)
+        waiting = self._waiting.pop(token, None)
+        if waiting is None:
+            return
+        if isinstance(waiting, tuple):
+            batch, index = waiting
+            batch.settle(index, outcome(headers, data))
+        else:
+            settle(waiting, headers, data)
 
     def __len__(self) -> int:
         return len(self._waiting)

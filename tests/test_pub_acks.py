@@ -9,6 +9,7 @@ import asyncio
 import time
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 import pytest
 from hypothesis import given, settings
@@ -92,6 +93,67 @@ async def test_a_publish_given_up_on_is_forgotten() -> None:
     assert len(acks) == 0
     acks.take(token, None, b'{"seq":1}')  # its late reply changes nothing
     assert future.cancelled()
+
+
+async def test_a_batch_settles_each_publish_from_its_own_reply() -> None:
+    acks = pub_acks.PendingAcks()
+    batch = acks.batch(3)
+    tokens = [acks.expect_in(batch) for _ in range(3)]
+    acks.take(tokens[2], None, b'{"seq":12}')
+    acks.take(tokens[0], NO_RESPONDERS, b"")
+    assert not batch.done.done() and batch.left == 1
+    acks.take(tokens[2], None, b'{"seq":99}')  # a second reply changes nothing
+    acks.take(tokens[1], None, b'{"seq":11}')
+    await batch.wait(5)
+    assert isinstance(batch.outcomes[0], nats.js.errors.NoStreamResponseError)
+    assert batch.outcomes[1:] == [11, 12] and len(acks) == 0 and not batch.unsent
+
+
+async def test_a_batch_stops_waiting_and_forgets_what_went_unanswered() -> None:
+    acks = pub_acks.PendingAcks()
+    batch = acks.batch(3)
+    first, second, _third = (acks.expect_in(batch) for _ in range(3))
+    acks.take(first, None, b'{"seq":1}')
+    batch.not_sent(2, nats.errors.ConnectionClosedError())
+    started = time.monotonic()
+    await batch.wait(0.05)
+    assert time.monotonic() - started < 1
+    assert batch.outcomes[0] == 1 and isinstance(batch.outcomes[1], TimeoutError)
+    assert isinstance(batch.outcomes[2], nats.errors.ConnectionClosedError)
+    assert batch.unsent == {2} and len(acks) == 0
+    acks.take(second, None, b'{"seq":2}')  # too late: passed over
+    assert isinstance(batch.outcomes[1], TimeoutError)
+    empty = acks.batch(0)
+    await empty.wait(5)
+    assert empty.outcomes == [] and empty.done.done()
+
+
+async def test_a_batch_whose_waiter_is_cancelled_is_forgotten() -> None:
+    acks = pub_acks.PendingAcks()
+    batch = acks.batch(2)
+    for _ in range(2):
+        acks.expect_in(batch)
+    waiter = asyncio.create_task(batch.wait(5))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert len(acks) == 0
+
+
+async def test_a_batch_on_a_real_server_gets_its_sequences_and_refusals(nc: NATS) -> None:
+    assert isinstance(nc, nats_io.Client)
+    reports = subjects.attempt_reports("w1")
+    batch = await nc.publish_stored_batch(
+        [(reports, report(1), {"Nats-Msg-Id": "b1"}),
+         (subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "b2"}),  # another stream's subject
+         ("berth-test.nowhere", b"{}", {"Nats-Msg-Id": "b3"}),  # no stream's
+         (reports, report(2), {"Nats-Msg-Id": "b4"})], subjects.EVENTS_STREAM)
+    await batch.wait(5)
+    first, wrong, nowhere, last = batch.outcomes
+    assert isinstance(first, int) and isinstance(last, int) and last == first + 1
+    assert isinstance(wrong, nats.js.errors.BadRequestError)
+    assert isinstance(nowhere, nats.js.errors.NoStreamResponseError)
 
 
 def report(attempt: int) -> bytes:
