@@ -67,7 +67,7 @@ from procstat import (  # bench/procstat.py
 )
 from sigterm import tear_down_on_sigterm  # bench/sigterm.py
 
-from berth.client import publish_submit
+from berth.client import publish_submits
 from berth.shared import nats_io, redis_auth, redis_io, redis_keys
 from berth.shared.checker import check_cluster
 from berth.shared.messages import (
@@ -173,27 +173,27 @@ async def wait_for(seen: Observed, done: Any, timeout: float, what: str) -> bool
 async def submit_all(nc: NATS, seen: Observed, specs: list[bytes], window: int = 256,
                      rate: float | None = None) -> float:
     """Publishes as fast as JetStream acknowledges, `window` in flight, or at `rate` jobs/s
-    (in 10 ms steps); returns the offered rate (jobs/s)."""
+    (in 10 ms steps); returns the offered rate (jobs/s). Each window or step goes out as a
+    client's sweep does (berth.client.publish_submits), read by berth's NATS client, which
+    spends less of the cores the cluster runs on."""
     t0 = time.time()
 
-    async def one(payload: bytes) -> None:
+    async def some(payloads: list[bytes]) -> None:
         sent = time.time()
-        # As a client submits (berth.client): its dedup id, and its reply read by berth's
-        # NATS client, which spends less of the cores the cluster runs on.
-        seen.submitted_at[await publish_submit(nc, payload)] = sent
+        for seq in await publish_submits(nc, payloads):
+            seen.submitted_at[seq] = sent
 
     step = window if rate is None else max(1, round(rate / 100))
     in_flight: set[asyncio.Task[None]] = set()
     for start in range(0, len(specs), step):
-        if rate is not None:
-            await asyncio.sleep(max(0.0, t0 + start / rate - time.time()))
-        batch = [asyncio.create_task(one(p)) for p in specs[start:start + step]]
         if rate is None:
-            await asyncio.gather(*batch)
-        else:  # paced: never wait for acks before the next step is due
-            in_flight.update(batch)
-            for task in batch:
-                task.add_done_callback(in_flight.discard)
+            await some(specs[start:start + step])
+            continue
+        # Paced: never wait for acks before the next step is due.
+        await asyncio.sleep(max(0.0, t0 + start / rate - time.time()))
+        task = asyncio.create_task(some(specs[start:start + step]))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
     await asyncio.gather(*in_flight)
     return len(specs) / max(time.time() - t0, 1e-9)
 

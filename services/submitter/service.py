@@ -6,6 +6,8 @@ import asyncio
 import functools
 import logging
 import time
+from contextlib import AbstractContextManager
+from typing import Any
 
 import msgspec
 import nats.errors
@@ -13,6 +15,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry import trace
 
 from berth.services.submitter import metrics
 from berth.services.submitter.index import JobIndex
@@ -47,42 +50,56 @@ Outcome = (JobSubmitted | JobCancelRequested | SubmitRejected | SubmitDeduplicat
 
 
 async def handle(js: JetStreamContext, outcomes: nats_io.EventPublisher, msg: Msg,
-                 max_bytes: int, earlier: list[asyncio.Task[None]], index: JobIndex) -> None:
+                 max_bytes: int, earlier: list[asyncio.Future[Any]], index: JobIndex,
+                 taken: Outcome | None = None) -> None:
     """Decides one submit and stores its outcome; `earlier` are the batch's submits before
-    it, still being stored (a cancel or a child may name a job one of them creates)."""
-    seq = nats_io.stream_seq(msg)
+    it, still being stored (a cancel or a child may name a job one of them creates).
+    `taken`: the job submit's intake (`intake_job`), when already made."""
+    with _span(msg):
+        outcome = await decide(js, msg, max_bytes, earlier, index, taken)
+        await record(outcomes, msg, outcome)
+
+
+def _span(msg: Msg) -> AbstractContextManager[Any]:
     # Nothing records (telemetry.recording): no span, and the outcome carries the trace
     # context the submit came with, as the scheduler's run commands then do.
-    recording = telemetry.recording()
-    with tracer.start_as_current_span(
+    if not telemetry.recording():
+        return telemetry.NO_SPAN
+    return tracer.start_as_current_span(
         "submit", context=telemetry.extract(msg.headers),
-        attributes={"berth.submit_seq": seq, "berth.subject": msg.subject},
-    ) if recording else telemetry.NO_SPAN as span:
-        outcome = await decide(js, msg, max_bytes, earlier, index)
-        metrics.decided(outcome)
-        if isinstance(outcome, JobSubmitted):
-            span.set_attribute("berth.job_id", outcome.job_id)
-            # DEBUG: the events stream records every accepted job (`berth status`, the API);
-            # a line each at INFO was a fifth of this process's CPU at 2,000 jobs/s, and
-            # ~170 million lines a day.
-            log.debug("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name,
-                      seq)
-        elif isinstance(outcome, SubmitDeduplicated):
-            span.set_attribute("berth.job_id", outcome.job_id)
-            log.info("submit %d %s job %s", seq, outcome.how, outcome.job_id)
-        elif isinstance(outcome, ScheduleCreated):
-            log.info("schedule %s (%s) made from submit %d", outcome.schedule_id,
-                     outcome.spec.name, seq)
-        elif isinstance(outcome, JobCancelRequested):
-            span.set_attribute("berth.job_id", outcome.job_id)
-            log.info("cancel of job %s accepted from submit %d", outcome.job_id, seq)
-        else:
-            span.set_attribute("berth.rejected", outcome.reason)
-            log.info("submit %d rejected: %s", seq, outcome.reason)
-        # The dedup id is the submit sequence: a redelivered submit is the same outcome.
-        await outcomes.publish(subjects.submit_outcome(_outcome_user(msg.subject, outcome), seq),
-                               outcome, msg_id=f"submit-outcome:{seq}",
-                               passed_on=None if recording else msg.headers or {})
+        attributes={"berth.submit_seq": nats_io.stream_seq(msg), "berth.subject": msg.subject})
+
+
+def record(outcomes: nats_io.EventPublisher, msg: Msg, outcome: Outcome) -> asyncio.Future[int]:
+    """Counts and logs a submit's outcome and has it stored: the future of its sequence.
+    In the submit's span, if any (the outcome carries its trace context)."""
+    seq = nats_io.stream_seq(msg)
+    recording = telemetry.recording()
+    span = trace.get_current_span() if recording else trace.INVALID_SPAN
+    metrics.decided(outcome)
+    if isinstance(outcome, JobSubmitted):
+        span.set_attribute("berth.job_id", outcome.job_id)
+        # DEBUG: the events stream records every accepted job (`berth status`, the API);
+        # a line each at INFO was a fifth of this process's CPU at 2,000 jobs/s, and
+        # ~170 million lines a day.
+        log.debug("job %s (%s) accepted from submit %d", outcome.job_id, outcome.spec.name,
+                  seq)
+    elif isinstance(outcome, SubmitDeduplicated):
+        span.set_attribute("berth.job_id", outcome.job_id)
+        log.info("submit %d %s job %s", seq, outcome.how, outcome.job_id)
+    elif isinstance(outcome, ScheduleCreated):
+        log.info("schedule %s (%s) made from submit %d", outcome.schedule_id,
+                 outcome.spec.name, seq)
+    elif isinstance(outcome, JobCancelRequested):
+        span.set_attribute("berth.job_id", outcome.job_id)
+        log.info("cancel of job %s accepted from submit %d", outcome.job_id, seq)
+    else:
+        span.set_attribute("berth.rejected", outcome.reason)
+        log.info("submit %d rejected: %s", seq, outcome.reason)
+    # The dedup id is the submit sequence: a redelivered submit is the same outcome.
+    return outcomes.submit(subjects.submit_outcome(_outcome_user(msg.subject, outcome), seq),
+                           outcome, msg_id=f"submit-outcome:{seq}",
+                           passed_on=None if recording else msg.headers or {})
 
 
 def _outcome_user(subject: str, outcome: Outcome) -> str | None:
@@ -97,14 +114,25 @@ async def handle_batch(js: JetStreamContext, outcomes: nats_io.EventPublisher,
                        batch: list[Msg], max_bytes: int, index: JobIndex) -> None:
     """Stores the outcomes of a fetched batch with their publishes in flight together (one
     round trip per batch, not per submit), then acknowledges each submit whose outcome is
-    stored. Tasks start in batch order, so outcomes reach the stream in submit order."""
-    handled: list[asyncio.Task[None]] = []
+    stored. A job submit that needs nothing read is decided here, with no task of its own
+    (most do: a task each was a sixth of this process's CPU, docs/performance.md), up to
+    the first submit that reads the stream; that one and all after it get a task each,
+    started in batch order (so a later one that reads nothing may be stored before it)."""
+    handled: list[asyncio.Future[Any]] = []
+    tasks = False
     for msg in batch:
+        taken, final = (None, False) if tasks else _intake_now(msg, max_bytes)
+        if final:
+            assert taken is not None
+            with _span(msg):
+                handled.append(record(outcomes, msg, taken))
+            continue
+        tasks = True
         handled.append(asyncio.create_task(
-            handle(js, outcomes, msg, max_bytes, list(handled), index)))
-    for msg, task in zip(batch, handled, strict=True):
+            handle(js, outcomes, msg, max_bytes, list(handled), index, taken)))
+    for msg, stored in zip(batch, handled, strict=True):
         try:
-            await task
+            await stored
         except Exception:
             # Input never gets here (intake cannot raise); this is NATS trouble.
             # Leave the message unacked: it is redelivered and handled again.
@@ -114,11 +142,36 @@ async def handle_batch(js: JetStreamContext, outcomes: nats_io.EventPublisher,
             await msg.ack()
 
 
+def _intake_now(msg: Msg, max_bytes: int) -> tuple[Outcome | None, bool]:
+    """`intake_job`, whose errors (none are expected) the submit's task meets again."""
+    try:
+        return intake_job(msg, max_bytes)
+    except Exception:
+        return None, False
+
+
+def intake_job(msg: Msg, max_bytes: int) -> tuple[Outcome | None, bool]:
+    """A job submit's intake, and whether it is its outcome (`decide` would read nothing
+    more: no job, token, schedule or policy named); (None, False) for any other submit."""
+    user = subjects.submit_user(msg.subject)
+    if user == "" or msg.subject != subjects.submit_job(user):
+        return None, False
+    outcome = intake(msg.data, nats_io.stream_seq(msg), nats_io.stored_ns(msg), max_bytes, user)
+    if not isinstance(outcome, JobSubmitted):
+        return outcome, True
+    spec = outcome.spec
+    return outcome, not (spec.parent or spec.after or spec.after_any or spec.tokens
+                         or spec.schedule is not None or spec.existing is not None
+                         or spec.dedup is not None)
+
+
 async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
-                 earlier: list[asyncio.Task[None]], index: JobIndex) -> Outcome:
-    """The outcome of one submit stream message: the pure intake, then a check that any job
-    it names exists (so a typo in a job id is a clear rejection, not a silent no-op). The
-    check waits for `earlier` outcomes to be stored first, as if handled one by one."""
+                 earlier: list[asyncio.Future[Any]], index: JobIndex,
+                 taken: Outcome | None = None) -> Outcome:
+    """The outcome of one submit stream message: the pure intake (or `taken`, a job
+    submit's, already made), then a check that any job it names exists (so a typo in a job
+    id is a clear rejection, not a silent no-op). The check waits for `earlier` outcomes
+    to be stored first, as if handled one by one."""
     seq = nats_io.stream_seq(msg)
     if subjects.is_schedule_fire(msg.subject):
         fired = await schedule_fire(js, msg, max_bytes)
@@ -131,7 +184,8 @@ async def decide(js: JetStreamContext, msg: Msg, max_bytes: int,
     if user == "":
         return unknown_subject(msg.subject, seq)
     if msg.subject == subjects.submit_job(user):
-        outcome: Outcome = intake(msg.data, seq, nats_io.stored_ns(msg), max_bytes, user)
+        outcome: Outcome = taken if taken is not None else intake(
+            msg.data, seq, nats_io.stored_ns(msg), max_bytes, user)
         if not isinstance(outcome, JobSubmitted):
             return outcome
         # Dependencies must exist already, so no cycle can ever form.
@@ -235,7 +289,7 @@ async def schedule_of(js: JetStreamContext, schedule_id: str) -> ScheduleCreated
 
 
 async def job_exists(js: JetStreamContext, job_id: str,
-                     earlier: list[asyncio.Task[None]], user: str | None) -> bool:
+                     earlier: list[asyncio.Future[Any]], user: str | None) -> bool:
     """A job id names its submit sequence; the job exists iff that submit's stored outcome
     created exactly this id (for a user: under that user's outcomes, so it is theirs; for
     an admin, under anyone's). One direct read, no fold needed."""
