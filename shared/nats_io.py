@@ -821,10 +821,12 @@ class EventPublisher:
         return await self.submit(subject, event, msg_id, passed_on)
 
     def submit(self, subject: str, event: msgspec.Struct, msg_id: str,
-               passed_on: Mapping[str, str] | None = None) -> asyncio.Future[int]:
-        """`publish` without a coroutine: the future of the stream sequence, for a caller
-        that would otherwise start a task per event to await it."""
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+               passed_on: Mapping[str, str] | None = None,
+               done: asyncio.Future[int] | None = None) -> asyncio.Future[int]:
+        """`publish` without a coroutine: the future of the stream sequence (`done`, if
+        given), for a caller that would otherwise start a task per event to await it."""
+        if done is None:
+            done = asyncio.get_running_loop().create_future()
         self.queue.append((Outgoing(subject, encode(event), message_headers(msg_id, passed_on)),
                            done))
         if self.flusher is None or self.flusher.done():

@@ -218,3 +218,28 @@ def test_a_bad_window_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, raw
     monkeypatch.setenv("BERTH_REPORT_COALESCE", raw)
     with pytest.raises(SystemExit, match=r"^BERTH_REPORT_COALESCE="):
         Settings.from_env()
+
+
+async def test_a_message_of_one_report_settles_that_reports_own_future(nc: NATS) -> None:
+    publisher = nats_io.EventPublisher(nc.jetstream())
+    alone: list[msgspec.Struct] = []
+
+    def publish_into(subject: str, event: msgspec.Struct, msg_id: str,
+                     done: asyncio.Future[int]) -> None:
+        alone.append(event)
+        assert publisher.submit(subject, event, msg_id, done=done) is done
+
+    sender = ReportSender(W, subjects.attempt_reports(W), 0.05, publisher.publish, publish_into)
+    first = await sender.send(rep(0))
+    # Two within the window: one message carrying both, through `publish`.
+    seqs = await asyncio.gather(sender.send(rep(1)), sender.send(rep(2)))
+    assert alone == [rep(0)] and seqs[0] == seqs[1] > first
+    assert await nats_io.last_event_seq(nc.jetstream()) == seqs[0]
+
+    def refused(subject: str, event: msgspec.Struct, msg_id: str,
+                done: asyncio.Future[int]) -> None:
+        raise RuntimeError("no stream")
+
+    failing = ReportSender(W, subjects.attempt_reports(W), 0.05, publisher.publish, refused)
+    with pytest.raises(RuntimeError, match="no stream"):
+        await failing.send(rep(3))

@@ -116,8 +116,11 @@ class WorkerAgent:
         # coalesces its own reports (report_sender.py): a batch names one worker only.
         self.reports = reports or nats_io.EventPublisher(self.js)
         self.worker_id = worker_id
-        self.report_sender = ReportSender(worker_id, subjects.attempt_reports(worker_id),
-                                          settings.report_coalesce, self.reports.submit)
+        self.report_sender = ReportSender(
+            worker_id, subjects.attempt_reports(worker_id), settings.report_coalesce,
+            self.reports.submit,
+            lambda subject, event, msg_id, done: self.reports.submit(subject, event, msg_id,
+                                                                     done=done))
         self.incarnation = uuid.uuid4().hex[:12]
         self.resources = resources
         self.attributes = attributes
