@@ -46,15 +46,22 @@ async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None,
 
 
 async def publish_submits(nc: NATS, payloads: Sequence[bytes],
-                          subject: str = subjects.SUBMIT_JOB) -> list[int]:
+                          subject: str = subjects.SUBMIT_JOB,
+                          msg_ids: Sequence[str] | None = None) -> list[int]:
     """`publish_submit` for many submits (a sweep), all in flight at once and their acks
-    awaited together: a fifth of the client's CPU per submit of one `publish_submit` each
-    (docs/performance.md). Returns their submit stream sequences, in order; raises as
-    `publish_submit` would for the first that failed (the others may be stored)."""
+    awaited together: a quarter of the client's CPU per submit of one `publish_submit`
+    each (docs/performance.md). `msg_ids`: each submit's dedup id (default: a new one
+    each), so that the same sweep sent again after an error makes no second job. Returns
+    their submit stream sequences, in order; raises as `publish_submit` would for the
+    first that failed (the others may be stored)."""
     from berth.shared import nats_io
 
+    if msg_ids is not None and len(msg_ids) != len(payloads):
+        raise ValueError(f"msg_ids: {len(msg_ids)} ids for {len(payloads)} submits")
+    ids = msg_ids if msg_ids is not None else [uuid.uuid4().hex for _ in payloads]
     return await nats_io.publish_to_stream_many(
-        nc, [(subject, payload, {"Nats-Msg-Id": uuid.uuid4().hex}) for payload in payloads],
+        nc, [(subject, payload, {"Nats-Msg-Id": msg_id})
+             for payload, msg_id in zip(payloads, ids, strict=True)],
         subjects.SUBMIT_STREAM)
 
 

@@ -130,6 +130,12 @@ async def test_a_sweep_of_submits_gets_each_its_sequence(nc: NATS) -> None:
     for seq, payload in zip(seqs[::50], payloads[::50], strict=True):
         assert (await js.get_msg(subjects.SUBMIT_STREAM, seq)).data == payload
     assert await publish_submits(nc, []) == []
+    # The same sweep again with its dedup ids: JetStream answers with the first copies.
+    ids = [f"sweep-{i}" for i in range(3)]
+    first = await publish_submits(nc, payloads[:3], msg_ids=ids)
+    assert await publish_submits(nc, payloads[:3], msg_ids=ids) == first
+    with pytest.raises(ValueError, match="msg_ids: 2 ids for 3 submits"):
+        await publish_submits(nc, payloads[:3], msg_ids=ids[:2])
 
 
 async def test_a_sweep_on_nats_pys_own_client_gets_the_same(
