@@ -96,6 +96,10 @@ class SimulatedProcess:
                                                                 self.exit_code)
 
     def _end(self, code: int) -> None:
+        # The timer's handle holds this method, so this object: a cycle, left to the
+        # collector. 20,000 of them in W1 made the simulated hosts' process collect every
+        # ~1.5 s, 30-50 ms each (docs/performance.md).
+        self._timer = None
         if not self._exited.done():
             self._exited.set_result(code)
 
