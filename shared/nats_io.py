@@ -339,14 +339,18 @@ class Client(NATS):
         await self._subscribe_acks()
         batch = self._acks.batch(len(messages))
         reply_prefix = self._ack_prefix.decode()
-        for index, (subject, payload, headers) in enumerate(messages):
-            token = self._acks.expect_in(batch)
-            headers[Header.EXPECTED_STREAM] = stream
-            try:
-                await self.publish(subject, payload, reply=reply_prefix + token.decode(),
-                                   headers=headers)
-            except Exception as exc:  # e.g. the connection closed: each caller's to judge
-                batch.not_sent(index, exc)
+        try:
+            for index, (subject, payload, headers) in enumerate(messages):
+                token = self._acks.expect_in(batch)
+                headers[Header.EXPECTED_STREAM] = stream
+                try:
+                    await self.publish(subject, payload, reply=reply_prefix + token.decode(),
+                                       headers=headers)
+                except Exception as exc:  # e.g. the connection closed: the caller judges
+                    batch.not_sent(index, exc)
+        except BaseException as exc:  # cancelled: no one will wait for these replies
+            batch.give_up(exc)
+            raise
         return batch
 
     async def subscribe_now(self, subject: str, handler: Callable[[Msg], None]

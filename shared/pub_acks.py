@@ -130,12 +130,17 @@ class AckBatch:
         except TimeoutError:
             pass
         finally:
-            for token in self._tokens:
-                self._waiting.pop(token, None)
-            for index, result in enumerate(self.outcomes):
-                if result is None:
-                    self.outcomes[index] = TimeoutError(f"no reply within {timeout:g}s")
-            self.left = 0
+            self.give_up(TimeoutError(f"no reply within {timeout:g}s"))
+
+    def give_up(self, why: BaseException) -> None:
+        """No more replies are awaited: each publish still without one has `why`, and a
+        late reply is passed over."""
+        for token in self._tokens:
+            self._waiting.pop(token, None)
+        for index, result in enumerate(self.outcomes):
+            if result is None:
+                self.outcomes[index] = why
+        self.left = 0
 
 
 class PendingAcks:

@@ -156,6 +156,35 @@ async def test_a_batch_on_a_real_server_gets_its_sequences_and_refusals(nc: NATS
     assert isinstance(nowhere, nats.js.errors.NoStreamResponseError)
 
 
+async def test_a_batch_cancelled_while_publishing_is_forgotten(
+        nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(nc, nats_io.Client)
+    await nc.publish_stored(subjects.attempt_reports("w1"), report(0), {"Nats-Msg-Id": "c0"},
+                            subjects.EVENTS_STREAM)  # the reply subscription, made
+    sent: list[str] = []
+    second = asyncio.Event()
+    publish = nc.publish
+
+    async def slow_second(subject: str, payload: bytes = b"", reply: str = "",
+                          headers: dict[str, str] | None = None) -> None:
+        sent.append(subject)
+        if len(sent) == 2:
+            second.set()
+            await asyncio.sleep(10)  # a full pending buffer, say
+        await publish(subject, payload, reply, headers)
+
+    monkeypatch.setattr(nc, "publish", slow_second)
+    batch = asyncio.create_task(nc.publish_stored_batch(
+        [(subjects.attempt_reports("w1"), report(i), {"Nats-Msg-Id": f"c{i}"})
+         for i in range(1, 4)], subjects.EVENTS_STREAM))
+    await asyncio.wait_for(second.wait(), 5)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    await asyncio.sleep(0.2)  # the first one's reply, had it been kept, has come by now
+    assert len(nc._acks) == 0
+
+
 def report(attempt: int) -> bytes:
     return encode(AttemptReported(job_id="j1-0001", task_index=0, attempt_id=attempt,
                                   worker_id="w1", state=TaskState.RUNNING, ts=time.time()))

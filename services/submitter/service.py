@@ -114,9 +114,9 @@ async def handle_batch(js: JetStreamContext, outcomes: nats_io.EventPublisher,
                        batch: list[Msg], max_bytes: int, index: JobIndex) -> None:
     """Stores the outcomes of a fetched batch with their publishes in flight together (one
     round trip per batch, not per submit), then acknowledges each submit whose outcome is
-    stored. A job submit that needs nothing read is decided here, with no task of its own
-    (most do: a task each was a sixth of this process's CPU, docs/performance.md), up to
-    the first submit that reads the stream; that one and all after it get a task each,
+    stored. A job submit that needs nothing read (most) is decided here, with no task of
+    its own (docs/performance.md, twenty-sixth session), up to the first submit that reads
+    the stream; that one and all after it get a task each,
     started in batch order (so a later one that reads nothing may be stored before it)."""
     handled: list[asyncio.Future[Any]] = []
     tasks = False
