@@ -4,7 +4,9 @@ token on actions (and on reads when closed), and 4xx bodies that name the proble
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from typing import Any
 
 import httpx
@@ -254,3 +256,25 @@ async def test_reads_can_be_closed_with_the_same_token(make_stack: Any) -> None:
     # Liveness and the page itself stay open (the page asks for the token).
     assert httpx.get(stack.api_url + "/healthz", timeout=10).status_code == 200
     assert httpx.get(stack.api_url + "/", timeout=10).status_code == 200
+
+
+async def test_a_job_just_accepted_is_found_at_once(make_stack, nc: NATS) -> None:
+    """A client told of its job by the stream (the submit's outcome) and asking the API at
+    once: the dashboard folds at its own pace, and said 404 until it had caught up. Here it
+    is held (SIGSTOP) while the jobs are accepted, so each read comes before its fold."""
+    stack: Stack = make_stack(workers=0)
+    await wait_for_job(stack, await accepted(nc, spec("first")), {"pending"})
+    dashboard = stack.children["dashboard"]
+    dashboard.send_signal(signal.SIGSTOP)
+    try:
+        job_ids = [await accepted(nc, spec(f"at-once{i}")) for i in range(3)]
+    finally:
+        dashboard.send_signal(signal.SIGCONT)
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as http:
+        replies = await asyncio.gather(*(http.get(f"/api/jobs/{job_id}/tasks/0")
+                                         for job_id in job_ids))
+    assert [r.status_code for r in replies] == [200] * 3, [r.text for r in replies]
+    assert all(r.json()["state"] == "pending" for r in replies)
+    # A well-formed id of no job still says so, after its bounded wait.
+    missing = httpx.get(f"{stack.api_url}/api/jobs/j999999-0000", timeout=10)
+    assert missing.status_code == 404 and "no job 'j999999-0000'" in missing.text

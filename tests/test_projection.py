@@ -326,3 +326,25 @@ def _answers(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def test_fold_to_head_waits_for_what_the_stream_holds_and_no_longer(
+        nc: NATS, tmp_path: Path) -> None:
+    """What the API waits on before it says 404 for a job a client was just told of
+    (docs/dashboard.md): the fold reaching the stream's head as of the call, bounded."""
+    await publish_events(nc, 3)
+    idle = Projection(nc, 5.0, snapshot_path=tmp_path / "idle" / "projection.snapshot")
+    started = time.monotonic()
+    await idle.fold_to_head(0.3)  # nothing folds (not started): it gives up in time
+    assert 0.25 <= time.monotonic() - started < 2 and idle.state.last_seq == 0
+    live = Projection(nc, 5.0, snapshot_path=tmp_path / "live" / "projection.snapshot")
+    await live.start()
+    try:
+        await asyncio.wait_for(live.caught_up.wait(), 30)
+        for burst in range(3):
+            await publish_events(nc, 50, first_epoch=10 + 50 * burst)
+            head = (await nc.jetstream().stream_info(subjects.EVENTS_STREAM)).state.last_seq
+            await live.fold_to_head(5)
+            assert live.state.last_seq == head
+    finally:
+        await live.stop()

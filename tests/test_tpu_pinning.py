@@ -15,7 +15,7 @@ from nats.aio.client import Client as NATS
 from berth.shared.messages import JobSpec, Resources, TpuDevice
 from berth.stack import Stack
 from tests.conftest import run_doctor, wait_for_job, wait_until
-from tests.test_gpu_pinning import tasks_of
+from tests.test_gpu_pinning import pending_reason, tasks_of
 from tests.test_lifecycle_e2e import accepted
 
 # Records the TPU variables the task sees, then holds its chips until the test lets go.
@@ -48,7 +48,7 @@ async def test_two_chip_tasks_get_disjoint_chips_and_a_no_tpu_task_none(
                                       resources=TWO_CHIPS))
     await wait_until(lambda: len(seen(out)) == 2, 30, "both two-chip tasks to start")
     third = await accepted(nc, JobSpec(name="third", command=hold, resources=TWO_CHIPS))
-    reason = await wait_until(lambda: tasks_of(stack, third)[0]["pending_reason"], 30,
+    reason = await wait_until(lambda: pending_reason(stack, third), 30,
                               "the third task's pending reason")
     assert "v5e 2x2 TPU chips" in reason and "need 2, largest free 0" in reason, reason
     plain = await accepted(nc, JobSpec(name="plain", command=hold,

@@ -33,12 +33,16 @@ from berth.services.dashboard_api.projection import Projection
 from berth.shared import job_policy, nats_io, queue_order, subjects
 from berth.shared import metrics as shared_metrics
 from berth.shared.api_tokens import Role
+from berth.shared.job_ids import submit_seq_of
 from berth.shared.lifecycle import JobView, TaskView
 from berth.shared.messages import CancelRequest, JobSpec, encode
 from berth.shared.states import JOB_TERMINAL, job_state_names
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000
+# How long a read of a job (or a submit's outcome) not yet folded waits for the fold to
+# reach what the stream holds now: the client may have just been told of it.
+JUST_DECIDED_WAIT = 1.0
 
 
 def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens,
@@ -54,6 +58,17 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
                                         f"jobs have been: docs/retention.md)"
                                         if compacted else ""))
         return job
+
+    async def found_job(job_id: str) -> JobView:
+        """`find_job`, once what the stream holds now is folded, if the job is not yet
+        (bounded by JUST_DECIDED_WAIT): a client that was just given a job id finds it."""
+        if job_id not in projection.state.jobs and submit_seq_of(job_id) is not None:
+            await projection.fold_to_head(JUST_DECIDED_WAIT)
+        return find_job(job_id)
+
+    async def found_task(job_id: str, index: int) -> tuple[JobView, TaskView]:
+        await found_job(job_id)
+        return find_task(job_id, index)
 
     def find_task(job_id: str, index: int) -> tuple[JobView, TaskView]:
         job = find_job(job_id)
@@ -142,29 +157,29 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         """The state names: `job` are the values the `state` filter of /api/jobs accepts."""
         return views.state_names()
 
-    @get("/jobs/{job_id:str}", sync_to_thread=False)
-    def job_detail(job_id: FromPath[str], request: Request) -> views.JobDetail:  # type: ignore[type-arg]
+    @get("/jobs/{job_id:str}")
+    async def job_detail(job_id: FromPath[str], request: Request) -> views.JobDetail:  # type: ignore[type-arg]
         """A job with its task-state counts, its tasks and each task's attempt history. The
         spec's env values show only to an admin or the job's own user."""
-        job = find_job(job_id)
+        job = await found_job(job_id)
         return views.job_detail(job, redact.spec_for(tokens.caller(request), job.spec))
 
-    @get("/jobs/{job_id:str}/queue", sync_to_thread=False)
-    def job_queue(job_id: FromPath[str]) -> views.QueuePlace | None:
+    @get("/jobs/{job_id:str}/queue")
+    async def job_queue(job_id: FromPath[str]) -> views.QueuePlace | None:
         """Where the job stands in its priority band's queue of jobs with pending tasks
         (placed in that order: band, then users by fair share, each user's jobs by
         submission); null when none of its tasks is pending."""
-        job = find_job(job_id)
+        job = await found_job(job_id)
         state, fair = projection.state, projection.fair_share
         queue = queue_order.order(queue_order.pending_jobs(state.pending, state.jobs, fair),
                                   queue_order.costs(state.recent_use, time.time(), fair))
         place = queue_order.band_place(job, queue)
         return None if place is None else views.QueuePlace(job.spec.priority.value, *place)
 
-    @get("/jobs/{job_id:str}/tasks/{index:int}", sync_to_thread=False)
-    def task_detail(job_id: FromPath[str], index: FromPath[int]) -> views.TaskDetail:
+    @get("/jobs/{job_id:str}/tasks/{index:int}")
+    async def task_detail(job_id: FromPath[str], index: FromPath[int]) -> views.TaskDetail:
         """One task: state, current attempt, attempt history, pending_reason, exit, error."""
-        job, task = find_task(job_id, index)
+        job, task = await found_task(job_id, index)
         return views.task_detail(job, task)
 
     @post("/jobs", guards=[auth.action_guard(tokens, "submitting")], status_code=202)
@@ -213,7 +228,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         to berth.submit.cancel; the outcome lands at /api/submits/{submit_seq}. A submit
         token may cancel only its own user's jobs; an admin token any job."""
         who = auth.require(tokens, request, "cancelling", (Role.SUBMIT, Role.ADMIN))
-        job = find_job(job_id)
+        job = await found_job(job_id)
         if not who.owns(job.spec.user):
             raise PermissionDeniedException(
                 f"job {job_id} belongs to user {job.spec.user!r}; token {who.name!r} "
@@ -244,7 +259,7 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         if stream is not None and stream not in subjects.LOG_STREAMS:
             raise ValidationException(
                 f"stream: {stream!r} is not one of {', '.join(subjects.LOG_STREAMS)}")
-        _, task = find_task(job_id, index)
+        _, task = await found_task(job_id, index)
         if attempt is None:
             shown = task.current_attempt
             if shown is None:
@@ -346,10 +361,13 @@ def create_app(projection: Projection, js: JetStreamContext, tokens: auth.Tokens
         """Quotas and token limits, and what live attempts hold of them."""
         return views.limits_out(projection.state.limits, projection.state.usage)
 
-    @get("/submits/{submit_seq:int}", sync_to_thread=False)
-    def submit_outcome(submit_seq: FromPath[int]) -> views.SubmitOutcome:
+    @get("/submits/{submit_seq:int}")
+    async def submit_outcome(submit_seq: FromPath[int]) -> views.SubmitOutcome:
         """What became of submit stream message N: its job, or the reason it was rejected."""
         verdict = outcome_of(submit_seq)
+        if verdict is None:
+            await projection.fold_to_head(JUST_DECIDED_WAIT)
+            verdict = outcome_of(submit_seq)
         if verdict is None:
             raise NotFoundException(f"no outcome yet for submit {submit_seq}")
         return verdict

@@ -210,6 +210,20 @@ class Projection:
         """The cluster as it stands, as of the newest event; None before any."""
         return timeline.cluster_point(self.state, self._last_ts) if self._last_ts else None
 
+    async def fold_to_head(self, timeout: float) -> None:
+        """Waits, at most `timeout` seconds, until every event the stream holds now is
+        folded: what a client was just told from the stream (a submit's outcome, a job
+        id) is then shown here, not a 404 for a job folded a moment later (the live fold
+        takes a batch at most every LIVE_FOLD_PACE)."""
+        deadline = time.monotonic() + timeout
+        try:
+            info = await asyncio.wait_for(self.js.stream_info(subjects.EVENTS_STREAM), timeout)
+        except (TimeoutError, nats.errors.Error):
+            return  # NATS slow or away: what is folded is what is shown
+        head = info.state.last_seq
+        while self.state.last_seq < head and (left := deadline - time.monotonic()) > 0:
+            await self.wait_for_change(left)
+
     async def wait_for_change(self, timeout: float) -> bool:
         """Waits until more events are folded; False if `timeout` passed first."""
         async with self.changed:
