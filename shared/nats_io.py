@@ -700,13 +700,12 @@ async def publish_to_stream_many(nc: NATS, messages: Sequence[tuple[str, bytes, 
         return list(await asyncio.gather(*(publish_to_stream(nc, *m, stream, timeout)
                                            for m in messages)))
     batch = await nc.publish_stored_batch(messages, stream)
-    await batch.wait(timeout)
     seqs: list[int] = []
-    for result in batch.outcomes:
+    for result in await batch.wait(timeout):
         if isinstance(result, TimeoutError):
             raise nats.errors.TimeoutError from None  # as `JetStreamContext.publish` raises it
-        if not isinstance(result, int):
-            raise result or nats.errors.TimeoutError()
+        if isinstance(result, BaseException):
+            raise result
         seqs.append(result)
     return seqs
 
@@ -759,16 +758,14 @@ async def _publish_batch(nc: Client, outgoing: Sequence[Outgoing], todo: list[in
     batch = await nc.publish_stored_batch(
         [(outgoing[i].subject, outgoing[i].payload, outgoing[i].headers) for i in todo],
         subjects.EVENTS_STREAM)
-    await batch.wait(timeout)
     failed: list[tuple[int, BaseException]] = []
-    for k, i in enumerate(todo):
-        result = batch.outcomes[k]
+    for k, (i, result) in enumerate(zip(todo, await batch.wait(timeout), strict=True)):
         if isinstance(result, int):
             seqs[i] = result
         elif isinstance(result, RETRIABLE if k in batch.unsent else REPLY_RETRIABLE):
             failed.append((i, result))
         else:  # e.g. MaxPayloadError: retrying cannot help
-            _dropped(outgoing[i], result or TimeoutError())
+            _dropped(outgoing[i], result)
     return failed
 
 

@@ -120,9 +120,10 @@ class AckBatch:
         if not self.left and not self.done.done():
             self.done.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        """Returns once every publish has its outcome, or after `timeout` seconds: each
-        still unanswered then has a TimeoutError, and a late reply is passed over."""
+    async def wait(self, timeout: float) -> list[int | BaseException]:
+        """Every publish's outcome, in order, once each has one, or after `timeout`
+        seconds: each still unanswered then has a TimeoutError, and a late reply is passed
+        over."""
         try:
             if self.left:
                 async with asyncio.timeout(timeout):
@@ -131,6 +132,7 @@ class AckBatch:
             pass
         finally:
             self.give_up(TimeoutError(f"no reply within {timeout:g}s"))
+        return [result for result in self.outcomes if result is not None]
 
     def give_up(self, why: BaseException) -> None:
         """No more replies are awaited: each publish still without one has `why`, and a
