@@ -254,7 +254,7 @@ class Client(NATS):
     read (`subscribe_now`), for the many small messages of a large cluster (heartbeats),
     and an ordered stream consumer's messages straight from the read loop (`take_stream`),
     for every follower of the events stream; and JetStream's replies to its publishes there
-    too (`publish_stored`)."""
+    too (`publish_stored_batch`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -311,30 +311,15 @@ class Client(NATS):
                     sub = await self.subscribe(prefix.decode() + "*")  # no callback: no task
                     self._ack_prefix, self._ack_sid = prefix, sub._id
 
-    async def publish_stored(self, subject: str, payload: bytes, headers: dict[str, str],
-                             stream: str) -> asyncio.Future[int]:
-        """Publishes to `stream` (as `JetStreamContext.publish_async` with `stream`: the
-        header that makes JetStream refuse it if the subject is another stream's, added to
-        `headers` in place as nats-py adds it, so a retry of the same dict sends it again). The
-        future settles, in the read loop, with the stream sequence, or with what nats-py's
-        `JetStreamContext.publish` raises for the reply (shared/pub_acks.py). No reply: it
-        stays pending, so the caller bounds its wait and cancels it."""
-        await self._subscribe_acks()
-        token, future = self._acks.expect()
-        headers[Header.EXPECTED_STREAM] = stream
-        try:
-            await self.publish(subject, payload, reply=(self._ack_prefix + token).decode(),
-                               headers=headers)
-        except BaseException:
-            future.cancel()
-            raise
-        return future
-
     async def publish_stored_batch(self, messages: Sequence[tuple[str, bytes, dict[str, str]]],
                                    stream: str) -> pub_acks.AckBatch:
-        """`publish_stored` for many messages (subject, payload, headers) at once, their
-        replies awaited together (`AckBatch.wait`): in its outcomes, each publish's stream
-        sequence, or what its reply said, or what `publish` raised for it
+        """Publishes messages (subject, payload, headers) to `stream`, as
+        `JetStreamContext.publish_async` with `stream` does (the header that makes JetStream
+        refuse one whose subject is another stream's, added to `headers` in place as
+        nats-py adds it, so a retry of the same dict sends it again). Their replies are
+        awaited together (`AckBatch.wait`), matched in the read loop: in its outcomes, each
+        publish's stream sequence, or the exception nats-py's `JetStreamContext.publish`
+        raises for its reply (shared/pub_acks.py), or what `publish` raised for it
         (`AckBatch.unsent` says which)."""
         await self._subscribe_acks()
         batch = self._acks.batch(len(messages))
@@ -397,7 +382,7 @@ class Client(NATS):
         """Hands a message to its `subscribe_now` handler or `take_stream` taker in the read
         loop, without a coroutine (called by `FastParser`). False: `_process_msg` is to
         handle it, as nats-py does."""
-        if sid == self._ack_sid:  # a reply to `publish_stored`, a status line too
+        if sid == self._ack_sid:  # a reply to `publish_stored_batch`, a status line too
             sub = self._subs.get(sid)
             if sub is not None:
                 self._count_in(sub, data)
@@ -677,28 +662,25 @@ REPLY_RETRIABLE = (*RETRIABLE, nats.js.errors.APIError, pub_acks.UnreadableReply
 async def publish_to_stream(nc: NATS, subject: str, payload: bytes, headers: dict[str, str],
                             stream: str, timeout: float = 5.0) -> int:
     """One publish to `stream`, its stream sequence returned: `JetStreamContext.publish`,
-    with its errors (TimeoutError once `timeout` passes unanswered), through berth's client
-    where `nc` is one (`Client.publish_stored`: bench/scale.py's client, which submits and
-    reads the log, spent 151-212 µs of CPU per job before, 122-160 after)."""
-    if not isinstance(nc, Client):
-        ack = await nc.jetstream().publish(subject, payload, timeout=timeout, stream=stream,
-                                           headers=headers)
-        return int(ack.seq)
-    stored = await nc.publish_stored(subject, payload, headers, stream)
-    try:
-        return await asyncio.wait_for(stored, timeout)
-    except TimeoutError:
-        raise nats.errors.TimeoutError from None  # as `JetStreamContext.publish` raises it
+    with its errors (TimeoutError once `timeout` passes unanswered)."""
+    [seq] = await publish_to_stream_many(nc, [(subject, payload, headers)], stream, timeout)
+    return seq
 
 
 async def publish_to_stream_many(nc: NATS, messages: Sequence[tuple[str, bytes, dict[str, str]]],
                                  stream: str, timeout: float = 5.0) -> list[int]:
     """`publish_to_stream` for many messages (subject, payload, headers), all in flight at
     once and their replies awaited together; their stream sequences, in order. Raises as
-    `publish_to_stream` would for the first that failed (the others may be stored)."""
+    `publish_to_stream` would for the first that failed (the others may be stored). Through
+    berth's client where `nc` is one (`Client.publish_stored_batch`: bench/scale.py's
+    client, which submits and reads the log, spent 151-212 µs of CPU per job through
+    nats-py's path, 122-160 through a future per publish, docs/performance.md)."""
     if not isinstance(nc, Client):
-        return list(await asyncio.gather(*(publish_to_stream(nc, *m, stream, timeout)
-                                           for m in messages)))
+        js = nc.jetstream()
+        acks = await asyncio.gather(*(js.publish(subject, payload, timeout=timeout,
+                                                 stream=stream, headers=headers)
+                                      for subject, payload, headers in messages))
+        return [int(ack.seq) for ack in acks]
     batch = await nc.publish_stored_batch(messages, stream)
     seqs: list[int] = []
     for result in await batch.wait(timeout):

@@ -1,5 +1,5 @@
 """JetStream's replies to the events berth publishes, matched to their publishes in the
-client's read loop (`nats_io.Client.publish_stored`).
+client's read loop (`nats_io.Client.publish_stored_batch`).
 
 nats-py's `publish_async` takes each reply through a `Msg`, its subscription's queue and
 task, `json.loads` and a `PubAck` dataclass, and each publish through a semaphore and
@@ -73,17 +73,6 @@ def outcome(headers: bytes | None, data: bytes) -> int | BaseException:
     return reply.seq
 
 
-def settle(future: asyncio.Future[int], headers: bytes | None, data: bytes) -> None:
-    """Settles a publish's future from JetStream's reply to it."""
-    if future.done():
-        return  # its publisher stopped waiting
-    result = outcome(headers, data)
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
-
-
 class AckBatch:
     """The replies to publishes sent together, awaited as one (`PendingAcks.expect_in`):
     no future, done callback or wake-up per publish. Half the asyncio bookkeeping of a
@@ -147,21 +136,12 @@ class AckBatch:
 
 class PendingAcks:
     """The publishes awaiting JetStream's reply, by the token that ends their reply subject:
-    each a future of its own (`expect`) or one of a batch (`expect_in`). A publish whose
-    publisher stops waiting (its future cancelled, its batch's wait over) is forgotten."""
+    each one of a batch (`expect_in`; a lone publish is a batch of one). A publish whose
+    batch's wait is over is forgotten."""
 
     def __init__(self) -> None:
-        self._waiting: dict[bytes, asyncio.Future[int] | tuple[AckBatch, int]] = {}
+        self._waiting: dict[bytes, tuple[AckBatch, int]] = {}
         self._tokens = itertools.count(1)
-
-    def expect(self) -> tuple[bytes, asyncio.Future[int]]:
-        """A new token and the future its reply settles."""
-        token = b"%x" % next(self._tokens)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        waiting = self._waiting
-        waiting[token] = future
-        future.add_done_callback(lambda _: waiting.pop(token, None))
-        return token, future
 
     def batch(self, size: int) -> AckBatch:
         """A batch of `size` publishes to await together."""
@@ -177,13 +157,9 @@ class PendingAcks:
     def take(self, token: bytes, headers: bytes | None, data: bytes) -> None:
         """A reply: it settles its publish, if that still waits."""
         waiting = self._waiting.pop(token, None)
-        if waiting is None:
-            return
-        if isinstance(waiting, tuple):
+        if waiting is not None:
             batch, index = waiting
             batch.settle(index, outcome(headers, data))
-        else:
-            settle(waiting, headers, data)
 
     def __len__(self) -> int:
         return len(self._waiting)

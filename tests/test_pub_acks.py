@@ -1,5 +1,5 @@
 """JetStream's replies to berth's publishes, settled in the read loop (shared/pub_acks.py,
-`nats_io.Client.publish_stored`): each reply settles its own publish with the stream
+`nats_io.Client.publish_stored_batch`): each reply settles its own publish with the stream
 sequence or the error nats-py raises for it, and a refused publish is retried at once,
 not after nats-py's publish_async left it to time out."""
 
@@ -20,6 +20,12 @@ from berth.shared import nats_io, pub_acks, subjects
 from berth.shared.messages import AttemptReported, TaskState, encode
 
 NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
+
+
+def one_publish(acks: pub_acks.PendingAcks) -> tuple[bytes, pub_acks.AckBatch]:
+    """A lone publish: a batch of one, as `nats_io.publish_to_stream` sends it."""
+    batch = acks.batch(1)
+    return acks.expect_in(batch), batch
 
 
 @pytest.mark.parametrize(("headers", "data", "expected"), [
@@ -44,13 +50,13 @@ NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
 async def test_a_reply_settles_its_publish(headers: bytes | None, data: bytes,
                                            expected: int | type[BaseException]) -> None:
     acks = pub_acks.PendingAcks()
-    token, future = acks.expect()
+    token, batch = one_publish(acks)
     acks.take(token, headers, data)
-    assert future.done() and len(acks) == 0
+    assert batch.done.done() and len(acks) == 0
+    [error] = batch.outcomes
     if isinstance(expected, int):
-        assert future.result() == expected
+        assert error == expected
         return
-    error = future.exception()
     assert type(error) is expected, error
     if isinstance(error, nats.js.errors.APIError) and b"err_code" in data:
         assert str(error.err_code) in data.decode()  # nats-py's fields, as it reads them
@@ -65,34 +71,24 @@ def test_any_reply_settles_its_publish_and_raises_nothing(headers: bytes | None,
                                                           data: bytes) -> None:
     async def check() -> None:
         acks = pub_acks.PendingAcks()
-        token, future = acks.expect()
+        token, batch = one_publish(acks)
         acks.take(token, headers, data)  # whatever came on the inbox: no exception here
-        assert future.done()
-        if future.exception() is None:
-            assert isinstance(future.result(), int)
+        assert batch.done.done()
+        [result] = batch.outcomes
+        assert isinstance(result, (int, BaseException))
 
     asyncio.run(check())
 
 
 async def test_each_reply_settles_only_its_own_publish() -> None:
     acks = pub_acks.PendingAcks()
-    (one, first), (two, second) = acks.expect(), acks.expect()
+    (one, first), (two, second) = one_publish(acks), one_publish(acks)
     assert one != two
     acks.take(two, None, b'{"seq":2}')
-    assert not first.done() and second.result() == 2
+    assert not first.done.done() and second.outcomes == [2]
     acks.take(b"unknown", None, b'{"seq":9}')  # a reply nobody waits for: nothing happens
     acks.take(two, None, b'{"seq":3}')  # nor does a second reply to a settled one
-    assert second.result() == 2 and not first.done() and len(acks) == 1
-
-
-async def test_a_publish_given_up_on_is_forgotten() -> None:
-    acks = pub_acks.PendingAcks()
-    token, future = acks.expect()
-    future.cancel()
-    await asyncio.sleep(0)  # done callbacks run on the loop
-    assert len(acks) == 0
-    acks.take(token, None, b'{"seq":1}')  # its late reply changes nothing
-    assert future.cancelled()
+    assert second.outcomes == [2] and first.outcomes == [None] and len(acks) == 1
 
 
 async def test_a_batch_settles_each_publish_from_its_own_reply() -> None:
@@ -159,8 +155,9 @@ async def test_a_batch_on_a_real_server_gets_its_sequences_and_refusals(nc: NATS
 async def test_a_batch_cancelled_while_publishing_is_forgotten(
         nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(nc, nats_io.Client)
-    await nc.publish_stored(subjects.attempt_reports("w1"), report(0), {"Nats-Msg-Id": "c0"},
-                            subjects.EVENTS_STREAM)  # the reply subscription, made
+    await nats_io.publish_to_stream(nc, subjects.attempt_reports("w1"), report(0),
+                                    {"Nats-Msg-Id": "c0"}, subjects.EVENTS_STREAM)
+    # (the reply subscription, made)
     sent: list[str] = []
     second = asyncio.Event()
     publish = nc.publish
@@ -193,14 +190,13 @@ def report(attempt: int) -> bytes:
 async def test_publishes_on_a_real_server_get_their_sequences(nc: NATS) -> None:
     assert isinstance(nc, nats_io.Client)
     subject = subjects.attempt_reports("w1")
-    futures = [await nc.publish_stored(subject, report(i), {"Nats-Msg-Id": f"m{i}"},
-                                       subjects.EVENTS_STREAM) for i in range(50)]
-    seqs = [await asyncio.wait_for(f, 5) for f in futures]
+    seqs = [await nats_io.publish_to_stream(nc, subject, report(i), {"Nats-Msg-Id": f"m{i}"},
+                                            subjects.EVENTS_STREAM) for i in range(50)]
     assert seqs == sorted(seqs) and len(set(seqs)) == 50
     # The same message id again: JetStream's dedup answers with the first copy's sequence.
-    again = await nc.publish_stored(subject, report(0), {"Nats-Msg-Id": "m0"},
-                                    subjects.EVENTS_STREAM)
-    assert await asyncio.wait_for(again, 5) == seqs[0]
+    again = await nats_io.publish_to_stream(nc, subject, report(0), {"Nats-Msg-Id": "m0"},
+                                            subjects.EVENTS_STREAM)
+    assert again == seqs[0]
     info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM)
     assert info.state.messages == 50
 
@@ -218,10 +214,11 @@ async def test_many_first_publishes_at_once_make_one_reply_subscription(
 
     monkeypatch.setattr(nc, "_send_subscribe", suspending)
     subject = subjects.attempt_reports("w1")
-    futures = await asyncio.gather(*(nc.publish_stored(
-        subject, report(i), {"Nats-Msg-Id": f"first{i}"}, subjects.EVENTS_STREAM)
+    batches = await asyncio.gather(*(nc.publish_stored_batch(
+        [(subject, report(i), {"Nats-Msg-Id": f"first{i}"})], subjects.EVENTS_STREAM)
         for i in range(20)))
-    seqs = [await asyncio.wait_for(f, 2) for f in futures]  # every reply read, none timed out
+    seqs = [seq for batch in batches for seq in await batch.wait(2)]
+    assert all(isinstance(seq, int) for seq in seqs)  # every reply read, none timed out
     assert len(set(seqs)) == 20
     assert len(nc._subs) == subscriptions + 1
 
@@ -229,16 +226,14 @@ async def test_many_first_publishes_at_once_make_one_reply_subscription(
 async def test_a_refused_publish_settles_at_once(nc: NATS) -> None:
     assert isinstance(nc, nats_io.Client)
     # A subject of another stream, published as the events stream's: JetStream refuses it.
-    wrong = await nc.publish_stored(subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "w"},
-                                    subjects.EVENTS_STREAM)
-    # No stream at all for the subject: the server says no one is there.
-    nowhere = await nc.publish_stored("berth-test.nowhere", b"{}", {"Nats-Msg-Id": "n"},
-                                      subjects.EVENTS_STREAM)
     started = time.monotonic()
     with pytest.raises(nats.js.errors.BadRequestError):
-        await asyncio.wait_for(wrong, 5)
+        await nats_io.publish_to_stream(nc, subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "w"},
+                                        subjects.EVENTS_STREAM)
+    # No stream at all for the subject: the server says no one is there.
     with pytest.raises(nats.js.errors.NoStreamResponseError):
-        await asyncio.wait_for(nowhere, 5)
+        await nats_io.publish_to_stream(nc, "berth-test.nowhere", b"{}", {"Nats-Msg-Id": "n"},
+                                        subjects.EVENTS_STREAM)
     assert time.monotonic() - started < 2  # answered, not timed out
 
 
