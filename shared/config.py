@@ -143,7 +143,8 @@ def log_level() -> str:
 
 def profile_dir() -> str:
     """BERTH_PROFILE_DIR: when set, each service runs under cProfile and writes
-    `<service>-<pid>.prof` there on a clean stop (`bench/scale.py --profile`)."""
+    `<service>-<pid>.prof` there on a clean stop (`bench/scale.py --profile`); its times
+    are the main thread's CPU time."""
     return os.environ.get("BERTH_PROFILE_DIR", "")
 
 
