@@ -37,12 +37,10 @@ class SubmitOutcome:
 async def publish_submit(nc: NATS, payload: bytes, msg_id: str | None = None,
                          subject: str = subjects.SUBMIT_JOB) -> int:
     """Publishes raw submit bytes (a job on subjects.submit_job(user), or a cancel on
-    subjects.submit_cancel(user)); returns the submit stream sequence (the PubAck's seq)."""
-    from berth.shared import nats_io
-
-    return await nats_io.publish_to_stream(
-        nc, subject, payload, {"Nats-Msg-Id": msg_id or uuid.uuid4().hex},
-        subjects.SUBMIT_STREAM)
+    subjects.submit_cancel(user)); returns the submit stream sequence (the PubAck's seq).
+    A sweep of one (`publish_submits`)."""
+    [seq] = await publish_submits(nc, [payload], subject, [msg_id] if msg_id else None)
+    return seq
 
 
 async def publish_submits(nc: NATS, payloads: Sequence[bytes],
@@ -59,7 +57,7 @@ async def publish_submits(nc: NATS, payloads: Sequence[bytes],
     if msg_ids is not None and len(msg_ids) != len(payloads):
         raise ValueError(f"msg_ids: {len(msg_ids)} ids for {len(payloads)} submits")
     ids = msg_ids if msg_ids is not None else [uuid.uuid4().hex for _ in payloads]
-    return await nats_io.publish_to_stream_many(
+    return await nats_io.publish_to_stream(
         nc, [(subject, payload, {"Nats-Msg-Id": msg_id})
              for payload, msg_id in zip(payloads, ids, strict=True)],
         subjects.SUBMIT_STREAM)

@@ -659,19 +659,12 @@ RETRIABLE = (nats.errors.TimeoutError, TimeoutError, nats.errors.ConnectionClose
 REPLY_RETRIABLE = (*RETRIABLE, nats.js.errors.APIError, pub_acks.UnreadableReply)
 
 
-async def publish_to_stream(nc: NATS, subject: str, payload: bytes, headers: dict[str, str],
-                            stream: str, timeout: float = 5.0) -> int:
-    """One publish to `stream`, its stream sequence returned: `JetStreamContext.publish`,
-    with its errors (TimeoutError once `timeout` passes unanswered)."""
-    [seq] = await publish_to_stream_many(nc, [(subject, payload, headers)], stream, timeout)
-    return seq
-
-
-async def publish_to_stream_many(nc: NATS, messages: Sequence[tuple[str, bytes, dict[str, str]]],
-                                 stream: str, timeout: float = 5.0) -> list[int]:
-    """`publish_to_stream` for many messages (subject, payload, headers), all in flight at
-    once and their replies awaited together; their stream sequences, in order. Raises as
-    `publish_to_stream` would for the first that failed (the others may be stored). Through
+async def publish_to_stream(nc: NATS, messages: Sequence[tuple[str, bytes, dict[str, str]]],
+                            stream: str, timeout: float = 5.0) -> list[int]:
+    """Publishes messages (subject, payload, headers) to `stream`, all in flight at once
+    and their replies awaited together; their stream sequences, in order. Raises what
+    `JetStreamContext.publish` would (TimeoutError once `timeout` passes unanswered) for
+    the first that failed (the others may be stored). A lone publish is a list of one. Through
     berth's client where `nc` is one (`Client.publish_stored_batch`: bench/scale.py's
     client, which submits and reads the log, spent 151-212 µs of CPU per job through
     nats-py's path, 122-160 through a future per publish, docs/performance.md)."""

@@ -155,8 +155,9 @@ async def test_a_batch_on_a_real_server_gets_its_sequences_and_refusals(nc: NATS
 async def test_a_batch_cancelled_while_publishing_is_forgotten(
         nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(nc, nats_io.Client)
-    await nats_io.publish_to_stream(nc, subjects.attempt_reports("w1"), report(0),
-                                    {"Nats-Msg-Id": "c0"}, subjects.EVENTS_STREAM)
+    await nats_io.publish_to_stream(
+        nc, [(subjects.attempt_reports("w1"), report(0), {"Nats-Msg-Id": "c0"})],
+        subjects.EVENTS_STREAM)
     # (the reply subscription, made)
     sent: list[str] = []
     second = asyncio.Event()
@@ -190,13 +191,13 @@ def report(attempt: int) -> bytes:
 async def test_publishes_on_a_real_server_get_their_sequences(nc: NATS) -> None:
     assert isinstance(nc, nats_io.Client)
     subject = subjects.attempt_reports("w1")
-    seqs = [await nats_io.publish_to_stream(nc, subject, report(i), {"Nats-Msg-Id": f"m{i}"},
-                                            subjects.EVENTS_STREAM) for i in range(50)]
+    seqs = [seq for i in range(50) for seq in await nats_io.publish_to_stream(
+        nc, [(subject, report(i), {"Nats-Msg-Id": f"m{i}"})], subjects.EVENTS_STREAM)]
     assert seqs == sorted(seqs) and len(set(seqs)) == 50
     # The same message id again: JetStream's dedup answers with the first copy's sequence.
-    again = await nats_io.publish_to_stream(nc, subject, report(0), {"Nats-Msg-Id": "m0"},
+    again = await nats_io.publish_to_stream(nc, [(subject, report(0), {"Nats-Msg-Id": "m0"})],
                                             subjects.EVENTS_STREAM)
-    assert again == seqs[0]
+    assert again == [seqs[0]]
     info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM)
     assert info.state.messages == 50
 
@@ -228,12 +229,12 @@ async def test_a_refused_publish_settles_at_once(nc: NATS) -> None:
     # A subject of another stream, published as the events stream's: JetStream refuses it.
     started = time.monotonic()
     with pytest.raises(nats.js.errors.BadRequestError):
-        await nats_io.publish_to_stream(nc, subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "w"},
-                                        subjects.EVENTS_STREAM)
+        await nats_io.publish_to_stream(
+            nc, [(subjects.SUBMIT_JOB, b"{}", {"Nats-Msg-Id": "w"})], subjects.EVENTS_STREAM)
     # No stream at all for the subject: the server says no one is there.
     with pytest.raises(nats.js.errors.NoStreamResponseError):
-        await nats_io.publish_to_stream(nc, "berth-test.nowhere", b"{}", {"Nats-Msg-Id": "n"},
-                                        subjects.EVENTS_STREAM)
+        await nats_io.publish_to_stream(
+            nc, [("berth-test.nowhere", b"{}", {"Nats-Msg-Id": "n"})], subjects.EVENTS_STREAM)
     assert time.monotonic() - started < 2  # answered, not timed out
 
 
